@@ -1,0 +1,223 @@
+/* The wire codec of the rendezvous protocol (docs/protocol.md): framing and
+ * every message. The server and every client encode and decode through this
+ * file and nothing else. */
+#ifndef GPULAUNCH_RDZV_CODEC_H
+#define GPULAUNCH_RDZV_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpulaunch/gpl_error.h"
+
+#define RDZV_MAGIC 0x47504c52u /* "GPLR" */
+#define RDZV_VERSION 1
+#define RDZV_HEADER_LEN 12           /* u32 length, u16 type, u16 flags, u32 req id */
+#define RDZV_MAX_KEY 1024            /* bytes of one key */
+#define RDZV_MAX_VALUE (1024 * 1024) /* bytes of one value */
+#define RDZV_MAX_KEYS 1024           /* keys in one wait or multi-get */
+#define RDZV_MAX_FRAME (RDZV_MAX_VALUE + 64 * 1024) /* bytes after the length field */
+#define RDZV_MAX_STR 255                            /* hostname, address, run id, reason */
+#define RDZV_MAX_MSG 1024                           /* bytes of an error or event message */
+#define RDZV_NONCE_LEN 32
+#define RDZV_MAC_LEN 32
+
+/* X(name, value) — append-only. */
+#define RDZV_TYPES(X)                                                                              \
+    X(RDZV_HELLO, 1)                                                                               \
+    X(RDZV_CHALLENGE, 2)                                                                           \
+    X(RDZV_AUTH, 3)                                                                                \
+    X(RDZV_WELCOME, 4)                                                                             \
+    X(RDZV_JOIN, 5)                                                                                \
+    X(RDZV_ASSIGNED, 6)                                                                            \
+    X(RDZV_HEARTBEAT, 7)                                                                           \
+    X(RDZV_ATTACH, 8)                                                                              \
+    X(RDZV_KV_SET, 9)                                                                              \
+    X(RDZV_KV_GET, 10)                                                                             \
+    X(RDZV_KV_WAIT, 11)                                                                            \
+    X(RDZV_KV_ADD, 12)                                                                             \
+    X(RDZV_KV_CAS, 13)                                                                             \
+    X(RDZV_KV_DEL, 14)                                                                             \
+    X(RDZV_KV_MGET, 15)                                                                            \
+    X(RDZV_OK, 16)                                                                                 \
+    X(RDZV_ERROR, 17)                                                                              \
+    X(RDZV_VALUE, 18)                                                                              \
+    X(RDZV_VALUES, 19)                                                                             \
+    X(RDZV_INT, 20)                                                                                \
+    X(RDZV_ROUND_OVER, 21)                                                                         \
+    X(RDZV_WAITING, 22)                                                                            \
+    X(RDZV_EVENT, 23)                                                                              \
+    X(RDZV_DONE, 24)                                                                               \
+    X(RDZV_JOB_DONE, 25)                                                                           \
+    X(RDZV_FAIL, 26)                                                                               \
+    X(RDZV_PROGRESS, 27)
+
+enum rdzv_type {
+#define RDZV_TYPE_ENUM_(n, v) n = v,
+    RDZV_TYPES(RDZV_TYPE_ENUM_)
+#undef RDZV_TYPE_ENUM_
+        RDZV_TYPE_MAX_
+};
+
+/* Why a round ended (RDZV_ROUND_OVER.reason). */
+enum rdzv_reason {
+    RDZV_REASON_DISCONNECT = 1, /* the node's connection dropped */
+    RDZV_REASON_HEARTBEAT = 2,  /* the node's heartbeats stopped */
+    RDZV_REASON_FAILED = 3,     /* the node reported a failed worker */
+    RDZV_REASON_LEFT = 4,       /* the node left */
+    RDZV_REASON_SCALE_UP = 5,   /* nodes waiting and room to grow: re-rendezvous */
+};
+const char *rdzv_reason_name(uint32_t reason);
+
+/* Job events (RDZV_EVENT.kind). */
+enum rdzv_event_kind { RDZV_EVENT_CHECKPOINT = 1, RDZV_EVENT_SHUTDOWN = 2 };
+
+/* A byte string inside a frame (not NUL-terminated; valid while the frame is). */
+typedef struct rdzv_bytes {
+    const uint8_t *p;
+    uint32_t len;
+} rdzv_bytes;
+
+/* Flags on RDZV_JOIN. */
+#define RDZV_JOIN_RESUME 1u /* re-register an existing assignment after a server restart */
+
+typedef struct rdzv_msg {
+    uint16_t type;
+    uint16_t flags;
+    uint32_t req_id; /* 0 for pushed messages */
+    union {
+        struct {
+            uint32_t magic;
+            uint16_t version;
+        } hello;
+        struct {
+            uint8_t nonce[RDZV_NONCE_LEN];
+            uint8_t auth_required;
+            uint16_t version;
+        } challenge;
+        struct {
+            uint8_t mac[RDZV_MAC_LEN];
+        } auth;
+        struct {
+            uint64_t server_epoch;
+        } welcome;
+        struct {
+            char run_id[RDZV_MAX_STR + 1];
+            char hostname[RDZV_MAX_STR + 1];
+            char addr[RDZV_MAX_STR + 1];
+            char instance[RDZV_MAX_STR + 1];
+            uint16_t master_port; /* port this node reserved for its workers */
+            uint32_t nproc, ngpus;
+            int32_t static_rank; /* -1: assigned by the server */
+            uint32_t min_nodes, max_nodes;
+            uint32_t last_call_ms, join_timeout_ms, heartbeat_timeout_ms;
+            /* RESUME only: the assignment being re-registered. */
+            uint32_t round, node_rank, base_rank, world_size, nnodes;
+        } join;
+        struct {
+            uint32_t round, node_rank, nnodes, base_rank, world_size;
+            uint16_t master_port;
+            char master_addr[RDZV_MAX_STR + 1];
+        } assigned;
+        struct {
+            char run_id[RDZV_MAX_STR + 1];
+            uint32_t round;
+        } attach;
+        struct {
+            rdzv_bytes key, value;
+        } kv_set;
+        struct {
+            rdzv_bytes key;
+        } kv_key; /* KV_GET, KV_DEL */
+        struct {
+            uint32_t timeout_ms;
+            uint32_t nkeys;
+            rdzv_bytes keys; /* nkeys length-prefixed keys; walk with rdzv_list_next */
+        } kv_keys;           /* KV_WAIT, KV_MGET */
+        struct {
+            rdzv_bytes key;
+            int64_t delta;
+        } kv_add;
+        struct {
+            rdzv_bytes key, expected, desired;
+            uint8_t expect_absent;
+        } kv_cas;
+        struct {
+            uint32_t code; /* gpl_result_t */
+            char message[RDZV_MAX_MSG + 1];
+        } error;
+        struct {
+            uint8_t found;
+            rdzv_bytes value;
+        } value;
+        struct {
+            uint32_t count;
+            rdzv_bytes items; /* count entries: u8 found, then a length-prefixed value */
+        } values;
+        struct {
+            int64_t value;
+            uint8_t ok;
+        } int_;
+        struct {
+            uint32_t round, reason, node_rank;
+            char hostname[RDZV_MAX_STR + 1];
+            char message[RDZV_MAX_MSG + 1];
+        } round_over;
+        struct {
+            uint32_t waiting, members;
+        } waiting;
+        struct {
+            uint32_t kind;
+            uint32_t round;
+            uint64_t deadline_unix_ms;
+            char node[RDZV_MAX_STR + 1];
+            char reason[RDZV_MAX_MSG + 1];
+        } event;
+        struct {
+            char message[RDZV_MAX_MSG + 1];
+        } fail;
+        struct {
+            uint32_t joined, expected, waited_ms;
+            char missing[RDZV_MAX_MSG + 1];
+        } progress;
+    } u;
+} rdzv_msg;
+
+/* A growable output buffer with a hard maximum. */
+typedef struct rdzv_buf {
+    uint8_t *data;
+    size_t len, cap, max;
+} rdzv_buf;
+
+void rdzv_buf_init(rdzv_buf *b, size_t max);
+void rdzv_buf_free(rdzv_buf *b);
+/* Drops the first n bytes. */
+void rdzv_buf_consume(rdzv_buf *b, size_t n);
+gpl_result_t rdzv_buf_append(rdzv_buf *b, const void *p, size_t n);
+
+/* Appends one whole frame for m to b. GPL_ERR_LIMIT when it would exceed
+ * RDZV_MAX_FRAME or b's maximum; b is unchanged on error. */
+gpl_result_t rdzv_encode(const rdzv_msg *m, rdzv_buf *b);
+
+/* Looks at the start of a byte stream: GPL_OK with *frame_len (header and
+ * payload, length field included) when a whole frame is there, GPL_ERR_STATE
+ * when more bytes are needed, GPL_ERR_LIMIT when the announced length is over
+ * RDZV_MAX_FRAME, GPL_ERR_PROTOCOL when it is under the header. */
+gpl_result_t rdzv_frame_peek(const uint8_t *p, size_t n, size_t *frame_len);
+
+/* Decodes one whole frame (as found by rdzv_frame_peek). Byte strings in m
+ * point into p. GPL_ERR_PROTOCOL, with a reason in err, for an unknown type,
+ * a truncated or overlong payload or a field over its limit. */
+gpl_result_t rdzv_decode(const uint8_t *p, size_t n, rdzv_msg *m, char *err, size_t errlen);
+
+/* Walks a list of length-prefixed byte strings (kv_keys.keys). Returns 1 and
+ * fills out while items remain, 0 at the end. */
+int rdzv_list_next(rdzv_bytes *list, rdzv_bytes *out);
+/* Walks RDZV_VALUES items. */
+int rdzv_values_next(rdzv_bytes *list, int *found, rdzv_bytes *out);
+/* Appends one key (or one VALUES item) to a list being built. */
+gpl_result_t rdzv_list_add(rdzv_buf *list, const void *p, uint32_t len);
+gpl_result_t rdzv_values_add(rdzv_buf *list, int found, const void *p, uint32_t len);
+
+const char *rdzv_type_name(uint16_t type);
+
+#endif

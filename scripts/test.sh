@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Command 2: installs missing packages, builds everything and runs the whole
+# test suite twice (plain with -Werror, then under ASan+UBSan), then lint.
+# Ends with one line: how many tests ran and passed. Exit status non-zero on
+# any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+
+jobs=$(nproc 2>/dev/null || echo 2)
+total=0 passed=0 failed_suites=()
+
+run_suite() { # name, build dir, extra cmake args...
+  local name=$1 dir=$2
+  shift 2
+  echo "== $name: configure and build ($dir)"
+  cmake -S . -B "$dir" -DGPULAUNCH_WERROR=ON "$@" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
+  cmake --build "$dir" -j"$jobs" 2>&1 | grep -vE '^\[ *[0-9]+%\]' || true
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  echo "== $name: ctest"
+  local rc=0
+  (cd "$dir" && ctest --output-on-failure -j"$jobs" --timeout 300) || rc=$?
+  # Criterion prints one synthesis line per binary; add them up.
+  local log="$dir/Testing/Temporary/LastTest.log"
+  if [ -f "$log" ]; then
+    local t p
+    t=$(grep -oE 'Synthesis: Tested: [0-9]+' "$log" | awk '{s+=$3} END {print s+0}')
+    p=$(grep -oE 'Passing: [0-9]+' "$log" | awk '{s+=$2} END {print s+0}')
+    total=$((total + t)) passed=$((passed + p))
+    echo "== $name: $p of $t tests passed"
+  fi
+  return $rc
+}
+
+mkdir -p build
+run_suite plain build/test || failed_suites+=(plain)
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  run_suite asan+ubsan build/asan -DGPULAUNCH_SANITIZE=address,undefined || failed_suites+=(asan+ubsan)
+
+echo "== lint"
+cmake --build build/test --target lint || failed_suites+=(lint)
+
+if [ ${#failed_suites[@]} -ne 0 ]; then
+  echo "gpulaunch tests: FAILED in ${failed_suites[*]}; $passed of $total tests passed"
+  exit 1
+fi
+echo "gpulaunch tests: all $total tests passed (plain and ASan+UBSan), lint clean"

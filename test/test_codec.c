@@ -1,0 +1,317 @@
+/* The rendezvous codec: every message round-trips, every malformed input is
+ * refused. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdzv_codec.h"
+
+static rdzv_buf keylist_buf, values_buf;
+
+static rdzv_bytes B(const char *s) { return (rdzv_bytes){(const uint8_t *)s, (uint32_t)strlen(s)}; }
+
+/* A message of the given type with every field set to something non-zero. */
+static void sample(uint16_t type, rdzv_msg *m) {
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->req_id = 0x01020304u + type;
+    m->flags = 0x8001;
+    switch (type) {
+    case RDZV_HELLO:
+        m->u.hello.magic = RDZV_MAGIC;
+        m->u.hello.version = RDZV_VERSION;
+        break;
+    case RDZV_CHALLENGE:
+        memset(m->u.challenge.nonce, 0xab, RDZV_NONCE_LEN);
+        m->u.challenge.auth_required = 1;
+        m->u.challenge.version = 7;
+        break;
+    case RDZV_AUTH:
+        memset(m->u.auth.mac, 0xcd, RDZV_MAC_LEN);
+        break;
+    case RDZV_WELCOME:
+        m->u.welcome.server_epoch = 0x1122334455667788ull;
+        break;
+    case RDZV_JOIN:
+        memcpy(m->u.join.run_id, "job-7", 6);
+        memcpy(m->u.join.hostname, "gpu-node-1", 11);
+        memcpy(m->u.join.addr, "10.0.0.2", 9);
+        memcpy(m->u.join.instance, "i-abc", 6);
+        m->u.join.master_port = 29501;
+        m->u.join.nproc = 8;
+        m->u.join.ngpus = 8;
+        m->u.join.static_rank = -1;
+        m->u.join.min_nodes = 2;
+        m->u.join.max_nodes = 4;
+        m->u.join.last_call_ms = 30000;
+        m->u.join.join_timeout_ms = 600000;
+        m->u.join.heartbeat_timeout_ms = 3000;
+        m->u.join.round = 3;
+        m->u.join.node_rank = 1;
+        m->u.join.base_rank = 8;
+        m->u.join.world_size = 32;
+        m->u.join.nnodes = 4;
+        break;
+    case RDZV_ASSIGNED:
+        m->u.assigned.round = 2;
+        m->u.assigned.node_rank = 3;
+        m->u.assigned.nnodes = 4;
+        m->u.assigned.base_rank = 24;
+        m->u.assigned.world_size = 32;
+        m->u.assigned.master_port = 40000;
+        memcpy(m->u.assigned.master_addr, "10.0.0.1", 9);
+        break;
+    case RDZV_ATTACH:
+        memcpy(m->u.attach.run_id, "job-7", 6);
+        m->u.attach.round = 9;
+        break;
+    case RDZV_KV_SET:
+        m->u.kv_set.key = B("nccl/uid");
+        m->u.kv_set.value = B("\x01\x02 binary \xff");
+        break;
+    case RDZV_KV_GET:
+    case RDZV_KV_DEL:
+        m->u.kv_key.key = B("k");
+        break;
+    case RDZV_KV_WAIT:
+    case RDZV_KV_MGET:
+        rdzv_buf_free(&keylist_buf);
+        rdzv_buf_init(&keylist_buf, 1 << 20);
+        rdzv_list_add(&keylist_buf, "a", 1);
+        rdzv_list_add(&keylist_buf, "", 0);
+        rdzv_list_add(&keylist_buf, "barrier/3", 9);
+        m->u.kv_keys.timeout_ms = 1500;
+        m->u.kv_keys.nkeys = 3;
+        m->u.kv_keys.keys = (rdzv_bytes){keylist_buf.data, (uint32_t)keylist_buf.len};
+        break;
+    case RDZV_KV_ADD:
+        m->u.kv_add.key = B("counter");
+        m->u.kv_add.delta = -5;
+        break;
+    case RDZV_KV_CAS:
+        m->u.kv_cas.key = B("leader");
+        m->u.kv_cas.expected = B("old");
+        m->u.kv_cas.desired = B("new");
+        m->u.kv_cas.expect_absent = 1;
+        break;
+    case RDZV_ERROR:
+        m->u.error.code = GPL_ERR_AUTH;
+        memcpy(m->u.error.message, "wrong token", 12);
+        break;
+    case RDZV_VALUE:
+        m->u.value.found = 1;
+        m->u.value.value = B("v");
+        break;
+    case RDZV_VALUES:
+        rdzv_buf_free(&values_buf);
+        rdzv_buf_init(&values_buf, 1 << 20);
+        rdzv_values_add(&values_buf, 1, "x", 1);
+        rdzv_values_add(&values_buf, 0, "", 0);
+        m->u.values.count = 2;
+        m->u.values.items = (rdzv_bytes){values_buf.data, (uint32_t)values_buf.len};
+        break;
+    case RDZV_INT:
+        m->u.int_.value = -1234567890123ll;
+        m->u.int_.ok = 1;
+        break;
+    case RDZV_ROUND_OVER:
+        m->u.round_over.round = 4;
+        m->u.round_over.reason = RDZV_REASON_HEARTBEAT;
+        m->u.round_over.node_rank = 2;
+        memcpy(m->u.round_over.hostname, "n2", 3);
+        memcpy(m->u.round_over.message, "no heartbeat for 3.0 s", 23);
+        break;
+    case RDZV_WAITING:
+        m->u.waiting.waiting = 1;
+        m->u.waiting.members = 3;
+        break;
+    case RDZV_EVENT:
+        m->u.event.kind = RDZV_EVENT_CHECKPOINT;
+        m->u.event.round = 5;
+        m->u.event.deadline_unix_ms = 1700000000123ull;
+        memcpy(m->u.event.node, "n1", 3);
+        memcpy(m->u.event.reason, "aws spot terminate", 19);
+        break;
+    case RDZV_FAIL:
+        memcpy(m->u.fail.message, "rank 3 exited 1", 16);
+        break;
+    case RDZV_PROGRESS:
+        m->u.progress.joined = 3;
+        m->u.progress.expected = 4;
+        m->u.progress.waited_ms = 1200;
+        memcpy(m->u.progress.missing, "node rank 2", 12);
+        break;
+    default:
+        break;
+    }
+}
+
+Test(codec, every_message_round_trips) {
+    for (uint16_t t = 1; t < RDZV_TYPE_MAX_; t++) {
+        rdzv_msg m, d;
+        rdzv_buf b, b2;
+        sample(t, &m);
+        rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+        rdzv_buf_init(&b2, RDZV_MAX_FRAME + 4);
+        cr_assert_eq(rdzv_encode(&m, &b), GPL_OK, "encode %s", rdzv_type_name(t));
+        size_t flen = 0;
+        cr_assert_eq(rdzv_frame_peek(b.data, b.len, &flen), GPL_OK);
+        cr_assert_eq(flen, b.len);
+        char err[128] = "";
+        cr_assert_eq(rdzv_decode(b.data, b.len, &d, err, sizeof err), GPL_OK, "decode %s: %s",
+                     rdzv_type_name(t), err);
+        cr_expect_eq(d.type, t);
+        cr_expect_eq(d.req_id, m.req_id);
+        cr_expect_eq(d.flags, m.flags);
+        /* Re-encoding the decoded message gives the same bytes. */
+        cr_assert_eq(rdzv_encode(&d, &b2), GPL_OK);
+        cr_expect_eq(b2.len, b.len, "%s", rdzv_type_name(t));
+        cr_expect_eq(memcmp(b.data, b2.data, b.len), 0, "%s differs", rdzv_type_name(t));
+        cr_expect_str_neq(rdzv_type_name(t), "UNKNOWN");
+        rdzv_buf_free(&b);
+        rdzv_buf_free(&b2);
+    }
+    rdzv_buf_free(&keylist_buf);
+    rdzv_buf_free(&values_buf);
+}
+
+Test(codec, decoded_fields_match) {
+    rdzv_msg m, d;
+    rdzv_buf b;
+    sample(RDZV_JOIN, &m);
+    rdzv_buf_init(&b, 1 << 16);
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_str_eq(d.u.join.hostname, "gpu-node-1");
+    cr_expect_eq(d.u.join.static_rank, -1);
+    cr_expect_eq(d.u.join.master_port, 29501);
+    cr_expect_eq(d.u.join.nnodes, 4);
+    rdzv_buf_free(&b);
+
+    sample(RDZV_KV_MGET, &m);
+    rdzv_buf_init(&b, 1 << 16);
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    rdzv_bytes walk = d.u.kv_keys.keys, k;
+    const char *want[] = {"a", "", "barrier/3"};
+    int i = 0;
+    while (rdzv_list_next(&walk, &k)) {
+        cr_assert_lt(i, 3);
+        cr_expect_eq(k.len, strlen(want[i]));
+        cr_expect_eq(memcmp(k.p, want[i], k.len), 0);
+        i++;
+    }
+    cr_expect_eq(i, 3);
+    rdzv_buf_free(&b);
+    rdzv_buf_free(&keylist_buf);
+}
+
+Test(codec, every_truncation_is_refused) {
+    for (uint16_t t = 1; t < RDZV_TYPE_MAX_; t++) {
+        rdzv_msg m, d;
+        rdzv_buf b;
+        sample(t, &m);
+        rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+        cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+        for (size_t cut = RDZV_HEADER_LEN; cut < b.len; cut++) {
+            /* Rewrite the length so the frame is self-consistent but short. */
+            uint8_t *copy = malloc(cut);
+            memcpy(copy, b.data, cut);
+            uint32_t body = (uint32_t)cut - 4;
+            copy[0] = (uint8_t)(body >> 24);
+            copy[1] = (uint8_t)(body >> 16);
+            copy[2] = (uint8_t)(body >> 8);
+            copy[3] = (uint8_t)body;
+            cr_expect_neq(rdzv_decode(copy, cut, &d, NULL, 0), GPL_OK, "%s cut at %zu",
+                          rdzv_type_name(t), cut);
+            free(copy);
+        }
+        size_t flen;
+        for (size_t cut = 0; cut < b.len; cut++)
+            cr_expect_eq(rdzv_frame_peek(b.data, cut, &flen), GPL_ERR_STATE);
+        rdzv_buf_free(&b);
+    }
+    rdzv_buf_free(&keylist_buf);
+    rdzv_buf_free(&values_buf);
+}
+
+static size_t frame(uint8_t *f, uint16_t type, const uint8_t *payload, size_t n) {
+    uint32_t body = (uint32_t)(n + 8);
+    f[0] = (uint8_t)(body >> 24);
+    f[1] = (uint8_t)(body >> 16);
+    f[2] = (uint8_t)(body >> 8);
+    f[3] = (uint8_t)body;
+    f[4] = (uint8_t)(type >> 8);
+    f[5] = (uint8_t)type;
+    memset(f + 6, 0, 6);
+    if (n)
+        memcpy(f + 12, payload, n);
+    return n + 12;
+}
+
+Test(codec, malformed_frames_are_refused) {
+    uint8_t f[256];
+    rdzv_msg d;
+    char err[128];
+    size_t flen;
+
+    /* unknown type */
+    size_t n = frame(f, 999, NULL, 0);
+    cr_expect_eq(rdzv_decode(f, n, &d, err, sizeof err), GPL_ERR_PROTOCOL);
+    cr_expect(strstr(err, "unknown message type") != NULL, "%s", err);
+    /* type 0 */
+    n = frame(f, 0, NULL, 0);
+    cr_expect_eq(rdzv_decode(f, n, &d, NULL, 0), GPL_ERR_PROTOCOL);
+    /* trailing bytes */
+    n = frame(f, RDZV_OK, (const uint8_t *)"xx", 2);
+    cr_expect_eq(rdzv_decode(f, n, &d, err, sizeof err), GPL_ERR_PROTOCOL);
+    cr_expect(strstr(err, "trailing") != NULL, "%s", err);
+    /* oversized announced length */
+    uint8_t big[4] = {0x7f, 0xff, 0xff, 0xff};
+    cr_expect_eq(rdzv_frame_peek(big, 4, &flen), GPL_ERR_LIMIT);
+    /* length under the header */
+    uint8_t tiny[12] = {0, 0, 0, 3};
+    cr_expect_eq(rdzv_frame_peek(tiny, 12, &flen), GPL_ERR_PROTOCOL);
+    /* a key longer than RDZV_MAX_KEY */
+    uint8_t p[8] = {0, 0, 0x04, 0x01}; /* key length 1025 */
+    n = frame(f, RDZV_KV_GET, p, 4);
+    cr_expect_eq(rdzv_decode(f, n, &d, NULL, 0), GPL_ERR_PROTOCOL);
+    /* a NUL byte inside a string */
+    uint8_t s[8] = {0, 0, 0, 3, 'a', 0, 'b'};
+    uint8_t pl[32];
+    memcpy(pl, s, 7);
+    memset(pl + 7, 0, 4);
+    n = frame(f, RDZV_ATTACH, pl, 11);
+    cr_expect_eq(rdzv_decode(f, n, &d, err, sizeof err), GPL_ERR_PROTOCOL);
+    cr_expect(strstr(err, "NUL") != NULL, "%s", err);
+    /* a key list whose count lies */
+    uint8_t kl[32] = {0, 0, 0, 0, /* timeout */ 0,    0, 0, 2, /* count 2 */
+                      0, 0, 0, 5, /* list bytes */ 0, 0, 0, 1, 'k'};
+    n = frame(f, RDZV_KV_MGET, kl, 17);
+    cr_expect_eq(rdzv_decode(f, n, &d, err, sizeof err), GPL_ERR_PROTOCOL);
+    /* a header-only frame of a type with fields */
+    n = frame(f, RDZV_JOIN, NULL, 0);
+    cr_expect_eq(rdzv_decode(f, n, &d, NULL, 0), GPL_ERR_PROTOCOL);
+}
+
+Test(codec, encode_refuses_over_limit_fields) {
+    rdzv_msg m;
+    rdzv_buf b;
+    rdzv_buf_init(&b, RDZV_MAX_FRAME * 2);
+    memset(&m, 0, sizeof m);
+    m.type = RDZV_KV_SET;
+    uint8_t *v = calloc(1, RDZV_MAX_VALUE + 1);
+    m.u.kv_set.key = B("k");
+    m.u.kv_set.value = (rdzv_bytes){v, RDZV_MAX_VALUE + 1};
+    cr_expect_eq(rdzv_encode(&m, &b), GPL_ERR_LIMIT);
+    cr_expect_eq(b.len, 0, "a failed encode leaves the buffer unchanged");
+    m.u.kv_set.value = (rdzv_bytes){v, RDZV_MAX_VALUE};
+    cr_expect_eq(rdzv_encode(&m, &b), GPL_OK, "a 1 MiB value fits");
+    /* a buffer's own maximum is respected */
+    rdzv_buf small;
+    rdzv_buf_init(&small, 16);
+    cr_expect_eq(rdzv_encode(&m, &small), GPL_ERR_LIMIT);
+    free(v);
+    rdzv_buf_free(&b);
+    rdzv_buf_free(&small);
+}
