@@ -1,0 +1,175 @@
+/* gpulaunch rendezvous: the embeddable server and the client library.
+ * Prefix rdzv_. The protocol is in docs/protocol.md. */
+#ifndef GPULAUNCH_RDZV_H
+#define GPULAUNCH_RDZV_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "gpulaunch/gpl_error.h"
+
+#define RDZV_DEFAULT_PORT 29400
+#define RDZV_DEFAULT_HEARTBEAT_INTERVAL_MS 1000
+#define RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS 5000
+#define RDZV_DEFAULT_LAST_CALL_MS 30000
+#define RDZV_DEFAULT_JOIN_TIMEOUT_MS 600000
+
+/* ---- server ---- */
+
+typedef struct rdzv_server rdzv_server;
+
+#define RDZV_SERVER_OPTIONS_VERSION 1
+typedef struct rdzv_server_options {
+    uint32_t version;        /* RDZV_SERVER_OPTIONS_VERSION */
+    const char *listen_addr; /* default "0.0.0.0" */
+    int listen_port;         /* 0: a free port (see rdzv_server_port) */
+    const char *http_addr;   /* NULL: no HTTP endpoint */
+    int http_port;           /* 0: a free port */
+    const char *token;       /* NULL: no authentication (warned once) */
+    size_t token_len;
+    uint32_t max_connections;  /* RDZV_LIMIT_CONNECTIONS */
+    uint32_t max_jobs;         /* jobs held at once */
+    uint32_t max_nodes;        /* nodes in one job */
+    uint64_t max_job_kv_bytes; /* keys + values of one job */
+    uint32_t max_outq_bytes;   /* unsent bytes to one client before it is dropped */
+    uint32_t handshake_timeout_ms;
+    uint32_t heartbeat_timeout_ms; /* used when a JOIN does not set one */
+} rdzv_server_options;
+
+#define RDZV_SERVER_OPTIONS_INIT                                                                   \
+    {                                                                                              \
+        RDZV_SERVER_OPTIONS_VERSION, "0.0.0.0", RDZV_DEFAULT_PORT, NULL, 0, NULL, 0, 65536, 1024,  \
+            65536, 256ull << 20, 8u << 20, 5000, RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS                 \
+    }
+
+/* Starts a server on loop. On failure *out is NULL and err (errlen bytes)
+ * says what failed. */
+gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts, rdzv_server **out,
+                               char *err, size_t errlen);
+int rdzv_server_port(const rdzv_server *s);
+int rdzv_server_http_port(const rdzv_server *s);
+/* Closes every handle; the server is freed once the loop has run the close
+ * callbacks (run the loop after this). */
+void rdzv_server_close(rdzv_server *s);
+
+/* ---- client (async, on a libuv loop) ---- */
+
+typedef struct rdzv_client rdzv_client;
+
+typedef struct rdzv_assignment {
+    uint32_t round, node_rank, nnodes, base_rank, world_size;
+    uint16_t master_port;
+    char master_addr[256];
+} rdzv_assignment;
+
+typedef struct rdzv_join_params {
+    const char *run_id;
+    const char *hostname;
+    const char *addr;     /* advertised address of this node */
+    const char *instance; /* unique per process start */
+    uint16_t master_port; /* port reserved on this node for rank 0's store */
+    uint32_t nproc, ngpus;
+    int32_t static_rank; /* -1 in elastic mode */
+    uint32_t min_nodes, max_nodes;
+    uint32_t last_call_ms, join_timeout_ms, heartbeat_interval_ms, heartbeat_timeout_ms;
+} rdzv_join_params;
+
+typedef struct rdzv_client_callbacks {
+    void *data;
+    void (*on_assigned)(rdzv_client *c, const rdzv_assignment *a);
+    /* The round ended: node_rank/hostname name the node that caused it. */
+    void (*on_round_over)(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
+                          const char *hostname, const char *message);
+    void (*on_waiting)(rdzv_client *c, uint32_t waiting, uint32_t members);
+    void (*on_progress)(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited_ms,
+                        const char *missing);
+    void (*on_event)(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
+                     const char *reason);
+    void (*on_job_done)(rdzv_client *c);
+    /* A fatal error (join refused or timed out, auth refused, server gone
+     * past the retry budget). The client stays usable only for close. */
+    void (*on_error)(rdzv_client *c, gpl_result_t code, const char *message);
+} rdzv_client_callbacks;
+
+typedef struct rdzv_client_options {
+    const char *host;
+    int port;
+    const char *token;
+    size_t token_len;
+    uint32_t connect_timeout_ms; /* total retry budget for (re)connecting */
+} rdzv_client_options;
+
+gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
+                               const rdzv_join_params *jp, const rdzv_client_callbacks *cb,
+                               rdzv_client **out, char *err, size_t errlen);
+void *rdzv_client_data(rdzv_client *c);
+/* Joins the next round (after on_round_over, or to restart). */
+void rdzv_client_rejoin(rdzv_client *c);
+/* Tells the server a local worker failed: the round ends for everyone. */
+void rdzv_client_fail(rdzv_client *c, const char *message);
+/* Tells the server every local worker finished. */
+void rdzv_client_done(rdzv_client *c);
+/* Broadcasts a job event to every node of the job. */
+void rdzv_client_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms,
+                       const char *reason);
+void rdzv_client_close(rdzv_client *c);
+
+/* ---- blocking client (runtime, tools, tests) ---- */
+
+typedef struct rdzv_bclient rdzv_bclient;
+
+/* Connects with retry (exponential backoff with jitter) until timeout_ms. */
+gpl_result_t rdzv_bclient_connect(const char *host, int port, const char *token, size_t token_len,
+                                  uint32_t timeout_ms, rdzv_bclient **out, char *err,
+                                  size_t errlen);
+void rdzv_bclient_close(rdzv_bclient *c);
+const char *rdzv_bclient_error(const rdzv_bclient *c);
+int rdzv_bclient_fd(const rdzv_bclient *c);
+
+/* Scopes the key-value operations to (run_id, round) and subscribes the
+ * connection to that round's pushes. */
+gpl_result_t rdzv_bclient_attach(rdzv_bclient *c, const char *run_id, uint32_t round);
+gpl_result_t rdzv_bclient_set(rdzv_bclient *c, const char *key, const void *v, size_t n);
+/* *out is malloc'ed (free it); GPL_ERR_NOT_FOUND when the key is absent. */
+gpl_result_t rdzv_bclient_get(rdzv_bclient *c, const char *key, void **out, size_t *n);
+gpl_result_t rdzv_bclient_wait(rdzv_bclient *c, const char *const *keys, size_t nkeys,
+                               uint32_t timeout_ms);
+gpl_result_t rdzv_bclient_add(rdzv_bclient *c, const char *key, int64_t delta, int64_t *out);
+/* expected NULL: set only when absent. *swapped tells whether it was set. */
+gpl_result_t rdzv_bclient_cas(rdzv_bclient *c, const char *key, const void *expected, size_t en,
+                              const void *desired, size_t dn, int *swapped);
+gpl_result_t rdzv_bclient_del(rdzv_bclient *c, const char *key);
+/* vals[i]/lens[i] malloc'ed, NULL when absent. */
+gpl_result_t rdzv_bclient_mget(rdzv_bclient *c, const char *const *keys, size_t nkeys, void **vals,
+                               size_t *lens);
+
+/* Pushed state seen on this connection so far (read by rdzv_bclient_poll
+ * and while waiting for replies). */
+typedef struct rdzv_push_state {
+    int round_over;
+    uint32_t round, reason, node_rank;
+    char hostname[256];
+    char message[1025];
+    int checkpoint_requested;
+    uint64_t checkpoint_deadline_unix_ms;
+    char checkpoint_reason[1025];
+    int shutdown;
+} rdzv_push_state;
+/* Reads pushed messages for up to timeout_ms (0: only what is there). */
+gpl_result_t rdzv_bclient_poll(rdzv_bclient *c, uint32_t timeout_ms);
+const rdzv_push_state *rdzv_bclient_pushes(const rdzv_bclient *c);
+
+#define RDZV_MAX_TOKEN 4096 /* bytes of a token file */
+
+/* Loads the shared token from file (trailing newlines dropped) or, when file
+ * is NULL, from GPULAUNCH_RDZV_TOKEN. *tok is malloc'ed, NULL when there is
+ * none. */
+gpl_result_t rdzv_load_token(const char *file, char **tok, size_t *len, char *err, size_t errlen);
+
+/* Parses "host:port", "[v6]:port" or "host" (default_port). Port 0 is
+ * accepted (a free port, for listeners). */
+gpl_result_t rdzv_parse_endpoint(const char *s, int default_port, char *host, size_t hostlen,
+                                 int *port);
+
+#endif

@@ -1,0 +1,457 @@
+/* The asynchronous rendezvous client, on the launcher's libuv loop: connect
+ * with backoff and jitter, handshake, join, heartbeats, pushed messages, and
+ * after a server restart a reconnect that re-registers the running round. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "gpulaunch/rdzv.h"
+#include "rdzv_auth.h"
+#include "rdzv_codec.h"
+
+#define GB_COMPONENT "rdzv-client"
+
+enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
+
+struct rdzv_client {
+    uv_loop_t *loop;
+    rdzv_client_options o;
+    char host[256];
+    char *token;
+    rdzv_join_params jp;
+    char run_id[RDZV_MAX_STR + 1], hostname[RDZV_MAX_STR + 1], addr[RDZV_MAX_STR + 1],
+        instance[RDZV_MAX_STR + 1];
+    rdzv_client_callbacks cb;
+    uv_tcp_t *tcp; /* a fresh handle per connection attempt */
+    uv_connect_t creq;
+    uv_timer_t retry, hb;
+    uv_getaddrinfo_t gai;
+    int state;
+    int want_join; /* send JOIN once ready */
+    int assigned;  /* holds a running assignment */
+    rdzv_assignment a;
+    uint32_t join_req, next_req;
+    uint64_t down_since_ms; /* first failed attempt of this outage, 0 when up */
+    uint32_t backoff_ms;
+    rdzv_buf in;
+    int closing, handles;
+    int failed;
+};
+
+static void start_connect(rdzv_client *c);
+static void on_retry(uv_timer_t *t) { start_connect(t->data); }
+
+static void client_unref(rdzv_client *c) {
+    if (--c->handles == 0) {
+        rdzv_buf_free(&c->in);
+        free(c->token);
+        free(c);
+    }
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+    rdzv_client *c = h->data;
+    if (h != (uv_handle_t *)&c->retry && h != (uv_handle_t *)&c->hb)
+        free(h);
+    client_unref(c);
+}
+
+static void fatal(rdzv_client *c, gpl_result_t code, const char *msg) {
+    if (c->failed || c->closing)
+        return;
+    c->failed = 1;
+    GB_ERROR("%s", msg);
+    if (c->cb.on_error)
+        c->cb.on_error(c, code, msg);
+}
+
+static void drop_conn(rdzv_client *c) {
+    if (c->tcp) {
+        c->handles++;
+        uv_close((uv_handle_t *)c->tcp, on_handle_closed);
+        c->tcp = NULL;
+    }
+    c->in.len = 0;
+    c->state = CS_IDLE;
+}
+
+/* The connection failed or broke: try again after a backoff with jitter,
+ * until the retry budget of this outage is spent. */
+static void schedule_retry(rdzv_client *c, const char *why) {
+    drop_conn(c);
+    if (c->closing || c->failed)
+        return;
+    uint64_t now = gb_now_ms();
+    if (c->down_since_ms == 0) {
+        c->down_since_ms = now;
+        c->backoff_ms = 50;
+        GB_WARN("rendezvous %s:%d: %s; reconnecting", c->host, c->o.port, why);
+    }
+    if (now - c->down_since_ms >= c->o.connect_timeout_ms) {
+        char msg[512];
+        snprintf(msg, sizeof msg,
+                 "could not reach the rendezvous at %s:%d for %.1f s (last error: %s); check "
+                 "--rdzv-endpoint / --master-addr and that the server is running",
+                 c->host, c->o.port, (double)(now - c->down_since_ms) / 1000.0, why);
+        fatal(c, GPL_ERR_TIMEOUT, msg);
+        return;
+    }
+    uint32_t d = c->backoff_ms / 2 + (uint32_t)(rand() % (int)(c->backoff_ms / 2 + 1));
+    if (c->backoff_ms < 2000)
+        c->backoff_ms *= 2;
+    uv_timer_start(&c->retry, on_retry, d, 0);
+}
+
+typedef struct wr {
+    uv_write_t req;
+    uint8_t *data;
+} wr;
+
+static void on_written(uv_write_t *req, int status) {
+    wr *w = (wr *)req;
+    free(w->data);
+    free(w);
+}
+
+static void send_msg(rdzv_client *c, rdzv_msg *m) {
+    if (c->tcp == NULL || c->state < CS_HANDSHAKE)
+        return;
+    rdzv_buf b;
+    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+    if (rdzv_encode(m, &b) != GPL_OK) {
+        rdzv_buf_free(&b);
+        return;
+    }
+    uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
+    int n = uv_try_write((uv_stream_t *)c->tcp, &ub, 1);
+    if (n == (int)b.len) {
+        rdzv_buf_free(&b);
+        return;
+    }
+    if (n < 0)
+        n = 0;
+    /* Rare: the socket buffer is full. Queue the rest. */
+    wr *w = malloc(sizeof *w);
+    if (w == NULL) {
+        rdzv_buf_free(&b);
+        return;
+    }
+    w->data = b.data;
+    w->req.data = w;
+    ub = uv_buf_init((char *)b.data + n, (unsigned)(b.len - (size_t)n));
+    if (uv_write(&w->req, (uv_stream_t *)c->tcp, &ub, 1, on_written) != 0) {
+        free(w->data);
+        free(w);
+    }
+}
+
+static void send_join(rdzv_client *c) {
+    rdzv_msg m = {.type = RDZV_JOIN, .req_id = ++c->next_req};
+    snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", c->run_id);
+    snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s", c->hostname);
+    snprintf(m.u.join.addr, sizeof m.u.join.addr, "%s", c->addr);
+    snprintf(m.u.join.instance, sizeof m.u.join.instance, "%s", c->instance);
+    m.u.join.master_port = c->jp.master_port;
+    m.u.join.nproc = c->jp.nproc;
+    m.u.join.ngpus = c->jp.ngpus;
+    m.u.join.static_rank = c->jp.static_rank;
+    m.u.join.min_nodes = c->jp.min_nodes;
+    m.u.join.max_nodes = c->jp.max_nodes;
+    m.u.join.last_call_ms = c->jp.last_call_ms;
+    m.u.join.join_timeout_ms = c->jp.join_timeout_ms;
+    m.u.join.heartbeat_timeout_ms = c->jp.heartbeat_timeout_ms;
+    if (c->assigned) {
+        m.flags = RDZV_JOIN_RESUME;
+        m.u.join.round = c->a.round;
+        m.u.join.node_rank = c->a.node_rank;
+        m.u.join.base_rank = c->a.base_rank;
+        m.u.join.world_size = c->a.world_size;
+        m.u.join.nnodes = c->a.nnodes;
+    }
+    c->join_req = m.req_id;
+    c->want_join = 0;
+    send_msg(c, &m);
+}
+
+static void handle(rdzv_client *c, const rdzv_msg *m) {
+    switch (m->type) {
+    case RDZV_CHALLENGE: {
+        rdzv_msg a = {.type = RDZV_AUTH, .req_id = ++c->next_req};
+        if (m->u.challenge.auth_required) {
+            if (c->token == NULL) {
+                char msg[300];
+                snprintf(msg, sizeof msg,
+                         "the rendezvous at %s:%d requires a token; set --rdzv-token-file or "
+                         "GPULAUNCH_RDZV_TOKEN",
+                         c->host, c->o.port);
+                fatal(c, GPL_ERR_AUTH, msg);
+                return;
+            }
+            rdzv_auth_mac(c->token, c->o.token_len, m->u.challenge.nonce, a.u.auth.mac);
+        }
+        send_msg(c, &a);
+        return;
+    }
+    case RDZV_WELCOME:
+        c->state = CS_READY;
+        c->down_since_ms = 0;
+        if (c->want_join || c->assigned)
+            send_join(c);
+        return;
+    case RDZV_ASSIGNED:
+        c->assigned = 1;
+        c->a.round = m->u.assigned.round;
+        c->a.node_rank = m->u.assigned.node_rank;
+        c->a.nnodes = m->u.assigned.nnodes;
+        c->a.base_rank = m->u.assigned.base_rank;
+        c->a.world_size = m->u.assigned.world_size;
+        if (m->u.assigned.master_addr[0]) { /* a resume echo carries no master */
+            c->a.master_port = m->u.assigned.master_port;
+            snprintf(c->a.master_addr, sizeof c->a.master_addr, "%s", m->u.assigned.master_addr);
+            if (c->cb.on_assigned)
+                c->cb.on_assigned(c, &c->a);
+        } else {
+            GB_INFO("re-registered round %u with the restarted rendezvous", c->a.round);
+        }
+        return;
+    case RDZV_ROUND_OVER:
+        c->assigned = 0;
+        if (c->cb.on_round_over)
+            c->cb.on_round_over(c, m->u.round_over.round, m->u.round_over.reason,
+                                m->u.round_over.node_rank, m->u.round_over.hostname,
+                                m->u.round_over.message);
+        return;
+    case RDZV_WAITING:
+        if (c->cb.on_waiting)
+            c->cb.on_waiting(c, m->u.waiting.waiting, m->u.waiting.members);
+        return;
+    case RDZV_PROGRESS:
+        if (c->cb.on_progress)
+            c->cb.on_progress(c, m->u.progress.joined, m->u.progress.expected,
+                              m->u.progress.waited_ms, m->u.progress.missing);
+        return;
+    case RDZV_EVENT:
+        if (c->cb.on_event)
+            c->cb.on_event(c, m->u.event.kind, m->u.event.deadline_unix_ms, m->u.event.node,
+                           m->u.event.reason);
+        return;
+    case RDZV_JOB_DONE:
+        if (c->cb.on_job_done)
+            c->cb.on_job_done(c);
+        return;
+    case RDZV_ERROR:
+        if (m->u.error.code == GPL_ERR_ROUND_OVER && m->req_id == c->join_req && c->assigned) {
+            /* The restarted server could not resume our round: it is over. */
+            c->assigned = 0;
+            if (c->cb.on_round_over)
+                c->cb.on_round_over(c, c->a.round, RDZV_REASON_DISCONNECT, UINT32_MAX, "",
+                                    m->u.error.message);
+            return;
+        }
+        if (m->req_id == c->join_req || c->state != CS_READY) {
+            fatal(c, (gpl_result_t)m->u.error.code, m->u.error.message);
+            return;
+        }
+        GB_WARN("rendezvous: %s", m->u.error.message);
+        return;
+    default:
+        return;
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    static char slab[65536];
+    buf->base = slab;
+    buf->len = sizeof slab;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    rdzv_client *c = st->data;
+    if (nread < 0) {
+        schedule_retry(c, nread == UV_EOF ? "connection closed by the server"
+                                          : uv_strerror((int)nread));
+        return;
+    }
+    if (nread == 0)
+        return;
+    if (rdzv_buf_append(&c->in, buf->base, (size_t)nread) != GPL_OK) {
+        schedule_retry(c, "reply over the frame limit");
+        return;
+    }
+    size_t off = 0;
+    while (c->tcp == (uv_tcp_t *)st) {
+        size_t flen;
+        gpl_result_t rc = rdzv_frame_peek(c->in.data + off, c->in.len - off, &flen);
+        if (rc == GPL_ERR_STATE)
+            break;
+        rdzv_msg m;
+        char why[128] = "bad frame length";
+        if (rc != GPL_OK || rdzv_decode(c->in.data + off, flen, &m, why, sizeof why) != GPL_OK) {
+            schedule_retry(c, why);
+            return;
+        }
+        off += flen;
+        handle(c, &m);
+        if (c->failed || c->closing)
+            return;
+    }
+    if (c->tcp == (uv_tcp_t *)st)
+        rdzv_buf_consume(&c->in, off);
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+    rdzv_client *c = req->data;
+    if (c->closing || req->handle != (uv_stream_t *)c->tcp)
+        return;
+    if (status < 0) {
+        char why[160];
+        snprintf(why, sizeof why, "connect: %s", uv_strerror(status));
+        schedule_retry(c, why);
+        return;
+    }
+    uv_tcp_nodelay(c->tcp, 1);
+    c->state = CS_HANDSHAKE;
+    uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read);
+    rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
+    h.u.hello.magic = RDZV_MAGIC;
+    h.u.hello.version = RDZV_VERSION;
+    send_msg(c, &h);
+}
+
+static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
+    rdzv_client *c = req->data;
+    client_unref(c);
+    if (c->closing) {
+        uv_freeaddrinfo(res);
+        return;
+    }
+    if (status < 0) {
+        char why[300];
+        snprintf(why, sizeof why, "cannot resolve %s: %s", c->host, uv_strerror(status));
+        uv_freeaddrinfo(res);
+        schedule_retry(c, why);
+        return;
+    }
+    c->tcp = malloc(sizeof *c->tcp);
+    if (c->tcp == NULL) {
+        uv_freeaddrinfo(res);
+        fatal(c, GPL_ERR_NOMEM, "out of memory");
+        return;
+    }
+    uv_tcp_init(c->loop, c->tcp);
+    c->tcp->data = c;
+    c->creq.data = c;
+    c->state = CS_CONNECTING;
+    int r = uv_tcp_connect(&c->creq, c->tcp, res->ai_addr, on_connect);
+    uv_freeaddrinfo(res);
+    if (r != 0)
+        schedule_retry(c, uv_strerror(r));
+}
+
+static void start_connect(rdzv_client *c) {
+    if (c->closing)
+        return;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    char port[16];
+    snprintf(port, sizeof port, "%d", c->o.port);
+    c->gai.data = c;
+    c->handles++;
+    int r = uv_getaddrinfo(c->loop, &c->gai, on_resolved, c->host, port, &hints);
+    if (r != 0) {
+        client_unref(c);
+        schedule_retry(c, uv_strerror(r));
+    }
+}
+
+static void on_heartbeat(uv_timer_t *t) {
+    rdzv_client *c = t->data;
+    if (c->state == CS_READY) {
+        rdzv_msg m = {.type = RDZV_HEARTBEAT};
+        send_msg(c, &m);
+    }
+}
+
+gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
+                               const rdzv_join_params *jp, const rdzv_client_callbacks *cb,
+                               rdzv_client **out, char *err, size_t errlen) {
+    *out = NULL;
+    rdzv_client *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return GPL_ERR_NOMEM;
+    }
+    c->loop = loop;
+    c->o = *o;
+    snprintf(c->host, sizeof c->host, "%s", o->host);
+    if (o->token && o->token_len) {
+        c->token = malloc(o->token_len);
+        if (c->token == NULL) {
+            free(c);
+            snprintf(err, errlen, "out of memory");
+            return GPL_ERR_NOMEM;
+        }
+        memcpy(c->token, o->token, o->token_len);
+    }
+    c->jp = *jp;
+    snprintf(c->run_id, sizeof c->run_id, "%s", jp->run_id ? jp->run_id : "");
+    snprintf(c->hostname, sizeof c->hostname, "%s", jp->hostname ? jp->hostname : "");
+    snprintf(c->addr, sizeof c->addr, "%s", jp->addr ? jp->addr : "");
+    snprintf(c->instance, sizeof c->instance, "%s", jp->instance ? jp->instance : "");
+    c->cb = *cb;
+    rdzv_buf_init(&c->in, RDZV_MAX_FRAME + 4 + 65536);
+    uv_timer_init(loop, &c->retry);
+    uv_timer_init(loop, &c->hb);
+    c->retry.data = c->hb.data = c;
+    c->handles = 2;
+    c->want_join = 1;
+    uint32_t hb =
+        jp->heartbeat_interval_ms ? jp->heartbeat_interval_ms : RDZV_DEFAULT_HEARTBEAT_INTERVAL_MS;
+    uv_timer_start(&c->hb, on_heartbeat, hb, hb);
+    c->down_since_ms = gb_now_ms();
+    c->backoff_ms = 50;
+    start_connect(c);
+    *out = c;
+    return GPL_OK;
+}
+
+void *rdzv_client_data(rdzv_client *c) { return c->cb.data; }
+
+void rdzv_client_rejoin(rdzv_client *c) {
+    c->assigned = 0;
+    c->want_join = 1;
+    if (c->state == CS_READY)
+        send_join(c);
+}
+
+void rdzv_client_fail(rdzv_client *c, const char *message) {
+    rdzv_msg m = {.type = RDZV_FAIL, .req_id = ++c->next_req};
+    snprintf(m.u.fail.message, sizeof m.u.fail.message, "%s", message);
+    send_msg(c, &m);
+}
+
+void rdzv_client_done(rdzv_client *c) {
+    rdzv_msg m = {.type = RDZV_DONE, .req_id = ++c->next_req};
+    send_msg(c, &m);
+}
+
+void rdzv_client_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms,
+                       const char *reason) {
+    rdzv_msg m = {.type = RDZV_EVENT, .req_id = ++c->next_req};
+    m.u.event.kind = kind;
+    m.u.event.deadline_unix_ms = deadline_unix_ms;
+    snprintf(m.u.event.reason, sizeof m.u.event.reason, "%s", reason);
+    send_msg(c, &m);
+}
+
+void rdzv_client_close(rdzv_client *c) {
+    if (c == NULL || c->closing)
+        return;
+    c->closing = 1;
+    drop_conn(c);
+    uv_timer_stop(&c->retry);
+    uv_timer_stop(&c->hb);
+    uv_close((uv_handle_t *)&c->retry, on_handle_closed);
+    uv_close((uv_handle_t *)&c->hb, on_handle_closed);
+}

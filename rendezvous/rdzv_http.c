@@ -1,0 +1,283 @@
+/* Observability over HTTP: /metrics (Prometheus text), /status (JSON),
+ * /healthz. libmicrohttpd parses HTTP; its epoll fd is driven from the
+ * server's libuv loop, so no thread touches the server state. */
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "rdzv_server_int.h"
+
+#define GB_COMPONENT "rdzv-http"
+
+struct rdzv_http {
+    struct MHD_Daemon *d;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    int port;
+};
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + (size_t)n + 1)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static void sb_json_str(sbuf *b, const char *s) {
+    sb_printf(b, "\"");
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            sb_printf(b, "\\%c", ch);
+        else if (ch < 0x20)
+            sb_printf(b, "\\u%04x", ch);
+        else
+            sb_printf(b, "%c", ch);
+    }
+    sb_printf(b, "\"");
+}
+
+char *rdzv_render_metrics(rdzv_server *s) {
+    sbuf b = {0};
+    uint64_t nodes = 0;
+    job *j;
+    LIST_FOREACH(j, &s->jobs, link)
+    nodes += j->nactive + j->npending;
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_jobs Jobs held by the server.\n"
+              "# TYPE gpulaunch_rdzv_jobs gauge\ngpulaunch_rdzv_jobs %u\n",
+              s->njobs);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_nodes Nodes in a round or waiting for one.\n"
+              "# TYPE gpulaunch_rdzv_nodes gauge\ngpulaunch_rdzv_nodes %llu\n",
+              (unsigned long long)nodes);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_connections Open client connections.\n"
+              "# TYPE gpulaunch_rdzv_connections gauge\ngpulaunch_rdzv_connections %llu\n",
+              (unsigned long long)s->m.connections_open);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_connections_total Accepted connections.\n"
+              "# TYPE gpulaunch_rdzv_connections_total counter\n"
+              "gpulaunch_rdzv_connections_total %llu\n",
+              (unsigned long long)s->m.connections_total);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_rounds_total Rounds assigned.\n"
+              "# TYPE gpulaunch_rdzv_rounds_total counter\ngpulaunch_rdzv_rounds_total %llu\n",
+              (unsigned long long)s->m.rounds);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_joins_total JOIN requests accepted.\n"
+              "# TYPE gpulaunch_rdzv_joins_total counter\ngpulaunch_rdzv_joins_total %llu\n",
+              (unsigned long long)s->m.joins);
+    sb_printf(&b, "# HELP gpulaunch_rdzv_failures_total Rounds ended by a node, by reason.\n"
+                  "# TYPE gpulaunch_rdzv_failures_total counter\n");
+    static const uint32_t reasons[] = {RDZV_REASON_DISCONNECT, RDZV_REASON_HEARTBEAT,
+                                       RDZV_REASON_FAILED, RDZV_REASON_LEFT};
+    static const char *const names[] = {"disconnect", "heartbeat", "worker_failed", "left"};
+    for (size_t i = 0; i < 4; i++)
+        sb_printf(&b, "gpulaunch_rdzv_failures_total{reason=\"%s\"} %llu\n", names[i],
+                  (unsigned long long)s->m.failures[reasons[i]]);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_kv_ops_total Key-value operations.\n"
+              "# TYPE gpulaunch_rdzv_kv_ops_total counter\ngpulaunch_rdzv_kv_ops_total %llu\n",
+              (unsigned long long)s->m.kv_ops);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_auth_refused_total Connections refused for their token.\n"
+              "# TYPE gpulaunch_rdzv_auth_refused_total counter\n"
+              "gpulaunch_rdzv_auth_refused_total %llu\n",
+              (unsigned long long)s->m.auth_refused);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_protocol_errors_total Connections closed for bad input.\n"
+              "# TYPE gpulaunch_rdzv_protocol_errors_total counter\n"
+              "gpulaunch_rdzv_protocol_errors_total %llu\n",
+              (unsigned long long)s->m.protocol_errors);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+static const char *state_name(int st) {
+    return st == JOB_RUNNING ? "running" : st == JOB_DONE ? "done" : "gathering";
+}
+
+char *rdzv_render_status(rdzv_server *s) {
+    sbuf b = {0};
+    uint64_t now = gb_now_ms();
+    sb_printf(&b, "{\"jobs\":[");
+    job *j;
+    int first = 1;
+    LIST_FOREACH(j, &s->jobs, link) {
+        sb_printf(&b, "%s{\"run_id\":", first ? "" : ",");
+        first = 0;
+        sb_json_str(&b, j->run_id);
+        sb_printf(&b,
+                  ",\"state\":\"%s\",\"round\":%u,\"min_nodes\":%u,\"max_nodes\":%u,"
+                  "\"waiting\":%u,\"members\":[",
+                  state_name(j->state), j->round, j->min_nodes, j->max_nodes, j->npending);
+        for (uint32_t i = 0; i < j->nranks; i++) {
+            member *m = j->ranks[i];
+            if (m == NULL)
+                continue;
+            sb_printf(&b, "%s{\"node_rank\":%u,\"hostname\":", i ? "," : "", i);
+            sb_json_str(&b, m->hostname);
+            sb_printf(&b, ",\"addr\":");
+            sb_json_str(&b, m->addr);
+            sb_printf(&b, ",\"nproc\":%u,\"last_heartbeat_age_s\":%.3f,\"state\":\"%s\"}", m->nproc,
+                      (double)(now - rdzv_member_last_rx_ms(m)) / 1000.0,
+                      m->done ? "done" : "running");
+        }
+        sb_printf(&b, "]}");
+    }
+    sb_printf(&b, "]}\n");
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *hc, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **ctx) {
+    rdzv_server *s = cls;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        static char msg[] = "only GET\n";
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(sizeof msg - 1, msg, MHD_RESPMEM_PERSISTENT);
+        enum MHD_Result rc = MHD_queue_response(hc, MHD_HTTP_METHOD_NOT_ALLOWED, r);
+        MHD_destroy_response(r);
+        return rc;
+    }
+    char *body = NULL;
+    const char *type = "text/plain; version=0.0.4";
+    unsigned code = MHD_HTTP_OK;
+    if (strcmp(url, "/metrics") == 0) {
+        body = rdzv_render_metrics(s);
+    } else if (strcmp(url, "/status") == 0) {
+        body = rdzv_render_status(s);
+        type = "application/json";
+    } else if (strcmp(url, "/healthz") == 0) {
+        body = strdup("ok\n");
+        type = "text/plain";
+    } else {
+        body = strdup("not found: try /metrics, /status or /healthz\n");
+        type = "text/plain";
+        code = MHD_HTTP_NOT_FOUND;
+    }
+    if (body == NULL)
+        return MHD_NO;
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result rc = MHD_queue_response(hc, code, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static void on_http_timer(uv_timer_t *t);
+
+static void http_rearm(struct rdzv_http *h) {
+    MHD_UNSIGNED_LONG_LONG to;
+    if (MHD_get_timeout(h->d, &to) == MHD_YES)
+        uv_timer_start(&h->timer, on_http_timer, to, 0);
+}
+
+static void on_http_timer(uv_timer_t *t) {
+    struct rdzv_http *h = t->data;
+    MHD_run(h->d);
+    http_rearm(h);
+}
+
+static void on_http_poll(uv_poll_t *p, int status, int events) {
+    struct rdzv_http *h = p->data;
+    MHD_run(h->d);
+    http_rearm(h);
+}
+
+gpl_result_t rdzv_http_start(rdzv_server *s, char *err, size_t errlen) {
+    struct rdzv_http *h = calloc(1, sizeof *h);
+    if (h == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return GPL_ERR_NOMEM;
+    }
+    struct sockaddr_storage sa;
+    const char *addr = s->o.http_addr;
+    int r = strchr(addr, ':') ? uv_ip6_addr(addr, s->o.http_port, (struct sockaddr_in6 *)&sa)
+                              : uv_ip4_addr(addr, s->o.http_port, (struct sockaddr_in *)&sa);
+    if (r != 0) {
+        snprintf(err, errlen, "HTTP address '%s' is not an IP address", addr);
+        free(h);
+        return GPL_ERR_INVALID_ARG;
+    }
+    h->d =
+        MHD_start_daemon(MHD_USE_EPOLL | (strchr(addr, ':') ? MHD_USE_IPv6 : 0),
+                         (uint16_t)s->o.http_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                         (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    if (h->d == NULL) {
+        snprintf(err, errlen, "cannot serve HTTP on %s:%d (port in use?)", addr, s->o.http_port);
+        free(h);
+        return GPL_ERR_SYSTEM;
+    }
+    const union MHD_DaemonInfo *li = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = li ? li->port : s->o.http_port;
+    const union MHD_DaemonInfo *ei = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+    uv_poll_init(s->loop, &h->poll, ei->epoll_fd);
+    uv_timer_init(s->loop, &h->timer);
+    h->poll.data = h;
+    h->timer.data = h;
+    uv_poll_start(&h->poll, UV_READABLE, on_http_poll);
+    s->http = h;
+    GB_INFO("HTTP observability on %s:%d (/metrics /status /healthz)", addr, h->port);
+    return GPL_OK;
+}
+
+int rdzv_http_port_of(const rdzv_server *s) { return s->http->port; }
+
+static void on_http_closed(uv_handle_t *hd) {
+    struct rdzv_http *h = hd->data;
+    if (hd == (uv_handle_t *)&h->timer)
+        free(h);
+}
+
+void rdzv_http_close(rdzv_server *s) {
+    struct rdzv_http *h = s->http;
+    s->http = NULL;
+    uv_close((uv_handle_t *)&h->poll, NULL);
+    uv_close((uv_handle_t *)&h->timer, on_http_closed);
+    MHD_stop_daemon(h->d);
+}

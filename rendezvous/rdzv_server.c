@@ -1,0 +1,1386 @@
+/* The rendezvous server: connections, the handshake, jobs, rounds, the
+ * key-value store, liveness and events, on one libuv loop. Every message is
+ * O(1) work except the ones that complete or end a round, which are O(N) once
+ * per round. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "rdzv_auth.h"
+#include "rdzv_server_int.h"
+
+#define GB_COMPONENT "rdzv"
+
+#define SWEEP_MS 100     /* timer granularity of deadlines */
+#define HB_SCAN_MS 250   /* how often heartbeats are checked */
+#define PROGRESS_MS 1000 /* progress pushes to waiting nodes */
+#define CONN_IN_MAX (RDZV_MAX_FRAME + 4 + sizeof(((rdzv_server *)0)->readbuf))
+
+enum conn_state { C_HELLO = 0, C_AUTH = 1, C_READY = 2 };
+
+struct conn {
+    uv_tcp_t tcp;
+    rdzv_server *s;
+    LIST_ENTRY(conn) link, alink;
+    int state, closing;
+    uint8_t nonce[RDZV_NONCE_LEN];
+    rdzv_buf in;
+    size_t outq;
+    uint64_t accepted_ms, last_rx_ms;
+    char peer[64];
+    member *m;
+    job *aj; /* attached job (worker connections) */
+    uint32_t around;
+    LIST_HEAD(, waiter) waiters;
+};
+
+typedef struct wreq {
+    uv_write_t req;
+    conn *c;
+    size_t len;
+    uint8_t *data;
+} wreq;
+
+static void conn_close(conn *c, const char *why);
+static void job_maybe_free(job *j);
+static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+uint64_t rdzv_member_last_rx_ms(const member *m) { return m->c ? m->c->last_rx_ms : 0; }
+
+/* ---- output ---- */
+
+static void on_written(uv_write_t *req, int status) {
+    wreq *w = (wreq *)req;
+    w->c->outq -= w->len;
+    free(w->data);
+    free(w);
+}
+
+static void send_msg(conn *c, const rdzv_msg *m) {
+    if (c->closing)
+        return;
+    rdzv_buf b;
+    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+    if (rdzv_encode(m, &b) != GPL_OK) {
+        GB_ERROR("cannot encode %s for %s", rdzv_type_name(m->type), c->peer);
+        rdzv_buf_free(&b);
+        return;
+    }
+    size_t off = 0;
+    if (c->outq == 0) {
+        uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
+        int n = uv_try_write((uv_stream_t *)&c->tcp, &ub, 1);
+        if (n > 0)
+            off = (size_t)n;
+    }
+    if (off == b.len) {
+        rdzv_buf_free(&b);
+        return;
+    }
+    size_t left = b.len - off;
+    if (c->outq + left > c->s->o.max_outq_bytes) {
+        rdzv_buf_free(&b);
+        conn_close(c, "output queue over its limit: the client does not read its replies");
+        return;
+    }
+    wreq *w = malloc(sizeof *w);
+    if (w == NULL) {
+        rdzv_buf_free(&b);
+        conn_close(c, "out of memory");
+        return;
+    }
+    w->c = c;
+    w->len = left;
+    w->data = b.data;
+    uv_buf_t ub = uv_buf_init((char *)b.data + off, (unsigned)left);
+    if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, on_written) != 0) {
+        free(w->data);
+        free(w);
+        conn_close(c, "write failed");
+        return;
+    }
+    c->outq += left;
+}
+
+static void send_error(conn *c, uint32_t req, gpl_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void send_error(conn *c, uint32_t req, gpl_result_t code, const char *fmt, ...) {
+    rdzv_msg m = {.type = RDZV_ERROR, .req_id = req};
+    m.u.error.code = (uint32_t)code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.error.message, sizeof m.u.error.message, fmt, ap);
+    va_end(ap);
+    send_msg(c, &m);
+}
+
+static void send_simple(conn *c, uint16_t type, uint32_t req) {
+    rdzv_msg m = {.type = type, .req_id = req};
+    send_msg(c, &m);
+}
+
+/* ---- key-value store ---- */
+
+static uint32_t hash_bytes(const uint8_t *p, size_t n) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 16777619u;
+    return h;
+}
+
+static kv_entry **kv_slot(job *j, const rdzv_bytes *k, uint32_t h) {
+    if (j->kv_buckets == 0)
+        return NULL;
+    kv_entry **e = &j->kv[h & (j->kv_buckets - 1)];
+    while (*e &&
+           !((*e)->hash == h && (*e)->klen == k->len && memcmp((*e)->data, k->p, k->len) == 0))
+        e = &(*e)->next;
+    return e;
+}
+
+static kv_entry *kv_find(job *j, const rdzv_bytes *k) {
+    kv_entry **e = kv_slot(j, k, hash_bytes(k->p, k->len));
+    return e ? *e : NULL;
+}
+
+static void kv_clear(job *j) {
+    for (uint32_t i = 0; i < j->kv_buckets; i++) {
+        kv_entry *e = j->kv[i];
+        while (e) {
+            kv_entry *n = e->next;
+            free(e);
+            e = n;
+        }
+    }
+    free(j->kv);
+    j->kv = NULL;
+    j->kv_buckets = j->kv_count = 0;
+    j->kv_bytes = 0;
+}
+
+static gpl_result_t kv_grow(job *j) {
+    uint32_t nb = j->kv_buckets ? j->kv_buckets * 2 : 64;
+    kv_entry **t = calloc(nb, sizeof *t);
+    if (t == NULL)
+        return GPL_ERR_NOMEM;
+    for (uint32_t i = 0; i < j->kv_buckets; i++) {
+        kv_entry *e = j->kv[i];
+        while (e) {
+            kv_entry *n = e->next;
+            e->next = t[e->hash & (nb - 1)];
+            t[e->hash & (nb - 1)] = e;
+            e = n;
+        }
+    }
+    free(j->kv);
+    j->kv = t;
+    j->kv_buckets = nb;
+    return GPL_OK;
+}
+
+/* Sets key to value, replacing any old value. */
+static gpl_result_t kv_put(job *j, const rdzv_bytes *k, const void *v, uint32_t vlen) {
+    uint32_t h = hash_bytes(k->p, k->len);
+    kv_entry **slot = kv_slot(j, k, h);
+    uint64_t old = (slot && *slot) ? (uint64_t)(*slot)->klen + (*slot)->vlen : 0;
+    uint64_t add = (uint64_t)k->len + vlen;
+    if (j->kv_bytes - old + add > j->s->o.max_job_kv_bytes)
+        return GPL_ERR_LIMIT;
+    if (!(slot && *slot) && j->kv_count + 1 > j->kv_buckets) {
+        if (kv_grow(j) != GPL_OK)
+            return GPL_ERR_NOMEM;
+        slot = kv_slot(j, k, h);
+    }
+    kv_entry *e = malloc(sizeof *e + k->len + vlen);
+    if (e == NULL)
+        return GPL_ERR_NOMEM;
+    e->hash = h;
+    e->klen = k->len;
+    e->vlen = vlen;
+    memcpy(e->data, k->p, k->len);
+    if (vlen)
+        memcpy(e->data + k->len, v, vlen);
+    if (*slot) {
+        e->next = (*slot)->next;
+        free(*slot);
+    } else {
+        e->next = NULL;
+        j->kv_count++;
+    }
+    *slot = e;
+    j->kv_bytes = j->kv_bytes - old + add;
+    return GPL_OK;
+}
+
+static void kv_del(job *j, const rdzv_bytes *k) {
+    kv_entry **slot = kv_slot(j, k, hash_bytes(k->p, k->len));
+    if (slot == NULL || *slot == NULL)
+        return;
+    kv_entry *e = *slot;
+    *slot = e->next;
+    j->kv_bytes -= (uint64_t)e->klen + e->vlen;
+    j->kv_count--;
+    free(e);
+}
+
+static void waiter_free(waiter *w) {
+    LIST_REMOVE(w, jlink);
+    LIST_REMOVE(w, clink);
+    free(w);
+}
+
+/* Number of keys of a waiter's list that are not set yet. */
+static uint32_t waiter_missing(job *j, const waiter *w, rdzv_bytes *first) {
+    rdzv_bytes walk = {w->keys, (uint32_t)w->len}, k;
+    uint32_t missing = 0;
+    while (rdzv_list_next(&walk, &k))
+        if (kv_find(j, &k) == NULL && missing++ == 0 && first)
+            *first = k;
+    return missing;
+}
+
+/* After a write: wake the waiters whose keys are all set. */
+static void kv_wake(job *j) {
+    waiter *w = LIST_FIRST(&j->waiters), *n;
+    for (; w; w = n) {
+        n = LIST_NEXT(w, jlink);
+        if (waiter_missing(j, w, NULL) == 0) {
+            send_simple(w->c, RDZV_OK, w->req);
+            waiter_free(w);
+        }
+    }
+}
+
+static void waiters_fail(job *j, gpl_result_t code, const char *msg) {
+    waiter *w;
+    while ((w = LIST_FIRST(&j->waiters)) != NULL) {
+        send_error(w->c, w->req, code, "%s", msg);
+        waiter_free(w);
+    }
+}
+
+/* ---- jobs ---- */
+
+static job *job_find(rdzv_server *s, const char *run_id) {
+    job *j;
+    LIST_FOREACH(j, &s->jobs, link)
+    if (strcmp(j->run_id, run_id) == 0)
+        return j;
+    return NULL;
+}
+
+static job *job_new(rdzv_server *s, const rdzv_msg *jm) {
+    job *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return NULL;
+    j->s = s;
+    memcpy(j->run_id, jm->u.join.run_id, sizeof j->run_id);
+    j->min_nodes = jm->u.join.min_nodes ? jm->u.join.min_nodes : 1;
+    j->max_nodes = jm->u.join.max_nodes ? jm->u.join.max_nodes : j->min_nodes;
+    j->last_call_ms = jm->u.join.last_call_ms;
+    j->join_timeout_ms =
+        jm->u.join.join_timeout_ms ? jm->u.join.join_timeout_ms : RDZV_DEFAULT_JOIN_TIMEOUT_MS;
+    j->hb_timeout_ms = jm->u.join.heartbeat_timeout_ms ? jm->u.join.heartbeat_timeout_ms
+                                                       : s->o.heartbeat_timeout_ms;
+    j->is_static = jm->u.join.static_rank >= 0;
+    memcpy(j->first_host, jm->u.join.hostname, sizeof j->first_host);
+    LIST_INIT(&j->pending);
+    LIST_INIT(&j->waiters);
+    LIST_INIT(&j->attached);
+    if (j->is_static) {
+        j->static_slots = calloc(j->max_nodes, sizeof *j->static_slots);
+        if (j->static_slots == NULL) {
+            free(j);
+            return NULL;
+        }
+    }
+    j->gather_start_ms = gb_now_ms();
+    LIST_INSERT_HEAD(&s->jobs, j, link);
+    s->njobs++;
+    GB_INFO("job %s: created by %s (%u:%u nodes%s)", j->run_id, j->first_host, j->min_nodes,
+            j->max_nodes, j->is_static ? ", static ranks" : "");
+    return j;
+}
+
+static void job_free(job *j) {
+    waiter *w;
+    while ((w = LIST_FIRST(&j->waiters)) != NULL)
+        waiter_free(w);
+    conn *c;
+    while ((c = LIST_FIRST(&j->attached)) != NULL) {
+        LIST_REMOVE(c, alink);
+        c->aj = NULL;
+    }
+    kv_clear(j);
+    free(j->static_slots);
+    free(j->ranks);
+    LIST_REMOVE(j, link);
+    j->s->njobs--;
+    free(j);
+}
+
+/* A job with no node and no worker connected is forgotten. */
+static void job_maybe_free(job *j) {
+    if (j->nmembers_total == 0 && LIST_EMPTY(&j->attached))
+        job_free(j);
+}
+
+static void member_unpend(member *m) {
+    if (!m->pending)
+        return;
+    job *j = m->j;
+    LIST_REMOVE(m, plink);
+    m->pending = 0;
+    j->npending--;
+    if (j->is_static && m->static_rank >= 0 && (uint32_t)m->static_rank < j->max_nodes &&
+        j->static_slots[m->static_rank] == m)
+        j->static_slots[m->static_rank] = NULL;
+    if (j->npending < j->min_nodes)
+        j->min_reached_ms = 0;
+}
+
+static void push_to_job(job *j, const rdzv_msg *msg) {
+    for (uint32_t i = 0; i < j->nranks; i++)
+        if (j->ranks[i] && j->ranks[i]->c)
+            send_msg(j->ranks[i]->c, msg);
+    conn *c;
+    LIST_FOREACH(c, &j->attached, alink)
+    send_msg(c, msg);
+}
+
+static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt, ...) {
+    if (j->state != JOB_RUNNING)
+        return;
+    rdzv_msg m = {.type = RDZV_ROUND_OVER};
+    m.u.round_over.round = j->round;
+    m.u.round_over.reason = reason;
+    m.u.round_over.node_rank = culprit ? culprit->node_rank : UINT32_MAX;
+    if (culprit)
+        memcpy(m.u.round_over.hostname, culprit->hostname, sizeof m.u.round_over.hostname);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m.u.round_over.message, sizeof m.u.round_over.message, fmt, ap);
+    va_end(ap);
+    GB_WARN("job %s: round %u over: %s", j->run_id, j->round, m.u.round_over.message);
+    if (reason < sizeof j->s->m.failures / sizeof j->s->m.failures[0])
+        j->s->m.failures[reason]++;
+    push_to_job(j, &m);
+    waiters_fail(j, GPL_ERR_ROUND_OVER, m.u.round_over.message);
+    for (uint32_t i = 0; i < j->nranks; i++) {
+        member *x = j->ranks[i];
+        if (x) {
+            x->active = 0;
+            x->done = 0;
+            x->prev_rank = x->node_rank;
+        }
+    }
+    free(j->ranks);
+    j->ranks = NULL;
+    j->nranks = j->nactive = j->ndone = 0;
+    j->state = JOB_GATHERING;
+    j->gather_start_ms = gb_now_ms();
+    j->min_reached_ms = j->npending >= j->min_nodes ? gb_now_ms() : 0;
+    kv_clear(j);
+}
+
+static int cmp_join_order(const void *a, const void *b) {
+    const member *x = *(member *const *)a, *y = *(member *const *)b;
+    return x->joined_ms < y->joined_ms ? -1 : x->joined_ms > y->joined_ms;
+}
+
+/* The round is complete: assign ranks and push them to every member at once. */
+static void complete_round(job *j) {
+    uint32_t n = j->npending;
+    if (n > j->max_nodes)
+        n = j->max_nodes;
+    member **ranks = calloc(n ? n : 1, sizeof *ranks);
+    member **order = calloc(j->npending ? j->npending : 1, sizeof *order);
+    if (ranks == NULL || order == NULL) {
+        free(ranks);
+        free(order);
+        GB_ERROR("job %s: out of memory completing the round", j->run_id);
+        return;
+    }
+    uint32_t k = 0;
+    member *m;
+    LIST_FOREACH(m, &j->pending, plink)
+    order[k++] = m;
+    qsort(order, k, sizeof *order, cmp_join_order);
+    if (j->is_static) {
+        for (uint32_t i = 0; i < k; i++)
+            if ((uint32_t)order[i]->static_rank < n)
+                ranks[order[i]->static_rank] = order[i];
+    } else {
+        /* Members of the last round keep their rank when it is still in range. */
+        for (uint32_t i = 0; i < k; i++) {
+            m = order[i];
+            if (m->prev_rank >= 0 && m->prev_rank < (int64_t)n && ranks[m->prev_rank] == NULL) {
+                ranks[m->prev_rank] = m;
+                order[i] = NULL;
+            }
+        }
+        uint32_t slot = 0;
+        for (uint32_t i = 0; i < k; i++) {
+            if (order[i] == NULL)
+                continue;
+            while (slot < n && ranks[slot])
+                slot++;
+            if (slot >= n)
+                break; /* over max: stays pending for the next round */
+            ranks[slot] = order[i];
+        }
+    }
+    free(order);
+    j->round++;
+    j->ranks = ranks;
+    j->nranks = n;
+    j->nactive = n;
+    j->ndone = 0;
+    j->state = JOB_RUNNING;
+    kv_clear(j);
+    uint32_t world = 0;
+    for (uint32_t i = 0; i < n; i++)
+        world += ranks[i]->nproc;
+    rdzv_msg a = {.type = RDZV_ASSIGNED};
+    a.u.assigned.round = j->round;
+    a.u.assigned.nnodes = n;
+    a.u.assigned.world_size = world;
+    a.u.assigned.master_port = ranks[0]->master_port;
+    memcpy(a.u.assigned.master_addr, ranks[0]->addr, sizeof a.u.assigned.master_addr);
+    uint32_t base = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        m = ranks[i];
+        member_unpend(m);
+        m->active = 1;
+        m->done = 0;
+        m->node_rank = i;
+        a.req_id = m->join_req;
+        a.u.assigned.node_rank = i;
+        a.u.assigned.base_rank = base;
+        base += m->nproc;
+        send_msg(m->c, &a);
+    }
+    j->s->m.rounds++;
+    GB_INFO("job %s: round %u assigned: %u nodes, world size %u, master %s:%u", j->run_id, j->round,
+            n, world, a.u.assigned.master_addr, a.u.assigned.master_port);
+    /* Nodes still pending (over max) are told they wait for the next round. */
+    if (j->npending) {
+        rdzv_msg w = {.type = RDZV_WAITING};
+        w.u.waiting.waiting = j->npending;
+        w.u.waiting.members = n;
+        push_to_job(j, &w);
+    }
+}
+
+static void maybe_complete(job *j, uint64_t now) {
+    if (j->state != JOB_GATHERING)
+        return;
+    if (j->is_static) {
+        if (j->npending < j->max_nodes)
+            return;
+        for (uint32_t i = 0; i < j->max_nodes; i++)
+            if (j->static_slots[i] == NULL)
+                return;
+        complete_round(j);
+        return;
+    }
+    if (j->npending >= j->max_nodes) {
+        complete_round(j);
+        return;
+    }
+    if (j->npending >= j->min_nodes) {
+        if (j->min_reached_ms == 0)
+            j->min_reached_ms = now;
+        if (now - j->min_reached_ms >= j->last_call_ms)
+            complete_round(j);
+    }
+}
+
+/* "node ranks 2, 5" or "3 nodes (elastic)". */
+static void describe_missing(job *j, char *out, size_t len) {
+    out[0] = '\0';
+    if (!j->is_static) {
+        snprintf(out, len, "%u more node(s) for the minimum of %u",
+                 j->npending < j->min_nodes ? j->min_nodes - j->npending : 0, j->min_nodes);
+        return;
+    }
+    size_t off = 0;
+    uint32_t shown = 0, missing = 0;
+    for (uint32_t i = 0; i < j->max_nodes; i++) {
+        if (j->static_slots[i])
+            continue;
+        missing++;
+        if (shown < 16 && off < len) {
+            int w = snprintf(out + off, len - off, "%s%u", shown ? ", " : "node ranks ", i);
+            if (w > 0)
+                off += (size_t)w;
+            shown++;
+        }
+    }
+    if (missing > shown && off < len)
+        snprintf(out + off, len - off, " and %u more", missing - shown);
+}
+
+/* ---- message handlers ---- */
+
+static void handle_join(conn *c, const rdzv_msg *msg) {
+    rdzv_server *s = c->s;
+    const __typeof__(msg->u.join) *jn = &msg->u.join;
+    if (jn->run_id[0] == '\0' || jn->nproc == 0) {
+        send_error(c, msg->req_id, GPL_ERR_INVALID_ARG,
+                   "JOIN needs a run id and nproc >= 1 (got run id '%s', nproc %u)", jn->run_id,
+                   jn->nproc);
+        return;
+    }
+    if (c->m && (c->m->pending || c->m->active)) {
+        send_error(c, msg->req_id, GPL_ERR_STATE,
+                   "this connection already joined job %s; rejoin after the round ends",
+                   c->m->j->run_id);
+        return;
+    }
+    job *j = job_find(s, jn->run_id);
+    if (j == NULL) {
+        if (s->njobs >= s->o.max_jobs) {
+            send_error(c, msg->req_id, GPL_ERR_LIMIT,
+                       "the server holds its maximum of %u jobs; raise --max-jobs", s->o.max_jobs);
+            return;
+        }
+        uint32_t maxn = jn->max_nodes ? jn->max_nodes : jn->min_nodes;
+        if (maxn > s->o.max_nodes || (jn->min_nodes > maxn)) {
+            send_error(c, msg->req_id, GPL_ERR_LIMIT,
+                       "job %s asks for %u:%u nodes; this server allows at most %u", jn->run_id,
+                       jn->min_nodes, maxn, s->o.max_nodes);
+            return;
+        }
+        j = job_new(s, msg);
+        if (j == NULL) {
+            send_error(c, msg->req_id, GPL_ERR_NOMEM, "out of memory creating job %s", jn->run_id);
+            return;
+        }
+    } else if (!(msg->flags & RDZV_JOIN_RESUME) &&
+               ((jn->min_nodes && jn->min_nodes != j->min_nodes) ||
+                (jn->max_nodes && jn->max_nodes != j->max_nodes) ||
+                (jn->static_rank >= 0) != j->is_static)) {
+        send_error(c, msg->req_id, GPL_ERR_CONFIG,
+                   "node %s asks job %s for %u:%u nodes (%s ranks) but node %s started it with "
+                   "%u:%u nodes (%s ranks); give every node the same --nnodes and mode",
+                   jn->hostname, j->run_id, jn->min_nodes, jn->max_nodes,
+                   jn->static_rank >= 0 ? "static" : "elastic", j->first_host, j->min_nodes,
+                   j->max_nodes, j->is_static ? "static" : "elastic");
+        return;
+    }
+    if (j->is_static && !(msg->flags & RDZV_JOIN_RESUME) &&
+        (uint32_t)jn->static_rank >= j->max_nodes) {
+        send_error(c, msg->req_id, GPL_ERR_INVALID_ARG,
+                   "node %s has node rank %d but job %s has %u nodes (ranks 0..%u)", jn->hostname,
+                   jn->static_rank, j->run_id, j->max_nodes, j->max_nodes - 1);
+        return;
+    }
+    if (j->is_static && !(msg->flags & RDZV_JOIN_RESUME) && j->static_slots[jn->static_rank]) {
+        member *o = j->static_slots[jn->static_rank];
+        if (strcmp(o->instance, jn->instance) != 0) {
+            send_error(c, msg->req_id, GPL_ERR_EXISTS,
+                       "duplicate node rank %d in job %s: %s (%s, instance %s) already holds "
+                       "it, refused %s (%s, instance %s); give each node its own --node-rank",
+                       jn->static_rank, j->run_id, o->hostname, o->addr, o->instance, jn->hostname,
+                       jn->addr, jn->instance);
+            return;
+        }
+        /* The same instance joined again on a new connection: the old one is stale. */
+        member_unpend(o);
+    }
+    member *m = c->m;
+    if (m == NULL) {
+        m = calloc(1, sizeof *m);
+        if (m == NULL) {
+            send_error(c, msg->req_id, GPL_ERR_NOMEM, "out of memory");
+            return;
+        }
+        m->prev_rank = -1;
+        m->c = c;
+        c->m = m;
+    } else if (m->j != j) {
+        m->j->nmembers_total--;
+        m->prev_rank = -1;
+    }
+    if (m->j != j)
+        j->nmembers_total++;
+    m->j = j;
+    memcpy(m->hostname, jn->hostname, sizeof m->hostname);
+    memcpy(m->addr, jn->addr, sizeof m->addr);
+    memcpy(m->instance, jn->instance, sizeof m->instance);
+    m->master_port = jn->master_port;
+    m->nproc = jn->nproc;
+    m->ngpus = jn->ngpus;
+    m->static_rank = jn->static_rank;
+    m->join_req = msg->req_id;
+    m->joined_ms = gb_now_ms();
+    s->m.joins++;
+
+    if (msg->flags & RDZV_JOIN_RESUME) {
+        /* A node re-registers the round it is running after a server restart. */
+        if (j->state == JOB_GATHERING && j->round == 0 && j->npending == 0) {
+            j->round = jn->round;
+            j->state = JOB_RUNNING;
+            j->nranks = jn->nnodes;
+            j->ranks = calloc(jn->nnodes ? jn->nnodes : 1, sizeof *j->ranks);
+            j->nactive = 0;
+            j->resume_deadline_ms = gb_now_ms() + 2ull * j->hb_timeout_ms;
+            if (j->ranks == NULL) {
+                send_error(c, msg->req_id, GPL_ERR_NOMEM, "out of memory");
+                return;
+            }
+        }
+        if (j->state != JOB_RUNNING || j->round != jn->round || jn->node_rank >= j->nranks ||
+            (j->ranks[jn->node_rank] && j->ranks[jn->node_rank] != m)) {
+            send_error(c, msg->req_id, GPL_ERR_ROUND_OVER,
+                       "round %u of job %s cannot be resumed (the server is at round %u); "
+                       "rejoin",
+                       jn->round, j->run_id, j->round);
+            return;
+        }
+        j->ranks[jn->node_rank] = m;
+        j->nactive++;
+        m->active = 1;
+        m->node_rank = jn->node_rank;
+        rdzv_msg a = {.type = RDZV_ASSIGNED, .req_id = msg->req_id};
+        a.u.assigned.round = jn->round;
+        a.u.assigned.node_rank = jn->node_rank;
+        a.u.assigned.nnodes = jn->nnodes;
+        a.u.assigned.base_rank = jn->base_rank;
+        a.u.assigned.world_size = jn->world_size;
+        send_msg(c, &a);
+        GB_INFO("job %s: %s resumed node rank %u of round %u", j->run_id, m->hostname, m->node_rank,
+                j->round);
+        return;
+    }
+
+    if (j->state == JOB_DONE) {
+        /* A finished run id used again starts over. */
+        j->state = JOB_GATHERING;
+        j->gather_start_ms = gb_now_ms();
+    }
+    m->pending = 1;
+    LIST_INSERT_HEAD(&j->pending, m, plink);
+    j->npending++;
+    if (j->is_static)
+        j->static_slots[jn->static_rank] = m;
+    GB_INFO("job %s: %s (%s) joined, %u pending", j->run_id, m->hostname, m->addr, j->npending);
+    if (j->state == JOB_RUNNING) {
+        rdzv_msg w = {.type = RDZV_WAITING};
+        w.u.waiting.waiting = j->npending;
+        w.u.waiting.members = j->nranks;
+        push_to_job(j, &w);
+        return;
+    }
+    maybe_complete(j, gb_now_ms());
+}
+
+static job *kv_job(conn *c, uint32_t req) {
+    if (c->m && c->m->j && (c->m->active || c->m->pending))
+        return c->m->j;
+    if (c->aj) {
+        if (c->aj->state != JOB_RUNNING || c->aj->round != c->around) {
+            send_error(c, req, GPL_ERR_ROUND_OVER,
+                       "round %u of job %s is over; the workers must restart", c->around,
+                       c->aj->run_id);
+            return NULL;
+        }
+        return c->aj;
+    }
+    send_error(c, req, GPL_ERR_STATE, "join or attach to a job before using its key-value store");
+    return NULL;
+}
+
+static void handle_kv(conn *c, const rdzv_msg *msg) {
+    job *j = kv_job(c, msg->req_id);
+    if (j == NULL)
+        return;
+    c->s->m.kv_ops++;
+    gpl_result_t rc;
+    switch (msg->type) {
+    case RDZV_KV_SET:
+        rc = kv_put(j, &msg->u.kv_set.key, msg->u.kv_set.value.p, msg->u.kv_set.value.len);
+        if (rc != GPL_OK) {
+            send_error(c, msg->req_id, rc,
+                       "job %s key-value store is full (%llu bytes, limit %llu); delete keys or "
+                       "raise --max-job-kv-bytes",
+                       j->run_id, (unsigned long long)j->kv_bytes,
+                       (unsigned long long)c->s->o.max_job_kv_bytes);
+            return;
+        }
+        send_simple(c, RDZV_OK, msg->req_id);
+        kv_wake(j);
+        return;
+    case RDZV_KV_GET: {
+        kv_entry *e = kv_find(j, &msg->u.kv_key.key);
+        rdzv_msg r = {.type = RDZV_VALUE, .req_id = msg->req_id};
+        if (e) {
+            r.u.value.found = 1;
+            r.u.value.value = (rdzv_bytes){e->data + e->klen, e->vlen};
+        }
+        send_msg(c, &r);
+        return;
+    }
+    case RDZV_KV_DEL:
+        kv_del(j, &msg->u.kv_key.key);
+        send_simple(c, RDZV_OK, msg->req_id);
+        return;
+    case RDZV_KV_ADD: {
+        kv_entry *e = kv_find(j, &msg->u.kv_add.key);
+        int64_t v = 0;
+        if (e) {
+            char tmp[32];
+            if (e->vlen == 0 || e->vlen >= sizeof tmp) {
+                send_error(c, msg->req_id, GPL_ERR_INVALID_ARG,
+                           "key holds %u bytes, not a decimal integer", e->vlen);
+                return;
+            }
+            memcpy(tmp, e->data + e->klen, e->vlen);
+            tmp[e->vlen] = '\0';
+            char *end;
+            errno = 0;
+            v = strtoll(tmp, &end, 10);
+            if (errno || *end) {
+                send_error(c, msg->req_id, GPL_ERR_INVALID_ARG,
+                           "key holds '%s', not a decimal integer", tmp);
+                return;
+            }
+        }
+        v = (int64_t)((uint64_t)v + (uint64_t)msg->u.kv_add.delta);
+        char out[32];
+        int n = snprintf(out, sizeof out, "%lld", (long long)v);
+        rc = kv_put(j, &msg->u.kv_add.key, out, (uint32_t)n);
+        if (rc != GPL_OK) {
+            send_error(c, msg->req_id, rc, "job %s key-value store is full", j->run_id);
+            return;
+        }
+        rdzv_msg r = {.type = RDZV_INT, .req_id = msg->req_id};
+        r.u.int_.value = v;
+        r.u.int_.ok = 1;
+        send_msg(c, &r);
+        kv_wake(j);
+        return;
+    }
+    case RDZV_KV_CAS: {
+        kv_entry *e = kv_find(j, &msg->u.kv_cas.key);
+        int match = msg->u.kv_cas.expect_absent
+                        ? e == NULL
+                        : (e && e->vlen == msg->u.kv_cas.expected.len &&
+                           memcmp(e->data + e->klen, msg->u.kv_cas.expected.p, e->vlen) == 0);
+        rdzv_msg r = {.type = RDZV_INT, .req_id = msg->req_id};
+        if (match) {
+            rc = kv_put(j, &msg->u.kv_cas.key, msg->u.kv_cas.desired.p, msg->u.kv_cas.desired.len);
+            if (rc != GPL_OK) {
+                send_error(c, msg->req_id, rc, "job %s key-value store is full", j->run_id);
+                return;
+            }
+            r.u.int_.ok = 1;
+        }
+        send_msg(c, &r);
+        if (match)
+            kv_wake(j);
+        return;
+    }
+    case RDZV_KV_MGET: {
+        rdzv_buf items;
+        rdzv_buf_init(&items, RDZV_MAX_FRAME - 64);
+        rdzv_bytes walk = msg->u.kv_keys.keys, k;
+        while (rdzv_list_next(&walk, &k)) {
+            kv_entry *e = kv_find(j, &k);
+            rc = e ? rdzv_values_add(&items, 1, e->data + e->klen, e->vlen)
+                   : rdzv_values_add(&items, 0, NULL, 0);
+            if (rc != GPL_OK) {
+                rdzv_buf_free(&items);
+                send_error(c, msg->req_id, GPL_ERR_LIMIT,
+                           "the values of these %u keys exceed one %u-byte reply; ask for fewer",
+                           msg->u.kv_keys.nkeys, (unsigned)RDZV_MAX_FRAME);
+                return;
+            }
+        }
+        rdzv_msg r = {.type = RDZV_VALUES, .req_id = msg->req_id};
+        r.u.values.count = msg->u.kv_keys.nkeys;
+        r.u.values.items = (rdzv_bytes){items.data, (uint32_t)items.len};
+        send_msg(c, &r);
+        rdzv_buf_free(&items);
+        return;
+    }
+    case RDZV_KV_WAIT: {
+        waiter *w = malloc(sizeof *w + msg->u.kv_keys.keys.len);
+        if (w == NULL) {
+            send_error(c, msg->req_id, GPL_ERR_NOMEM, "out of memory");
+            return;
+        }
+        w->c = c;
+        w->req = msg->req_id;
+        w->nkeys = msg->u.kv_keys.nkeys;
+        w->len = msg->u.kv_keys.keys.len;
+        if (w->len)
+            memcpy(w->keys, msg->u.kv_keys.keys.p, w->len);
+        w->deadline_ms = gb_now_ms() + msg->u.kv_keys.timeout_ms;
+        LIST_INSERT_HEAD(&j->waiters, w, jlink);
+        LIST_INSERT_HEAD(&c->waiters, w, clink);
+        if (waiter_missing(j, w, NULL) == 0) {
+            send_simple(c, RDZV_OK, w->req);
+            waiter_free(w);
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+static void handle_attach(conn *c, const rdzv_msg *msg) {
+    job *j = job_find(c->s, msg->u.attach.run_id);
+    if (j == NULL || j->state != JOB_RUNNING || j->round != msg->u.attach.round) {
+        send_error(c, msg->req_id, j ? GPL_ERR_ROUND_OVER : GPL_ERR_NOT_FOUND,
+                   j ? "job %s is at round %u (%s), not round %u: the workers must restart"
+                     : "job %s is not known to this server (round %u%s); is the launcher "
+                       "running?",
+                   msg->u.attach.run_id, j ? j->round : msg->u.attach.round,
+                   j ? (j->state == JOB_RUNNING ? "running" : "gathering") : "",
+                   msg->u.attach.round);
+        return;
+    }
+    if (c->aj)
+        LIST_REMOVE(c, alink);
+    c->aj = j;
+    c->around = j->round;
+    LIST_INSERT_HEAD(&j->attached, c, alink);
+    send_simple(c, RDZV_OK, msg->req_id);
+}
+
+static void handle_event(conn *c, const rdzv_msg *msg) {
+    job *j = c->m ? c->m->j : c->aj;
+    if (j == NULL) {
+        send_error(c, msg->req_id, GPL_ERR_STATE, "join or attach to a job before sending events");
+        return;
+    }
+    rdzv_msg e = *msg;
+    e.req_id = 0;
+    e.u.event.round = j->round;
+    if (e.u.event.node[0] == '\0' && c->m)
+        memcpy(e.u.event.node, c->m->hostname, sizeof e.u.event.node);
+    GB_WARN("job %s: event %s from %s: %s", j->run_id,
+            e.u.event.kind == RDZV_EVENT_CHECKPOINT ? "checkpoint" : "shutdown", e.u.event.node,
+            e.u.event.reason);
+    push_to_job(j, &e);
+    /* Members between rounds hear it too. */
+    member *m;
+    LIST_FOREACH(m, &j->pending, plink)
+    send_msg(m->c, &e);
+    send_simple(c, RDZV_OK, msg->req_id);
+}
+
+static void handle_ready(conn *c, const rdzv_msg *msg) {
+    switch (msg->type) {
+    case RDZV_JOIN:
+        handle_join(c, msg);
+        return;
+    case RDZV_HEARTBEAT:
+        return;
+    case RDZV_ATTACH:
+        handle_attach(c, msg);
+        return;
+    case RDZV_KV_SET:
+    case RDZV_KV_GET:
+    case RDZV_KV_WAIT:
+    case RDZV_KV_ADD:
+    case RDZV_KV_CAS:
+    case RDZV_KV_DEL:
+    case RDZV_KV_MGET:
+        handle_kv(c, msg);
+        return;
+    case RDZV_EVENT:
+        handle_event(c, msg);
+        return;
+    case RDZV_FAIL:
+        if (c->m && c->m->active) {
+            end_round(c->m->j, c->m, RDZV_REASON_FAILED, "node %s (node rank %u): %s",
+                      c->m->hostname, c->m->node_rank, msg->u.fail.message);
+        }
+        send_simple(c, RDZV_OK, msg->req_id);
+        return;
+    case RDZV_DONE:
+        if (c->m && c->m->active && !c->m->done) {
+            job *j = c->m->j;
+            c->m->done = 1;
+            if (++j->ndone == j->nranks) {
+                GB_INFO("job %s: every node finished round %u", j->run_id, j->round);
+                rdzv_msg d = {.type = RDZV_JOB_DONE};
+                push_to_job(j, &d);
+                j->state = JOB_DONE;
+                c->s->m.jobs_done++;
+            }
+        }
+        send_simple(c, RDZV_OK, msg->req_id);
+        return;
+    default:
+        c->s->m.protocol_errors++;
+        send_error(c, msg->req_id, GPL_ERR_PROTOCOL, "message %s is not a request",
+                   rdzv_type_name(msg->type));
+        conn_close(c, "unexpected message type");
+        return;
+    }
+}
+
+static void handle_frame(conn *c, const uint8_t *p, size_t n) {
+    rdzv_server *s = c->s;
+    rdzv_msg msg;
+    char why[160];
+    if (rdzv_decode(p, n, &msg, why, sizeof why) != GPL_OK) {
+        s->m.protocol_errors++;
+        send_error(c, 0, GPL_ERR_PROTOCOL, "malformed frame: %s", why);
+        conn_close(c, why);
+        return;
+    }
+    switch (c->state) {
+    case C_HELLO:
+        if (msg.type != RDZV_HELLO || msg.u.hello.magic != RDZV_MAGIC) {
+            s->m.protocol_errors++;
+            send_error(c, msg.req_id, GPL_ERR_PROTOCOL,
+                       "expected HELLO with the gpulaunch magic; is this a gpulaunch client?");
+            conn_close(c, "bad hello");
+            return;
+        }
+        if (msg.u.hello.version != RDZV_VERSION) {
+            s->m.protocol_errors++;
+            send_error(c, msg.req_id, GPL_ERR_PROTOCOL,
+                       "protocol version %u is not supported; this server speaks version %u",
+                       msg.u.hello.version, RDZV_VERSION);
+            conn_close(c, "wrong version");
+            return;
+        }
+        {
+            rdzv_msg ch = {.type = RDZV_CHALLENGE, .req_id = msg.req_id};
+            memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
+            ch.u.challenge.auth_required = s->token != NULL;
+            ch.u.challenge.version = RDZV_VERSION;
+            c->state = C_AUTH;
+            send_msg(c, &ch);
+        }
+        return;
+    case C_AUTH:
+        if (msg.type != RDZV_AUTH) {
+            s->m.protocol_errors++;
+            send_error(c, msg.req_id, GPL_ERR_PROTOCOL, "expected AUTH");
+            conn_close(c, "bad auth message");
+            return;
+        }
+        if (s->token && !rdzv_auth_check(s->token, s->o.token_len, c->nonce, msg.u.auth.mac)) {
+            s->m.auth_refused++;
+            GB_WARN("refused %s: wrong or missing rendezvous token", c->peer);
+            send_error(c, msg.req_id, GPL_ERR_AUTH,
+                       "wrong or missing rendezvous token; give every node the same "
+                       "--rdzv-token-file or GPULAUNCH_RDZV_TOKEN");
+            conn_close(c, "auth refused");
+            return;
+        }
+        c->state = C_READY;
+        {
+            rdzv_msg w = {.type = RDZV_WELCOME, .req_id = msg.req_id};
+            w.u.welcome.server_epoch = s->epoch;
+            send_msg(c, &w);
+        }
+        return;
+    default:
+        handle_ready(c, &msg);
+        return;
+    }
+}
+
+/* ---- connections ---- */
+
+static void server_unref(rdzv_server *s) {
+    if (--s->open_handles == 0) {
+        free(s->token);
+        free(s);
+    }
+}
+
+static void on_conn_closed(uv_handle_t *h) {
+    conn *c = h->data;
+    rdzv_server *s = c->s;
+    rdzv_buf_free(&c->in);
+    free(c);
+    server_unref(s);
+}
+
+static void conn_close(conn *c, const char *why) {
+    if (c->closing)
+        return;
+    c->closing = 1;
+    rdzv_server *s = c->s;
+    GB_DEBUG("closing %s: %s", c->peer, why);
+    waiter *w;
+    while ((w = LIST_FIRST(&c->waiters)) != NULL)
+        waiter_free(w);
+    job *aj = c->aj;
+    if (aj) {
+        LIST_REMOVE(c, alink);
+        c->aj = NULL;
+    }
+    member *m = c->m;
+    if (m) {
+        job *j = m->j;
+        c->m = NULL;
+        if (j) {
+            member_unpend(m);
+            if (m->active && j->state == JOB_RUNNING && !m->done) {
+                j->ranks[m->node_rank] = NULL;
+                end_round(j, m, RDZV_REASON_DISCONNECT,
+                          "node %s (%s, node rank %u) lost its connection to the rendezvous (%s)",
+                          m->hostname, m->addr, m->node_rank, why);
+            } else if (m->active && j->ranks && m->node_rank < j->nranks &&
+                       j->ranks[m->node_rank] == m) {
+                j->ranks[m->node_rank] = NULL;
+            }
+            j->nmembers_total--;
+            job_maybe_free(j);
+        }
+        free(m);
+    }
+    if (aj)
+        job_maybe_free(aj);
+    LIST_REMOVE(c, link);
+    s->m.connections_open--;
+    uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    conn *c = h->data;
+    rdzv_server *s = c->s;
+    if (s->readbuf_busy) {
+        buf->base = NULL;
+        buf->len = 0;
+        return;
+    }
+    s->readbuf_busy = 1;
+    buf->base = (char *)s->readbuf;
+    buf->len = sizeof s->readbuf;
+}
+
+/* Parses the whole frames at p; returns the bytes consumed. */
+static size_t parse_frames(conn *c, const uint8_t *p, size_t n) {
+    size_t off = 0;
+    while (!c->closing) {
+        size_t flen;
+        gpl_result_t rc = rdzv_frame_peek(p + off, n - off, &flen);
+        if (rc == GPL_ERR_STATE)
+            break;
+        if (rc != GPL_OK) {
+            c->s->m.protocol_errors++;
+            send_error(c, 0, rc,
+                       rc == GPL_ERR_LIMIT ? "frame over the %u-byte limit"
+                                           : "frame shorter than its header (limit %u)",
+                       (unsigned)RDZV_MAX_FRAME);
+            conn_close(c, "bad frame length");
+            break;
+        }
+        handle_frame(c, p + off, flen);
+        off += flen;
+    }
+    return off;
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+    conn *c = st->data;
+    rdzv_server *s = c->s;
+    if (buf->base == (char *)s->readbuf)
+        s->readbuf_busy = 0;
+    if (nread < 0) {
+        conn_close(c, nread == UV_EOF ? "peer closed the connection" : uv_strerror((int)nread));
+        return;
+    }
+    if (nread == 0 || c->closing)
+        return;
+    c->last_rx_ms = gb_now_ms();
+    const uint8_t *p = (const uint8_t *)buf->base;
+    size_t n = (size_t)nread;
+    if (c->in.len == 0) {
+        size_t used = parse_frames(c, p, n);
+        if (used < n && !c->closing && rdzv_buf_append(&c->in, p + used, n - used) != GPL_OK)
+            conn_close(c, "input buffer over its limit");
+        return;
+    }
+    if (rdzv_buf_append(&c->in, p, n) != GPL_OK) {
+        conn_close(c, "input buffer over its limit");
+        return;
+    }
+    size_t used = parse_frames(c, c->in.data, c->in.len);
+    if (!c->closing) {
+        rdzv_buf_consume(&c->in, used);
+        if (c->in.len == 0) {
+            /* Give back the memory of a large frame once it is handled. */
+            rdzv_buf_free(&c->in);
+            rdzv_buf_init(&c->in, CONN_IN_MAX);
+        }
+    }
+}
+
+static void on_connection(uv_stream_t *ls, int status) {
+    rdzv_server *s = ls->data;
+    if (status < 0) {
+        GB_WARN("accept failed: %s", uv_strerror(status));
+        return;
+    }
+    conn *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return;
+    c->s = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    c->tcp.data = c;
+    s->open_handles++;
+    if (uv_accept(ls, (uv_stream_t *)&c->tcp) != 0) {
+        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+        return;
+    }
+    rdzv_buf_init(&c->in, CONN_IN_MAX);
+    LIST_INIT(&c->waiters);
+    c->accepted_ms = c->last_rx_ms = gb_now_ms();
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    snprintf(c->peer, sizeof c->peer, "?");
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        char ip[48] = "";
+        int port = 0;
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+    }
+    LIST_INSERT_HEAD(&s->conns, c, link);
+    s->m.connections_total++;
+    s->m.connections_open++;
+    if (s->m.connections_open > s->o.max_connections || s->closing) {
+        send_error(c, 0, GPL_ERR_LIMIT, "the server holds its maximum of %u connections",
+                   s->o.max_connections);
+        conn_close(c, "connection limit");
+        return;
+    }
+    uv_tcp_nodelay(&c->tcp, 1);
+    if (rdzv_auth_nonce(c->nonce) != 0) {
+        conn_close(c, "no random bytes for the challenge");
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+/* ---- timers ---- */
+
+static void sweep_job(job *j, uint64_t now, int hb_scan) {
+    if (j->state == JOB_GATHERING) {
+        maybe_complete(j, now);
+        if (j->state != JOB_GATHERING)
+            return;
+        int progress = now - j->last_progress_ms >= PROGRESS_MS;
+        char missing[RDZV_MAX_MSG + 1] = "";
+        if (progress && j->npending)
+            describe_missing(j, missing, sizeof missing);
+        member *m = LIST_FIRST(&j->pending), *n;
+        for (; m; m = n) {
+            n = LIST_NEXT(m, plink);
+            uint64_t waited = now - m->joined_ms;
+            if (waited >= j->join_timeout_ms) {
+                char miss[RDZV_MAX_MSG + 1];
+                describe_missing(j, miss, sizeof miss);
+                send_error(m->c, m->join_req, GPL_ERR_TIMEOUT,
+                           "rendezvous of job %s timed out after %.1f s: %u of %u nodes joined; "
+                           "missing: %s",
+                           j->run_id, (double)waited / 1000.0, j->npending,
+                           j->is_static ? j->max_nodes : j->min_nodes, miss);
+                member_unpend(m);
+                continue;
+            }
+            if (progress) {
+                rdzv_msg p = {.type = RDZV_PROGRESS, .req_id = 0};
+                p.u.progress.joined = j->npending;
+                p.u.progress.expected = j->is_static ? j->max_nodes : j->min_nodes;
+                p.u.progress.waited_ms = (uint32_t)waited;
+                memcpy(p.u.progress.missing, missing, sizeof p.u.progress.missing);
+                send_msg(m->c, &p);
+            }
+        }
+        if (progress)
+            j->last_progress_ms = now;
+        return;
+    }
+    if (j->state != JOB_RUNNING)
+        return;
+    if (hb_scan) {
+        for (uint32_t i = 0; i < j->nranks && j->state == JOB_RUNNING; i++) {
+            member *m = j->ranks[i];
+            if (m == NULL || m->done || m->c == NULL)
+                continue;
+            if (now - m->c->last_rx_ms > j->hb_timeout_ms) {
+                conn *c = m->c;
+                end_round(j, m, RDZV_REASON_HEARTBEAT,
+                          "node %s (%s, node rank %u) sent no heartbeat for %.1f s (timeout "
+                          "%.1f s)",
+                          m->hostname, m->addr, m->node_rank,
+                          (double)(now - c->last_rx_ms) / 1000.0, j->hb_timeout_ms / 1000.0);
+                conn_close(c, "heartbeat timeout");
+                return;
+            }
+        }
+        if (j->resume_deadline_ms && now > j->resume_deadline_ms) {
+            j->resume_deadline_ms = 0;
+            for (uint32_t i = 0; i < j->nranks; i++)
+                if (j->ranks[i] == NULL) {
+                    end_round(j, NULL, RDZV_REASON_DISCONNECT,
+                              "node rank %u did not reconnect after the rendezvous restarted", i);
+                    return;
+                }
+        }
+    }
+    waiter *w = LIST_FIRST(&j->waiters), *n;
+    for (; w; w = n) {
+        n = LIST_NEXT(w, jlink);
+        if (now >= w->deadline_ms) {
+            rdzv_bytes first = {NULL, 0};
+            uint32_t miss = waiter_missing(j, w, &first);
+            send_error(w->c, w->req, GPL_ERR_TIMEOUT,
+                       "waited %u key(s) in job %s: %u never set (first: '%.*s')", w->nkeys,
+                       j->run_id, miss, (int)(first.len > 200 ? 200 : first.len),
+                       first.p ? (const char *)first.p : "");
+            waiter_free(w);
+        }
+    }
+}
+
+static void on_sweep(uv_timer_t *t) {
+    rdzv_server *s = t->data;
+    uint64_t now = gb_now_ms();
+    int hb = now - s->last_hb_scan_ms >= HB_SCAN_MS;
+    if (hb)
+        s->last_hb_scan_ms = now;
+    conn *c = LIST_FIRST(&s->conns), *cn;
+    for (; c; c = cn) {
+        cn = LIST_NEXT(c, link);
+        if (c->state != C_READY && now - c->accepted_ms > s->o.handshake_timeout_ms) {
+            GB_INFO("closing %s: no handshake within %u ms", c->peer, s->o.handshake_timeout_ms);
+            conn_close(c, "handshake timeout");
+        }
+    }
+    job *j = LIST_FIRST(&s->jobs), *jn;
+    for (; j; j = jn) {
+        jn = LIST_NEXT(j, link);
+        sweep_job(j, now, hb);
+    }
+}
+
+/* ---- lifecycle ---- */
+
+static void on_handle_closed(uv_handle_t *h) { server_unref(h->data); }
+
+gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts, rdzv_server **out,
+                               char *err, size_t errlen) {
+    *out = NULL;
+    if (opts == NULL || opts->version != RDZV_SERVER_OPTIONS_VERSION) {
+        snprintf(err, errlen,
+                 "rdzv_server_options.version must be %d (use "
+                 "RDZV_SERVER_OPTIONS_INIT)",
+                 RDZV_SERVER_OPTIONS_VERSION);
+        return GPL_ERR_INVALID_ARG;
+    }
+    rdzv_server *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return GPL_ERR_NOMEM;
+    }
+    s->loop = loop;
+    s->o = *opts;
+    LIST_INIT(&s->conns);
+    LIST_INIT(&s->jobs);
+    if (opts->token && opts->token_len) {
+        s->token = malloc(opts->token_len);
+        if (s->token == NULL) {
+            free(s);
+            snprintf(err, errlen, "out of memory");
+            return GPL_ERR_NOMEM;
+        }
+        memcpy(s->token, opts->token, opts->token_len);
+    } else {
+        GB_WARN("no rendezvous token: any client that reaches this port can join jobs; "
+                "set --token-file or GPULAUNCH_RDZV_TOKEN");
+    }
+    uint8_t e[RDZV_NONCE_LEN];
+    rdzv_auth_nonce(e);
+    memcpy(&s->epoch, e, sizeof s->epoch);
+
+    const char *addr = opts->listen_addr ? opts->listen_addr : "0.0.0.0";
+    struct sockaddr_storage sa;
+    int r = strchr(addr, ':') ? uv_ip6_addr(addr, opts->listen_port, (struct sockaddr_in6 *)&sa)
+                              : uv_ip4_addr(addr, opts->listen_port, (struct sockaddr_in *)&sa);
+    if (r != 0) {
+        snprintf(err, errlen, "listen address '%s' is not an IP address: %s", addr, uv_strerror(r));
+        free(s->token);
+        free(s);
+        return GPL_ERR_INVALID_ARG;
+    }
+    uv_tcp_init(loop, &s->listener);
+    s->listener.data = s;
+    s->open_handles = 1;
+    r = uv_tcp_bind(&s->listener, (struct sockaddr *)&sa, 0);
+    if (r == 0)
+        r = uv_listen((uv_stream_t *)&s->listener, 4096, on_connection);
+    if (r != 0) {
+        snprintf(err, errlen, "cannot listen on %s:%d: %s%s", addr, opts->listen_port,
+                 uv_strerror(r),
+                 r == UV_EADDRINUSE ? " (another process holds this port; pick another with "
+                                      "--listen or stop it)"
+                                    : "");
+        s->closing = 1;
+        uv_close((uv_handle_t *)&s->listener, on_handle_closed);
+        return r == UV_EADDRINUSE ? GPL_ERR_EXISTS : GPL_ERR_SYSTEM;
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof bound;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &blen);
+    s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                : ((struct sockaddr_in *)&bound)->sin_port);
+    uv_timer_init(loop, &s->sweep);
+    s->sweep.data = s;
+    s->open_handles++;
+    uv_timer_start(&s->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+    if (opts->http_addr) {
+        gpl_result_t rc = rdzv_http_start(s, err, errlen);
+        if (rc != GPL_OK) {
+            rdzv_server_close(s);
+            return rc;
+        }
+    }
+    GB_INFO("rendezvous listening on %s:%d", addr, s->port);
+    *out = s;
+    return GPL_OK;
+}
+
+int rdzv_server_port(const rdzv_server *s) { return s->port; }
+int rdzv_server_http_port(const rdzv_server *s) { return s->http ? rdzv_http_port_of(s) : -1; }
+
+void rdzv_server_close(rdzv_server *s) {
+    if (s == NULL)
+        return;
+    s->closing = 1;
+    conn *c;
+    while ((c = LIST_FIRST(&s->conns)) != NULL)
+        conn_close(c, "server shutting down");
+    job *j;
+    while ((j = LIST_FIRST(&s->jobs)) != NULL)
+        job_free(j);
+    if (s->http)
+        rdzv_http_close(s);
+    uv_timer_stop(&s->sweep);
+    uv_close((uv_handle_t *)&s->sweep, on_handle_closed);
+    uv_close((uv_handle_t *)&s->listener, on_handle_closed);
+}

@@ -1,0 +1,111 @@
+/* Internal state of the rendezvous server, shared by rdzv_server.c (the
+ * protocol and the job state machine) and rdzv_http.c (observability). */
+#ifndef GPULAUNCH_RDZV_SERVER_INT_H
+#define GPULAUNCH_RDZV_SERVER_INT_H
+
+#include <sys/queue.h>
+
+#include "gpulaunch/rdzv.h"
+#include "rdzv_codec.h"
+
+typedef struct conn conn;
+typedef struct job job;
+typedef struct member member;
+typedef struct waiter waiter;
+typedef struct kv_entry kv_entry;
+
+enum job_state { JOB_GATHERING = 0, JOB_RUNNING = 1, JOB_DONE = 2 };
+
+struct member {
+    job *j;
+    conn *c;
+    LIST_ENTRY(member) plink; /* job->pending */
+    char hostname[RDZV_MAX_STR + 1], addr[RDZV_MAX_STR + 1], instance[RDZV_MAX_STR + 1];
+    uint16_t master_port;
+    uint32_t nproc, ngpus;
+    int32_t static_rank;
+    uint32_t join_req;
+    uint64_t joined_ms;
+    int pending, active, done;
+    uint32_t node_rank;
+    int64_t prev_rank; /* rank in the last round this member was in, -1 none */
+};
+
+struct kv_entry {
+    kv_entry *next;
+    uint32_t hash, klen, vlen;
+    uint8_t data[]; /* key, then value */
+};
+
+struct waiter {
+    LIST_ENTRY(waiter) jlink, clink;
+    conn *c;
+    uint32_t req;
+    uint64_t deadline_ms;
+    uint32_t nkeys;
+    size_t len;
+    uint8_t keys[]; /* the request's key list */
+};
+
+struct job {
+    LIST_ENTRY(job) link;
+    struct rdzv_server *s;
+    char run_id[RDZV_MAX_STR + 1];
+    int state;
+    uint32_t round;
+    uint32_t min_nodes, max_nodes, last_call_ms, join_timeout_ms, hb_timeout_ms;
+    int is_static;
+    char first_host[RDZV_MAX_STR + 1];
+    /* gathering */
+    LIST_HEAD(, member) pending;
+    uint32_t npending;
+    member **static_slots; /* max_nodes entries in static mode */
+    uint64_t min_reached_ms, gather_start_ms, last_progress_ms;
+    /* running */
+    member **ranks;
+    uint32_t nranks, nactive, ndone;
+    uint64_t resume_deadline_ms;
+    /* key-value store of the current round */
+    kv_entry **kv;
+    uint32_t kv_buckets, kv_count;
+    uint64_t kv_bytes;
+    LIST_HEAD(, waiter) waiters;
+    LIST_HEAD(, conn) attached;
+    uint32_t nmembers_total; /* member structs pointing here */
+};
+
+typedef struct rdzv_metrics {
+    uint64_t connections_total, connections_open, joins, rounds, kv_ops, auth_refused,
+        protocol_errors, jobs_done;
+    uint64_t failures[6]; /* by rdzv_reason */
+} rdzv_metrics;
+
+struct rdzv_server {
+    uv_loop_t *loop;
+    rdzv_server_options o;
+    char *token;
+    uv_tcp_t listener;
+    uv_timer_t sweep;
+    int port;
+    uint64_t epoch;
+    LIST_HEAD(, conn) conns;
+    LIST_HEAD(, job) jobs;
+    uint32_t njobs;
+    uint64_t last_hb_scan_ms;
+    rdzv_metrics m;
+    uint8_t readbuf[64 * 1024];
+    int readbuf_busy;
+    int closing, open_handles;
+    struct rdzv_http *http;
+};
+
+/* Observability (rdzv_http.c). */
+gpl_result_t rdzv_http_start(rdzv_server *s, char *err, size_t errlen);
+int rdzv_http_port_of(const rdzv_server *s);
+void rdzv_http_close(rdzv_server *s);
+/* Renders /metrics and /status into malloc'ed strings (for the HTTP side and tests). */
+char *rdzv_render_metrics(rdzv_server *s);
+char *rdzv_render_status(rdzv_server *s);
+uint64_t rdzv_member_last_rx_ms(const member *m);
+
+#endif

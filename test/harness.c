@@ -1,0 +1,212 @@
+/* Test helpers: see harness.h. */
+#include "harness.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int proc_start(proc *p, char *const argv[], char *const envp[]) {
+    memset(p, 0, sizeof *p);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return -1;
+    p->pid = fork();
+    if (p->pid < 0)
+        return -1;
+    if (p->pid == 0) {
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        setpgid(0, 0);
+        execve(argv[0], argv, envp ? envp : environ);
+        _exit(127);
+    }
+    close(fds[1]);
+    p->out_fd = fds[0];
+    return 0;
+}
+
+int proc_expect(proc *p, const char *needle, int timeout_ms) {
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        p->out[p->out_len] = '\0';
+        if (strstr(p->out, needle))
+            return 1;
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            return 0;
+        struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(deadline - now)) <= 0)
+            return 0;
+        ssize_t r = read(p->out_fd, p->out + p->out_len, sizeof p->out - 1 - p->out_len);
+        if (r <= 0) {
+            p->out[p->out_len] = '\0';
+            return strstr(p->out, needle) != NULL;
+        }
+        p->out_len += (size_t)r;
+        if (p->out_len >= sizeof p->out - 1) { /* keep the tail */
+            memmove(p->out, p->out + sizeof p->out / 2, p->out_len - sizeof p->out / 2);
+            p->out_len -= sizeof p->out / 2;
+        }
+    }
+}
+
+int proc_wait(proc *p, int timeout_ms) {
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    int st;
+    for (;;) {
+        /* keep draining the output so the child never blocks on a full pipe */
+        proc_expect(p, "\x01never\x01", 20);
+        pid_t r = waitpid(p->pid, &st, WNOHANG);
+        if (r == p->pid) {
+            proc_expect(p, "\x01never\x01", 50);
+            close(p->out_fd);
+            p->pid = 0;
+            return st;
+        }
+        if (now_ms() >= deadline) {
+            kill(-p->pid, SIGKILL);
+            kill(p->pid, SIGKILL);
+            waitpid(p->pid, &st, 0);
+            close(p->out_fd);
+            p->pid = 0;
+            return -1;
+        }
+    }
+}
+
+void proc_kill(proc *p, int sig) {
+    if (p->pid > 0)
+        kill(p->pid, sig);
+}
+
+int rdzv_start(proc *p, int *port, const char *const *extra) {
+    char *argv[32];
+    int n = 0;
+    argv[n++] = GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv";
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    for (int i = 0; extra && extra[i] && n < 30; i++)
+        argv[n++] = (char *)extra[i];
+    argv[n] = NULL;
+    if (proc_start(p, argv, NULL) != 0)
+        return -1;
+    if (!proc_expect(p, "listening on 127.0.0.1:", 5000))
+        return -1;
+    const char *s = strstr(p->out, "listening on 127.0.0.1:");
+    *port = (int)strtol(s + strlen("listening on 127.0.0.1:"), NULL, 10);
+    return 0;
+}
+
+int peer_open(peer *p, int port, const char *token) {
+    memset(p, 0, sizeof *p);
+    char err[256];
+    if (rdzv_bclient_connect("127.0.0.1", port, token, token ? strlen(token) : 0, 3000, &p->bc, err,
+                             sizeof err) != GPL_OK)
+        return -1;
+    p->fd = rdzv_bclient_fd(p->bc);
+    return 0;
+}
+
+void peer_close(peer *p) {
+    if (p->bc)
+        rdzv_bclient_close(p->bc);
+    p->bc = NULL;
+}
+
+int peer_send(peer *p, const rdzv_msg *m) {
+    rdzv_buf b;
+    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+    if (rdzv_encode(m, &b) != GPL_OK)
+        return -1;
+    size_t len = b.len;
+    ssize_t w = send(p->fd, b.data, len, MSG_NOSIGNAL);
+    rdzv_buf_free(&b);
+    return w == (ssize_t)len ? 0 : -1;
+}
+
+int peer_recv(peer *p, int timeout_ms) {
+    if (p->consumed) {
+        memmove(p->buf, p->buf + p->consumed, p->len - p->consumed);
+        p->len -= p->consumed;
+        p->consumed = 0;
+    }
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        size_t flen;
+        if (rdzv_frame_peek(p->buf, p->len, &flen) == GPL_OK) {
+            if (rdzv_decode(p->buf, flen, &p->last, NULL, 0) != GPL_OK)
+                return -1;
+            p->consumed = flen;
+            return 0;
+        }
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            return -1;
+        struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
+        if (poll(&pfd, 1, (int)(deadline - now)) <= 0)
+            return -1;
+        ssize_t r = recv(p->fd, p->buf + p->len, sizeof p->buf - p->len, 0);
+        if (r <= 0)
+            return -1;
+        p->len += (size_t)r;
+    }
+}
+
+int peer_recv_type(peer *p, uint16_t type, int timeout_ms) {
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            return -1;
+        if (peer_recv(p, (int)(deadline - now)) != 0)
+            return -1;
+        if (p->last.type == type)
+            return 0;
+    }
+}
+
+int peer_join(peer *p, const char *run, const char *host, int static_rank, uint32_t nproc,
+              uint32_t min, uint32_t max, uint32_t last_call_ms) {
+    rdzv_msg m = {.type = RDZV_JOIN, .req_id = 77};
+    snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", run);
+    snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s", host);
+    snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", static_rank + 10);
+    snprintf(m.u.join.instance, sizeof m.u.join.instance, "%s-i", host);
+    m.u.join.master_port = (uint16_t)(30000 + (static_rank < 0 ? 0 : static_rank));
+    m.u.join.nproc = nproc;
+    m.u.join.static_rank = static_rank;
+    m.u.join.min_nodes = min;
+    m.u.join.max_nodes = max;
+    m.u.join.last_call_ms = last_call_ms;
+    m.u.join.join_timeout_ms = 60000;
+    return peer_send(p, &m);
+}
+
+int raw_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}

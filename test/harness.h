@@ -1,0 +1,53 @@
+/* Test helpers: start real server processes, talk the rendezvous protocol
+ * over real sockets. */
+#ifndef GPULAUNCH_TEST_HARNESS_H
+#define GPULAUNCH_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpulaunch/rdzv.h"
+#include "rdzv_codec.h"
+
+typedef struct proc {
+    pid_t pid;
+    int out_fd; /* the child's stdout+stderr */
+    char out[65536];
+    size_t out_len;
+} proc;
+
+/* Starts argv (argv[0] a path) with stdout/stderr piped to p->out_fd. */
+int proc_start(proc *p, char *const argv[], char *const envp[]);
+/* Reads the child's output until needle appears or timeout; 1 when found. */
+int proc_expect(proc *p, const char *needle, int timeout_ms);
+/* Waits for exit; returns the wait status, or -1 on timeout (then kills). */
+int proc_wait(proc *p, int timeout_ms);
+void proc_kill(proc *p, int sig);
+
+/* Starts gpulaunch-rdzv on 127.0.0.1 with a free port plus extra args. */
+int rdzv_start(proc *p, int *port, const char *const *extra);
+
+/* A raw protocol peer: connect + handshake through the blocking client,
+ * then frames by hand. */
+typedef struct peer {
+    rdzv_bclient *bc;
+    int fd;
+    uint8_t buf[1 << 21];
+    size_t len, consumed;
+    rdzv_msg last;
+} peer;
+
+int peer_open(peer *p, int port, const char *token);
+void peer_close(peer *p);
+int peer_send(peer *p, const rdzv_msg *m);
+/* Reads the next frame into p->last; 0 on success, -1 on timeout or error. */
+int peer_recv(peer *p, int timeout_ms);
+/* Reads until a frame of the given type arrives (others skipped). */
+int peer_recv_type(peer *p, uint16_t type, int timeout_ms);
+int peer_join(peer *p, const char *run, const char *host, int static_rank, uint32_t nproc,
+              uint32_t min, uint32_t max, uint32_t last_call_ms);
+
+int raw_connect(int port);
+uint64_t now_ms(void);
+
+#endif
