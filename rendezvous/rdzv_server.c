@@ -1310,7 +1310,7 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
             return GPL_ERR_NOMEM;
         }
         memcpy(s->token, opts->token, opts->token_len);
-    } else {
+    } else if (opts->listen_addr == NULL || strncmp(opts->listen_addr, "127.", 4) != 0) {
         GB_WARN("no rendezvous token: any client that reaches this port can join jobs; "
                 "set --token-file or GPULAUNCH_RDZV_TOKEN");
     }

@@ -1,0 +1,802 @@
+/* gpulaunch: options -> preflight -> rendezvous -> spawn -> supervise ->
+ * report, on one libuv loop. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "gl_options.h"
+#include "gpulaunch/gpulaunch.h"
+#include "gpulaunch/rdzv.h"
+
+#define GB_COMPONENT "launcher"
+
+#define GL_EXIT_USAGE 2
+#define GL_EXIT_PREFLIGHT 3
+#define GL_EXIT_RDZV 200
+#define GL_SHIM_ARG "--gpl-worker-shim"
+#define GL_LINE_MAX 65536     /* a longer output line is written in pieces */
+#define GL_ERR_TAIL_LINES 20  /* stderr lines kept for the failure report */
+#define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
+
+extern char **environ;
+
+typedef struct linebuf {
+    char buf[GL_LINE_MAX];
+    size_t len;
+} linebuf;
+
+typedef struct worker {
+    uv_process_t proc;
+    uv_pipe_t out, err;
+    int local_rank, rank;
+    int running, pipes_open;
+    int64_t exit_status;
+    int term_signal;
+    linebuf lout, lerr;
+    char tail[GL_ERR_TAIL_LINES][256];
+    int tail_n;
+    int log_fd;
+} worker;
+
+typedef struct failure {
+    int set;
+    double when;
+    int rank, local_rank, pid;
+    int64_t exit_code;
+    int signal;
+    char tail[GL_ERR_TAIL_LINES * 256];
+} failure;
+
+static struct launcher {
+    gl_config cfg;
+    uv_loop_t *loop;
+    rdzv_server *srv;
+    rdzv_client *cli;
+    rdzv_assignment a;
+    worker *w;
+    int nrunning;
+    int restarts;
+    int stopping;       /* SIGTERM sent to the group */
+    int group_failed;   /* a local worker failed this round */
+    int round_over;     /* the rendezvous ended the round */
+    int exit_requested; /* a signal to us: exit once workers are gone */
+    int exit_code;
+    int done_sent;
+    uv_timer_t kill_timer, done_timer, reaper;
+    uv_signal_t sigs[4];
+    char hostname[256], addr[256], run_id[256], instance[64];
+    char self_exe[PATH_MAX];
+    char *token;
+    size_t token_len;
+    failure first;
+    uint64_t t_start_ns;
+} L;
+
+/* ---- output ---- */
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void emit_line(worker *w, int is_err, const char *line, size_t n) {
+    char out[GL_LINE_MAX + 64];
+    int h = snprintf(out, sizeof out, "[%s%d]:", L.cfg.val[GL_ROLE], w->local_rank);
+    if (n > sizeof out - (size_t)h - 1)
+        n = sizeof out - (size_t)h - 1;
+    memcpy(out + h, line, n);
+    out[h + (int)n] = '\n';
+    /* one write per line: lines of different ranks never mix */
+    write_all(is_err ? 2 : 1, out, (size_t)h + n + 1);
+    if (w->log_fd >= 0)
+        write_all(w->log_fd, out, (size_t)h + n + 1);
+    if (is_err) {
+        size_t k = n < 255 ? n : 255;
+        memcpy(w->tail[w->tail_n % GL_ERR_TAIL_LINES], line, k);
+        w->tail[w->tail_n % GL_ERR_TAIL_LINES][k] = '\0';
+        w->tail_n++;
+    }
+}
+
+static void feed(worker *w, int is_err, const char *p, size_t n) {
+    linebuf *lb = is_err ? &w->lerr : &w->lout;
+    while (n) {
+        const char *nl = memchr(p, '\n', n);
+        size_t take = nl ? (size_t)(nl - p) : n;
+        if (lb->len + take > sizeof lb->buf) {
+            size_t room = sizeof lb->buf - lb->len;
+            memcpy(lb->buf + lb->len, p, room);
+            emit_line(w, is_err, lb->buf, sizeof lb->buf);
+            lb->len = 0;
+            p += room;
+            n -= room;
+            continue;
+        }
+        memcpy(lb->buf + lb->len, p, take);
+        lb->len += take;
+        if (!nl)
+            return;
+        emit_line(w, is_err, lb->buf, lb->len);
+        lb->len = 0;
+        p += take + 1;
+        n -= take + 1;
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t s, uv_buf_t *b) {
+    static char slab[65536];
+    b->base = slab;
+    b->len = sizeof slab;
+}
+
+static void maybe_finish_round(void);
+
+static void on_pipe_closed(uv_handle_t *h) {
+    worker *w = h->data;
+    w->pipes_open--;
+    maybe_finish_round();
+}
+
+static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
+    worker *w = s->data;
+    int is_err = s == (uv_stream_t *)&w->err;
+    if (n > 0) {
+        feed(w, is_err, b->base, (size_t)n);
+        return;
+    }
+    if (n < 0) {
+        linebuf *lb = is_err ? &w->lerr : &w->lout;
+        if (lb->len) {
+            emit_line(w, is_err, lb->buf, lb->len);
+            lb->len = 0;
+        }
+        uv_close((uv_handle_t *)s, on_pipe_closed);
+    }
+}
+
+/* ---- stopping and finishing ---- */
+
+static void signal_group(int sig) {
+    for (int i = 0; i < L.cfg.nproc; i++)
+        if (L.w[i].running && L.w[i].proc.pid > 0)
+            kill(-L.w[i].proc.pid, sig);
+}
+
+static void on_kill_timer(uv_timer_t *t) {
+    GB_WARN("workers still running %.0f s after SIGTERM: sending SIGKILL",
+            L.cfg.shutdown_timeout_s);
+    signal_group(SIGKILL);
+}
+
+static void stop_group(int sig) {
+    if (L.nrunning == 0 || L.stopping)
+        return;
+    L.stopping = 1;
+    signal_group(sig);
+    uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
+}
+
+static const char *signame(int sig) {
+    static char buf[16];
+    const char *n = sigabbrev_np(sig);
+    if (n == NULL) {
+        snprintf(buf, sizeof buf, "%d", sig);
+        return buf;
+    }
+    snprintf(buf, sizeof buf, "SIG%s", n);
+    return buf;
+}
+
+static void report_failure(void) {
+    if (!L.first.set)
+        return;
+    failure *f = &L.first;
+    char when[64];
+    time_t t = (time_t)f->when;
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    char what[64];
+    if (f->signal)
+        snprintf(what, sizeof what, "signal %d (%s)", f->signal, signame(f->signal));
+    else
+        snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
+    char ef[PATH_MAX + 64] = "";
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char errfile[PATH_MAX];
+    snprintf(errfile, sizeof errfile, "%s/gpulaunch-%s-error-%d.json", dir, L.run_id, f->rank);
+    FILE *ej = fopen(errfile, "r");
+    if (ej) {
+        size_t n = fread(ef, 1, sizeof ef - 1, ej);
+        ef[n] = '\0';
+        fclose(ej);
+    }
+    fprintf(stderr,
+            "\n========== gpulaunch: job failed ==========\n"
+            "first failure (root cause):\n"
+            "  time       : %s\n"
+            "  node       : %s (node rank %u)\n"
+            "  rank       : %d (local rank %d)\n"
+            "  pid        : %d\n"
+            "  result     : %s\n"
+            "  error file : %s\n"
+            "  last stderr lines:\n%s"
+            "==========================================\n",
+            when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid, what,
+            ef[0] ? ef : "(none written)", f->tail[0] ? f->tail : "    (none)\n");
+    if (L.cfg.val[GL_LOG_DIR][0]) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/failure.json", L.cfg.val[GL_LOG_DIR]);
+        FILE *j = fopen(path, "w");
+        if (j) {
+            fprintf(j,
+                    "{\"time\":\"%s\",\"node\":\"%s\",\"node_rank\":%u,\"rank\":%d,"
+                    "\"local_rank\":%d,\"pid\":%d,\"exit_code\":%lld,\"signal\":%d}\n",
+                    when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid,
+                    (long long)f->exit_code, f->signal);
+            fclose(j);
+        }
+    }
+}
+
+static void finish(int code) {
+    L.exit_code = code;
+    if (code != 0)
+        report_failure();
+    fflush(stdout);
+    fflush(stderr);
+    exit(code);
+}
+
+static void spawn_workers(void);
+static void on_done_timeout(uv_timer_t *t);
+
+/* Everything local is gone: decide between done, restart and exit. */
+static void maybe_finish_round(void) {
+    if (L.nrunning > 0)
+        return;
+    for (int i = 0; i < L.cfg.nproc; i++)
+        if (L.w && L.w[i].pipes_open)
+            return;
+    uv_timer_stop(&L.kill_timer);
+    if (L.exit_requested)
+        finish(L.exit_code);
+    if (!L.group_failed && !L.round_over) {
+        /* local success: wait (bounded) for the rest of the job */
+        if (!L.done_sent) {
+            L.done_sent = 1;
+            rdzv_client_done(L.cli);
+            uv_timer_start(&L.done_timer, on_done_timeout, GL_DONE_WAIT_MS, 0);
+        }
+        return;
+    }
+    if (L.restarts >= L.cfg.max_restarts) {
+        if (L.first.set) {
+            if (L.first.signal)
+                finish(128 + L.first.signal);
+            finish(L.first.exit_code > 0 && L.first.exit_code < 128 ? (int)L.first.exit_code : 1);
+        }
+        fprintf(stderr, "gpulaunch: the round ended and no restarts are left (--max-restarts %d)\n",
+                L.cfg.max_restarts);
+        finish(GL_EXIT_RDZV);
+    }
+    L.restarts++;
+    GB_WARN("restarting the worker group (restart %d of %d)", L.restarts, L.cfg.max_restarts);
+    fprintf(stderr, "gpulaunch: restarting workers (%d/%d)\n", L.restarts, L.cfg.max_restarts);
+    L.group_failed = L.round_over = L.stopping = 0;
+    rdzv_client_rejoin(L.cli);
+}
+
+static void on_done_timeout(uv_timer_t *t) {
+    fprintf(stderr, "gpulaunch: local workers finished; other nodes did not finish within %d s\n",
+            GL_DONE_WAIT_MS / 1000);
+    finish(0);
+}
+
+static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
+    worker *w = p->data;
+    w->running = 0;
+    w->exit_status = status;
+    w->term_signal = sig;
+    L.nrunning--;
+    uv_close((uv_handle_t *)p, NULL);
+    int failed = status != 0 || sig != 0;
+    if (failed && !L.stopping && !L.exit_requested && !L.round_over) {
+        if (!L.first.set) {
+            failure *f = &L.first;
+            f->set = 1;
+            f->when = gb_wall_s();
+            f->rank = w->rank;
+            f->local_rank = w->local_rank;
+            f->pid = p->pid;
+            f->exit_code = status;
+            f->signal = sig;
+            size_t off = 0;
+            int start = w->tail_n > GL_ERR_TAIL_LINES ? w->tail_n - GL_ERR_TAIL_LINES : 0;
+            for (int i = start; i < w->tail_n && off < sizeof f->tail; i++) {
+                int k = snprintf(f->tail + off, sizeof f->tail - off, "    %s\n",
+                                 w->tail[i % GL_ERR_TAIL_LINES]);
+                if (k > 0)
+                    off += (size_t)k;
+            }
+        }
+        L.group_failed = 1;
+        char msg[256];
+        if (sig)
+            snprintf(msg, sizeof msg, "rank %d (local rank %d) killed by %s", w->rank,
+                     w->local_rank, signame(sig));
+        else
+            snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
+                     w->local_rank, (long long)status);
+        GB_ERROR("%s: stopping the local workers", msg);
+        stop_group(SIGTERM);
+        rdzv_client_fail(L.cli, msg);
+    }
+    maybe_finish_round();
+}
+
+/* ---- spawning ---- */
+
+static int env_add(char **env, int n, int max, const char *k, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int env_add(char **env, int n, int max, const char *k, const char *fmt, ...) {
+    if (n >= max)
+        return n;
+    char v[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(k) + strlen(v) + 2;
+    env[n] = malloc(len);
+    if (env[n] == NULL)
+        return n;
+    snprintf(env[n], len, "%s=%s", k, v);
+    return n + 1;
+}
+
+static const char *const managed[] = {
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE", "GPULAUNCH_RDZV_ENDPOINT", "GPULAUNCH_RUN_ID", "GPULAUNCH_ROUND",
+    "GPULAUNCH_RDZV_TOKEN", "GPULAUNCH_NODE_RANK", "GPULAUNCH_HOSTNAME", NULL};
+
+static int is_managed(const char *kv) {
+    for (int i = 0; managed[i]; i++) {
+        size_t l = strlen(managed[i]);
+        if (strncmp(kv, managed[i], l) == 0 && kv[l] == '=')
+            return 1;
+    }
+    return 0;
+}
+
+static char **build_env(worker *w, const char *rdzv_ep) {
+    int max = 64;
+    for (char **e = environ; *e; e++)
+        max++;
+    char **env = calloc((size_t)max + 1, sizeof *env);
+    if (env == NULL)
+        return NULL;
+    int n = 0;
+    int have_omp = 0, have_async = 0;
+    for (char **e = environ; *e; e++) {
+        if (is_managed(*e))
+            continue;
+        if (strncmp(*e, "OMP_NUM_THREADS=", 16) == 0)
+            have_omp = 1;
+        if (strncmp(*e, "TORCH_NCCL_ASYNC_ERROR_HANDLING=", 32) == 0)
+            have_async = 1;
+        env[n++] = strdup(*e);
+    }
+    const rdzv_assignment *a = &L.a;
+    const char *role = L.cfg.val[GL_ROLE];
+    n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+    n = env_add(env, n, max, "LOCAL_RANK", "%d", w->local_rank);
+    n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
+    n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+    n = env_add(env, n, max, "ROLE_NAME", "%s", role);
+    n = env_add(env, n, max, "WORLD_SIZE", "%u", a->world_size);
+    n = env_add(env, n, max, "LOCAL_WORLD_SIZE", "%d", L.cfg.nproc);
+    n = env_add(env, n, max, "GROUP_WORLD_SIZE", "%u", a->nnodes);
+    n = env_add(env, n, max, "ROLE_WORLD_SIZE", "%u", a->world_size);
+    n = env_add(env, n, max, "MASTER_ADDR", "%s", a->master_addr);
+    n = env_add(env, n, max, "MASTER_PORT", "%u", a->master_port);
+    n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", L.restarts);
+    n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", L.cfg.max_restarts);
+    n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", L.run_id);
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s/gpulaunch-%s-error-%u.json", dir,
+                L.run_id, a->base_rank + (uint32_t)w->local_rank);
+    if (!have_omp && L.cfg.nproc > 1)
+        n = env_add(env, n, max, "OMP_NUM_THREADS", "1");
+    if (!have_async)
+        n = env_add(env, n, max, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    n = env_add(env, n, max, "GPULAUNCH_RDZV_ENDPOINT", "%s", rdzv_ep);
+    n = env_add(env, n, max, "GPULAUNCH_RUN_ID", "%s", L.run_id);
+    n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
+    n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
+    n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
+    if (L.token)
+        n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
+    env[n] = NULL;
+    return env;
+}
+
+static char rdzv_ep_str[300];
+
+static void spawn_workers(void) {
+    int np = L.cfg.nproc;
+    if (L.w == NULL)
+        L.w = calloc((size_t)np, sizeof *L.w);
+    /* argv: the shim, then the program as torchrun would run it */
+    int pa = L.cfg.prog_argc;
+    char **argv = calloc((size_t)pa + 5, sizeof *argv);
+    int k = 0;
+    argv[k++] = L.self_exe;
+    argv[k++] = GL_SHIM_ARG;
+    const char *prog = L.cfg.prog_argv[0];
+    size_t pl = strlen(prog);
+    if (L.cfg.module) {
+        argv[k++] = "python3";
+        argv[k++] = "-m";
+    } else if (!L.cfg.no_python && pl > 3 && strcmp(prog + pl - 3, ".py") == 0) {
+        argv[k++] = "python3";
+    }
+    for (int i = 0; i < pa; i++)
+        argv[k++] = L.cfg.prog_argv[i];
+    argv[k] = NULL;
+    L.stopping = 0;
+    for (int i = 0; i < np; i++) {
+        worker *w = &L.w[i];
+        memset(w, 0, sizeof *w);
+        w->local_rank = i;
+        w->rank = (int)L.a.base_rank + i;
+        w->log_fd = -1;
+        if (L.cfg.val[GL_LOG_DIR][0]) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/rank%d.log", L.cfg.val[GL_LOG_DIR], w->rank);
+            w->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        }
+        uv_pipe_init(L.loop, &w->out, 0);
+        uv_pipe_init(L.loop, &w->err, 0);
+        w->out.data = w->err.data = w->proc.data = w;
+        uv_stdio_container_t stdio[3] = {
+            {.flags = UV_IGNORE},
+            {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->out},
+            {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err},
+        };
+        stdio[0].flags = UV_INHERIT_FD;
+        stdio[0].data.fd = 0;
+        char **env = build_env(w, rdzv_ep_str);
+        uv_process_options_t o = {
+            .exit_cb = on_worker_exit,
+            .file = L.self_exe,
+            .args = argv,
+            .env = env,
+            .flags = UV_PROCESS_DETACHED, /* own session: signals go to its whole group */
+            .stdio_count = 3,
+            .stdio = stdio,
+        };
+        int r = uv_spawn(L.loop, &w->proc, &o);
+        for (char **e = env; e && *e; e++)
+            free(*e);
+        free(env);
+        w->pipes_open = 2;
+        if (r != 0) {
+            fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, uv_strerror(r));
+            uv_close((uv_handle_t *)&w->out, on_pipe_closed);
+            uv_close((uv_handle_t *)&w->err, on_pipe_closed);
+            w->exit_status = 127;
+            if (!L.first.set) {
+                L.first.set = 1;
+                L.first.when = gb_wall_s();
+                L.first.rank = w->rank;
+                L.first.local_rank = i;
+                L.first.exit_code = 127;
+                snprintf(L.first.tail, sizeof L.first.tail, "    cannot start %s: %s\n", prog,
+                         uv_strerror(r));
+            }
+            L.group_failed = 1;
+            continue;
+        }
+        w->running = 1;
+        L.nrunning++;
+        uv_read_start((uv_stream_t *)&w->out, on_alloc, on_out);
+        uv_read_start((uv_stream_t *)&w->err, on_alloc, on_out);
+    }
+    free(argv);
+    if (L.group_failed) {
+        stop_group(SIGTERM);
+        rdzv_client_fail(L.cli, "a worker could not be started");
+        maybe_finish_round();
+    }
+}
+
+/* ---- rendezvous callbacks ---- */
+
+static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
+    L.a = *a;
+    double ms = (double)(gb_now_ns() - L.t_start_ns) / 1e6;
+    fprintf(stderr,
+            "gpulaunch: job %s round %u: node rank %u of %u, ranks %u-%u of %u, master %s:%u, "
+            "%d workers (%.1f ms)\n",
+            L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
+            a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr,
+            a->master_port, L.cfg.nproc, ms);
+    spawn_workers();
+}
+
+static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
+                          const char *host, const char *msg) {
+    fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
+    L.round_over = 1;
+    if (L.nrunning)
+        stop_group(SIGTERM);
+    else
+        maybe_finish_round();
+}
+
+static void on_progress(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited,
+                        const char *missing) {
+    fprintf(stderr, "gpulaunch: waiting for the rendezvous: %u/%u nodes joined, %.0f s%s%s\n",
+            joined, expected, waited / 1000.0, missing[0] ? "; missing " : "", missing);
+}
+
+static void on_waiting(rdzv_client *c, uint32_t waiting, uint32_t members) {
+    GB_INFO("%u node(s) waiting to join the next round", waiting);
+}
+
+static void on_job_done(rdzv_client *c) {
+    if (L.nrunning == 0 && L.done_sent)
+        finish(0);
+}
+
+static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
+    fprintf(stderr, "gpulaunch: rendezvous failed: %s\n", msg);
+    if (L.nrunning) {
+        L.exit_requested = 1;
+        L.exit_code = GL_EXIT_RDZV;
+        stop_group(SIGTERM);
+        return;
+    }
+    finish(code == GPL_ERR_CONFIG || code == GPL_ERR_EXISTS || code == GPL_ERR_INVALID_ARG
+               ? GL_EXIT_USAGE
+               : GL_EXIT_RDZV);
+}
+
+static void on_signal(uv_signal_t *h, int sig) {
+    fprintf(stderr, "gpulaunch: got %s: stopping the workers\n", signame(sig));
+    L.exit_requested = 1;
+    L.exit_code = 128 + sig;
+    if (L.nrunning == 0)
+        finish(L.exit_code);
+    signal_group(sig);
+    if (!L.stopping) {
+        L.stopping = 1;
+        uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000),
+                       0);
+    }
+}
+
+/* As PID 1, reap orphans that are not our workers (libuv reaps those). */
+static void on_reaper(uv_timer_t *t) {
+    for (int i = 0; i < 64; i++) {
+        siginfo_t si = {0};
+        if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0)
+            return;
+        for (int k = 0; k < L.cfg.nproc && L.w; k++)
+            if (L.w[k].running && L.w[k].proc.pid == si.si_pid)
+                return;
+        waitpid(si.si_pid, NULL, WNOHANG);
+    }
+}
+
+/* ---- preflight ---- */
+
+static int preflight(int verbose) {
+    int fails = 0;
+    struct statvfs sv;
+    if (statvfs("/dev/shm", &sv) != 0) {
+        printf("FAIL /dev/shm is not mounted: NCCL needs it. In Kubernetes mount an emptyDir "
+               "{medium: Memory, sizeLimit: 16Gi} at /dev/shm\n");
+        fails++;
+    } else {
+        uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize;
+        uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+        if (total < L.cfg.shm_min) {
+            printf("FAIL /dev/shm is %.0f MiB, under --shm-min %.0f MiB: NCCL fails with "
+                   "\"failed to extend /dev/shm\". In Kubernetes mount an emptyDir {medium: "
+                   "Memory, sizeLimit: 16Gi} at /dev/shm (Docker: --shm-size)\n",
+                   total / 1048576.0, L.cfg.shm_min / 1048576.0);
+            fails++;
+        } else if (avail < L.cfg.shm_min / 2) {
+            printf("warn /dev/shm has %.0f MiB free of %.0f MiB: stale segments of dead jobs?\n",
+                   avail / 1048576.0, total / 1048576.0);
+        } else if (verbose) {
+            printf("ok   /dev/shm %.0f MiB, %.0f MiB free\n", total / 1048576.0,
+                   avail / 1048576.0);
+        }
+    }
+    return fails;
+}
+
+/* ---- main ---- */
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof sa;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static int worker_shim(int argc, char **argv) {
+    /* Dies with the launcher, whatever kills it. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1 && getpid() != 1)
+        _exit(137);
+    execvp(argv[2], argv + 2);
+    fprintf(stderr, "gpulaunch: cannot run %s: %s\n", argv[2], strerror(errno));
+    _exit(127);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], GL_SHIM_ARG) == 0)
+        return worker_shim(argc, argv);
+    for (int i = 1; i < argc && argv[i][0] == '-'; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(gl_usage, stdout);
+            return 0;
+        }
+    L.t_start_ns = gb_now_ns();
+    char err[1024] = "";
+    if (gl_config_load(&L.cfg, argc, argv, err, sizeof err) != 0) {
+        fprintf(stderr, "gpulaunch: %s\n", err);
+        return GL_EXIT_USAGE;
+    }
+    if (L.cfg.print_config) {
+        gl_config_print(&L.cfg, stdout);
+        if (L.cfg.prog_argc == 0)
+            return 0;
+    }
+    if (L.cfg.check) {
+        int f = preflight(1);
+        return f ? GL_EXIT_PREFLIGHT : 0;
+    }
+    L.loop = uv_default_loop();
+    ssize_t sl = readlink("/proc/self/exe", L.self_exe, sizeof L.self_exe - 1);
+    if (sl <= 0) {
+        fprintf(stderr, "gpulaunch: cannot find its own executable (/proc not mounted?)\n");
+        return GL_EXIT_PREFLIGHT;
+    }
+    L.self_exe[sl] = '\0';
+    gethostname(L.hostname, sizeof L.hostname);
+    snprintf(L.instance, sizeof L.instance, "%s-%d-%llu", L.hostname, (int)getpid(),
+             (unsigned long long)gb_now_ns());
+    const char *tf = L.cfg.val[GL_RDZV_TOKEN_FILE][0] ? L.cfg.val[GL_RDZV_TOKEN_FILE] : NULL;
+    if (rdzv_load_token(tf, &L.token, &L.token_len, err, sizeof err) != GPL_OK) {
+        fprintf(stderr, "gpulaunch: --rdzv-token-file: %s\n", err);
+        return GL_EXIT_USAGE;
+    }
+    fflush(stdout);
+    if (preflight(0)) {
+        fprintf(stderr, "gpulaunch: preflight failed (see above); nothing was started\n");
+        return GL_EXIT_PREFLIGHT;
+    }
+    fflush(stdout);
+
+    /* who hosts the rendezvous, where it is, and who we are */
+    const char *rid = L.cfg.val[GL_RDZV_ID];
+    char rhost[256];
+    int rport = 0;
+    if (L.cfg.mode == GL_MODE_STANDALONE) {
+        snprintf(L.run_id, sizeof L.run_id, "standalone-%d-%llu", (int)getpid(),
+                 (unsigned long long)(gb_now_ns() % 1000000));
+        snprintf(L.addr, sizeof L.addr, "127.0.0.1");
+        snprintf(rhost, sizeof rhost, "127.0.0.1");
+    } else if (L.cfg.mode == GL_MODE_STATIC) {
+        if (strcmp(rid, "none") == 0)
+            snprintf(L.run_id, sizeof L.run_id, "static-%s-%d", L.cfg.val[GL_MASTER_ADDR],
+                     L.cfg.master_port);
+        else
+            snprintf(L.run_id, sizeof L.run_id, "%s", rid);
+        snprintf(rhost, sizeof rhost, "%s", L.cfg.val[GL_MASTER_ADDR]);
+        rport = L.cfg.master_port;
+    } else {
+        snprintf(L.run_id, sizeof L.run_id, "%s", strcmp(rid, "none") ? rid : "default");
+        rdzv_parse_endpoint(L.cfg.val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, rhost, sizeof rhost,
+                            &rport);
+    }
+    if (L.addr[0] == '\0')
+        snprintf(L.addr, sizeof L.addr, "%s",
+                 L.cfg.val[GL_LOCAL_ADDR][0] ? L.cfg.val[GL_LOCAL_ADDR] : L.hostname);
+    int hosts = L.cfg.mode == GL_MODE_STANDALONE ||
+                (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0);
+    if (hosts) {
+        rdzv_server_options so = RDZV_SERVER_OPTIONS_INIT;
+        so.listen_addr = L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : "0.0.0.0";
+        so.listen_port = rport;
+        so.token = L.token;
+        so.token_len = L.token_len;
+        so.heartbeat_timeout_ms = L.cfg.hb_timeout_ms;
+        if (rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err) != GPL_OK) {
+            fprintf(stderr, "gpulaunch: node rank 0 hosts the rendezvous: %s\n", err);
+            return GL_EXIT_RDZV;
+        }
+        rport = rdzv_server_port(L.srv);
+    }
+    snprintf(rdzv_ep_str, sizeof rdzv_ep_str, "%s:%d",
+             hosts ? (L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : L.addr) : rhost, rport);
+    rdzv_client_options co = {.host = rhost,
+                              .port = rport,
+                              .token = L.token,
+                              .token_len = L.token_len,
+                              .connect_timeout_ms = L.cfg.join_timeout_ms};
+    rdzv_join_params jp = {
+        .run_id = L.run_id,
+        .hostname = L.hostname,
+        .addr = L.addr,
+        .instance = L.instance,
+        .master_port = (uint16_t)free_port(),
+        .nproc = (uint32_t)L.cfg.nproc,
+        .ngpus = (uint32_t)gpl_visible_gpu_count(),
+        .static_rank = L.cfg.mode == GL_MODE_STATIC ? L.cfg.node_rank : -1,
+        .min_nodes = L.cfg.min_nodes,
+        .max_nodes = L.cfg.max_nodes,
+        .last_call_ms = L.cfg.mode == GL_MODE_DYNAMIC ? L.cfg.last_call_ms : 0,
+        .join_timeout_ms = L.cfg.join_timeout_ms,
+        .heartbeat_interval_ms = L.cfg.hb_timeout_ms / 5 ? L.cfg.hb_timeout_ms / 5 : 1,
+        .heartbeat_timeout_ms = L.cfg.hb_timeout_ms,
+    };
+    rdzv_client_callbacks cb = {.on_assigned = on_assigned,
+                                .on_round_over = on_round_over,
+                                .on_waiting = on_waiting,
+                                .on_progress = on_progress,
+                                .on_job_done = on_job_done,
+                                .on_error = on_rdzv_error};
+    uv_timer_init(L.loop, &L.kill_timer);
+    uv_timer_init(L.loop, &L.done_timer);
+    static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+    for (int i = 0; i < 4; i++) {
+        uv_signal_init(L.loop, &L.sigs[i]);
+        uv_signal_start(&L.sigs[i], on_signal, sigs[i]);
+    }
+    if (getpid() == 1) {
+        uv_timer_init(L.loop, &L.reaper);
+        uv_timer_start(&L.reaper, on_reaper, 1000, 1000);
+    }
+    if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
+        fprintf(stderr, "gpulaunch: %s\n", err);
+        return GL_EXIT_RDZV;
+    }
+    uv_run(L.loop, UV_RUN_DEFAULT);
+    return L.exit_code;
+}

@@ -1,0 +1,487 @@
+/* The option table and its three sources (see gl_options.h). */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "gl_options.h"
+#include "gpulaunch/rdzv.h"
+
+typedef struct gl_opt {
+    int id;
+    const char *name; /* dashes; the underscore spelling is accepted too */
+    char shortopt;
+    int flag; /* takes no value */
+    const char *def;
+    const char *forms; /* accepted forms, for messages */
+} gl_opt;
+
+static const gl_opt table[GL_OPT_COUNT] = {
+    {GL_NNODES, "nnodes", 0, 0, "1:1", "N or MIN:MAX with 1 <= MIN <= MAX"},
+    {GL_NPROC_PER_NODE, "nproc-per-node", 0, 0, "1", "a positive integer, auto, gpu or cpu"},
+    {GL_NODE_RANK, "node-rank", 0, 0, "0", "an integer from 0 to nnodes-1"},
+    {GL_MASTER_ADDR, "master-addr", 0, 0, "127.0.0.1", "a host name or IP address"},
+    {GL_MASTER_PORT, "master-port", 0, 0, "29500", "a port from 1 to 65535"},
+    {GL_STANDALONE, "standalone", 0, 1, "0", "a flag"},
+    {GL_RDZV_BACKEND, "rdzv-backend", 0, 0, "static", "static, c10d or gpulaunch"},
+    {GL_RDZV_ENDPOINT, "rdzv-endpoint", 0, 0, "", "HOST[:PORT] of a gpulaunch-rdzv server"},
+    {GL_RDZV_ID, "rdzv-id", 0, 0, "none", "a job id shared by every node"},
+    {GL_RDZV_CONF, "rdzv-conf", 0, 0, "",
+     "k=v,... with join_timeout, last_call_timeout, heartbeat_timeout (seconds)"},
+    {GL_MAX_RESTARTS, "max-restarts", 0, 0, "0", "a non-negative integer"},
+    {GL_MONITOR_INTERVAL, "monitor-interval", 0, 0, "0.1",
+     "seconds (accepted for torchrun compatibility; exits are event-driven)"},
+    {GL_ROLE, "role", 0, 0, "default", "a name"},
+    {GL_LOG_DIR, "log-dir", 0, 0, "", "a directory"},
+    {GL_REDIRECTS, "redirects", 'r', 0, "0", "0, 1, 2, 3 or per rank 0:1,1:2"},
+    {GL_TEE, "tee", 't', 0, "0", "0, 1, 2, 3 or per rank 0:1,1:2"},
+    {GL_LOCAL_RANKS_FILTER, "local-ranks-filter", 0, 0, "", "a comma list of local ranks"},
+    {GL_LOCAL_ADDR, "local-addr", 0, 0, "", "the address other nodes reach this one at"},
+    {GL_SHUTDOWN_TIMEOUT, "shutdown-timeout", 0, 0, "30", "seconds > 0"},
+    {GL_MODULE, "module", 'm', 1, "0", "a flag"},
+    {GL_NO_PYTHON, "no-python", 0, 1, "0", "a flag"},
+    {GL_CONFIG, "config", 0, 0, "", "a YAML file"},
+    {GL_RDZV_TOKEN_FILE, "rdzv-token-file", 0, 0, "", "a file holding the shared token"},
+    {GL_BIND_GPUS, "bind-gpus", 0, 1, "0", "a flag"},
+    {GL_SHM_MIN, "shm-min", 0, 0, "1g", "a size such as 512m or 8g"},
+    {GL_CHECK, "check", 0, 1, "0", "a flag"},
+    {GL_PRINT_CONFIG, "print-config", 0, 1, "0", "a flag"},
+    {GL_NCCL_IFNAME_AUTO, "nccl-ifname-auto", 0, 0, "1", "1 or 0"},
+};
+
+const char gl_usage[] =
+    "usage: gpulaunch [options] PROGRAM [ARGS...]\n"
+    "\n"
+    "Starts nproc-per-node workers of PROGRAM on this node as one node of a\n"
+    "distributed job, with the environment torchrun gives (RANK, LOCAL_RANK,\n"
+    "WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...). A .py PROGRAM runs with python3;\n"
+    "-m runs python3 -m PROGRAM; --no-python runs PROGRAM directly.\n"
+    "\n"
+    "Every option is spelled --a-b or --a_b, and also read from PET_A_B in the\n"
+    "environment and from the --config YAML file (CLI > environment > file).\n"
+    "\n"
+    "  --nnodes N|MIN:MAX          nodes in the job (default 1:1)\n"
+    "  --nproc-per-node N|auto|gpu|cpu   workers on this node (default 1)\n"
+    "  --node-rank N               this node's rank in static mode (default 0)\n"
+    "  --master-addr HOST          rank-0 node (static mode; default 127.0.0.1)\n"
+    "  --master-port PORT          rendezvous port on the rank-0 node (default 29500)\n"
+    "  --standalone                one node, embedded rendezvous on a free port\n"
+    "  --rdzv-backend B            static (default), c10d or gpulaunch: dynamic\n"
+    "  --rdzv-endpoint HOST[:PORT] gpulaunch-rdzv server (dynamic mode)\n"
+    "  --rdzv-id ID                job id shared by every node\n"
+    "  --rdzv-conf K=V,...         join_timeout, last_call_timeout, heartbeat_timeout (s)\n"
+    "  --rdzv-token-file FILE      shared token (also GPULAUNCH_RDZV_TOKEN)\n"
+    "  --max-restarts N            worker-group restarts before failing (default 0)\n"
+    "  --shutdown-timeout S        SIGTERM to SIGKILL grace (default 30)\n"
+    "  --role NAME, --monitor-interval S, --local-addr ADDR\n"
+    "  --log-dir DIR               per-rank stdout/stderr files and the failure report\n"
+    "  -r/--redirects, -t/--tee, --local-ranks-filter LIST   output routing\n"
+    "  --bind-gpus                 give each worker its own GPU in CUDA_VISIBLE_DEVICES\n"
+    "  --shm-min SIZE              smallest acceptable /dev/shm (default 1g)\n"
+    "  --nccl-ifname-auto 0|1      set NCCL_SOCKET_IFNAME to the route to the master\n"
+    "  --config FILE.yaml          options from a YAML mapping\n"
+    "  --check                     run the preflight checks only\n"
+    "  --print-config              print every effective option and its source\n"
+    "  -m/--module, --no-python    how PROGRAM runs\n"
+    "\n"
+    "Exit codes: 0 success; 2 usage or configuration; 3 preflight failed;\n"
+    "1-127 a worker's own exit code once restarts are exhausted; 128+N a worker\n"
+    "killed by signal N; 143 after SIGTERM (retryable under PyTorchJob\n"
+    "restartPolicy: ExitCode); 200 rendezvous failed (unreachable, timed out).\n";
+
+const char *gl_opt_name(int id) { return table[id].name; }
+
+static const gl_opt *find_long(const char *name, size_t len) {
+    char norm[64];
+    if (len >= sizeof norm)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        norm[i] = name[i] == '_' ? '-' : name[i];
+    norm[len] = '\0';
+    if (strcmp(norm, "nproc-per-node") == 0 || strcmp(norm, "nproc") == 0)
+        return &table[GL_NPROC_PER_NODE];
+    for (int i = 0; i < GL_OPT_COUNT; i++)
+        if (strcmp(table[i].name, norm) == 0)
+            return &table[i];
+    return NULL;
+}
+
+static void set_val(gl_config *c, int id, const char *v, int src) {
+    if (c->src[id] > src)
+        return;
+    free(c->val[id]);
+    c->val[id] = strdup(v);
+    c->src[id] = src;
+}
+
+static int load_yaml(gl_config *c, const char *path, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, errlen, "--config: cannot read %s: %s", path, strerror(errno));
+        return 2;
+    }
+    yaml_parser_t p;
+    yaml_parser_initialize(&p);
+    yaml_parser_set_input_file(&p, f);
+    int rc = 0, depth = 0;
+    char key[128] = "";
+    int have_key = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev)) {
+            snprintf(err, errlen, "--config %s: YAML error at line %zu: %s", path,
+                     p.problem_mark.line + 1, p.problem ? p.problem : "?");
+            rc = 2;
+            break;
+        }
+        int done = ev.type == YAML_STREAM_END_EVENT;
+        if (ev.type == YAML_MAPPING_START_EVENT)
+            depth++;
+        else if (ev.type == YAML_MAPPING_END_EVENT)
+            depth--;
+        else if (ev.type == YAML_SEQUENCE_START_EVENT) {
+            snprintf(err, errlen, "--config %s: option '%s' takes a scalar, not a list", path,
+                     key);
+            rc = 2;
+        } else if (ev.type == YAML_SCALAR_EVENT && depth == 1) {
+            const char *s = (const char *)ev.data.scalar.value;
+            if (!have_key) {
+                snprintf(key, sizeof key, "%s", s);
+                have_key = 1;
+            } else {
+                const gl_opt *o = find_long(key, strlen(key));
+                if (o == NULL || o->id == GL_CONFIG) {
+                    snprintf(err, errlen, "--config %s: unknown option '%s' (line %zu)", path,
+                             key, ev.start_mark.line + 1);
+                    rc = 2;
+                } else {
+                    const char *v = s;
+                    if (o->flag)
+                        v = (strcmp(s, "true") == 0 || strcmp(s, "1") == 0) ? "1" : "0";
+                    set_val(c, o->id, v, GL_SRC_FILE);
+                }
+                have_key = 0;
+            }
+        } else if (depth > 1) {
+            snprintf(err, errlen, "--config %s: option '%s' takes a scalar, not a mapping", path,
+                     key);
+            rc = 2;
+        }
+        yaml_event_delete(&ev);
+        if (done || rc)
+            break;
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    return rc;
+}
+
+static int bad(char *err, size_t errlen, int id, const char *v) {
+    snprintf(err, errlen, "--%s: '%s' is not valid; expected %s", table[id].name, v,
+             table[id].forms);
+    return 2;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int64_t gl_parse_size(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -1;
+    double mul = 1;
+    switch (tolower((unsigned char)*end)) {
+    case 'k':
+        mul = 1024.0;
+        break;
+    case 'm':
+        mul = 1024.0 * 1024;
+        break;
+    case 'g':
+        mul = 1024.0 * 1024 * 1024;
+        break;
+    case 't':
+        mul = 1024.0 * 1024 * 1024 * 1024;
+        break;
+    case '\0':
+        break;
+    default:
+        return -1;
+    }
+    if (*end) {
+        end++;
+        if (tolower((unsigned char)*end) == 'i')
+            end++;
+        if (tolower((unsigned char)*end) == 'b')
+            end++;
+        if (*end)
+            return -1;
+    }
+    return (int64_t)(v * mul);
+}
+
+
+
+static int resolve(gl_config *c, char *err, size_t errlen) {
+    const char *v;
+    long n;
+    /* nnodes */
+    v = c->val[GL_NNODES];
+    const char *colon = strchr(v, ':');
+    if (colon) {
+        char a[32];
+        size_t l = (size_t)(colon - v);
+        long lo, hi;
+        if (l >= sizeof a)
+            return bad(err, errlen, GL_NNODES, v);
+        memcpy(a, v, l);
+        a[l] = '\0';
+        if (parse_int(a, 1, 65536, &lo) || parse_int(colon + 1, 1, 65536, &hi) || lo > hi)
+            return bad(err, errlen, GL_NNODES, v);
+        c->min_nodes = (uint32_t)lo;
+        c->max_nodes = (uint32_t)hi;
+    } else {
+        if (parse_int(v, 1, 65536, &n))
+            return bad(err, errlen, GL_NNODES, v);
+        c->min_nodes = c->max_nodes = (uint32_t)n;
+    }
+    /* nproc-per-node */
+    v = c->val[GL_NPROC_PER_NODE];
+    if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
+        int g = gpl_visible_gpu_count();
+        if (g == 0 && strcmp(v, "gpu") == 0) {
+            snprintf(err, errlen, "--nproc-per-node gpu: this node exposes no GPU (check "
+                                  "nvidia.com/gpu limits and CUDA_VISIBLE_DEVICES), or use "
+                                  "a number or cpu");
+            return 2;
+        }
+        c->nproc = g > 0 ? g : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    } else if (strcmp(v, "cpu") == 0) {
+        c->nproc = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    } else if (parse_int(v, 1, 4096, &n) == 0) {
+        c->nproc = (int)n;
+    } else {
+        return bad(err, errlen, GL_NPROC_PER_NODE, v);
+    }
+    if (parse_int(c->val[GL_NODE_RANK], 0, 65535, &n))
+        return bad(err, errlen, GL_NODE_RANK, c->val[GL_NODE_RANK]);
+    c->node_rank = (int)n;
+    if (parse_int(c->val[GL_MASTER_PORT], 1, 65535, &n))
+        return bad(err, errlen, GL_MASTER_PORT, c->val[GL_MASTER_PORT]);
+    c->master_port = (int)n;
+    if (parse_int(c->val[GL_MAX_RESTARTS], 0, 1000000, &n))
+        return bad(err, errlen, GL_MAX_RESTARTS, c->val[GL_MAX_RESTARTS]);
+    c->max_restarts = (int)n;
+    char *end;
+    c->shutdown_timeout_s = strtod(c->val[GL_SHUTDOWN_TIMEOUT], &end);
+    if (*end || end == c->val[GL_SHUTDOWN_TIMEOUT] || !(c->shutdown_timeout_s > 0))
+        return bad(err, errlen, GL_SHUTDOWN_TIMEOUT, c->val[GL_SHUTDOWN_TIMEOUT]);
+    double mi = strtod(c->val[GL_MONITOR_INTERVAL], &end);
+    if (*end || !(mi >= 0))
+        return bad(err, errlen, GL_MONITOR_INTERVAL, c->val[GL_MONITOR_INTERVAL]);
+    int64_t sz = gl_parse_size(c->val[GL_SHM_MIN]);
+    if (sz < 0)
+        return bad(err, errlen, GL_SHM_MIN, c->val[GL_SHM_MIN]);
+    c->shm_min = (uint64_t)sz;
+    for (int id = 0; id < GL_OPT_COUNT; id++) {
+        if (!table[id].flag)
+            continue;
+        v = c->val[id];
+        if (strcmp(v, "1") && strcmp(v, "0") && strcmp(v, "true") && strcmp(v, "false"))
+            return bad(err, errlen, id, v);
+    }
+    c->standalone = strcmp(c->val[GL_STANDALONE], "1") == 0 || !strcmp(c->val[GL_STANDALONE], "true");
+    c->no_python = c->val[GL_NO_PYTHON][0] == '1' || c->val[GL_NO_PYTHON][0] == 't';
+    c->module = c->val[GL_MODULE][0] == '1' || c->val[GL_MODULE][0] == 't';
+    c->check = c->val[GL_CHECK][0] == '1' || c->val[GL_CHECK][0] == 't';
+    c->print_config = c->val[GL_PRINT_CONFIG][0] == '1' || c->val[GL_PRINT_CONFIG][0] == 't';
+    c->bind_gpus = c->val[GL_BIND_GPUS][0] == '1' || c->val[GL_BIND_GPUS][0] == 't';
+    c->nccl_ifname_auto = strcmp(c->val[GL_NCCL_IFNAME_AUTO], "0") != 0;
+    for (const char *r = c->val[GL_REDIRECTS]; r == c->val[GL_REDIRECTS]; r++)
+        if (strspn(r, "0123:,") != strlen(r))
+            return bad(err, errlen, GL_REDIRECTS, r);
+    if (strspn(c->val[GL_TEE], "0123:,") != strlen(c->val[GL_TEE]))
+        return bad(err, errlen, GL_TEE, c->val[GL_TEE]);
+    /* rdzv-conf */
+    c->join_timeout_ms = RDZV_DEFAULT_JOIN_TIMEOUT_MS;
+    c->last_call_ms = RDZV_DEFAULT_LAST_CALL_MS;
+    c->hb_timeout_ms = RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+    char conf[512];
+    snprintf(conf, sizeof conf, "%s", c->val[GL_RDZV_CONF]);
+    char *save = NULL;
+    for (char *kv = strtok_r(conf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (eq == NULL)
+            return bad(err, errlen, GL_RDZV_CONF, kv);
+        *eq = '\0';
+        double s = strtod(eq + 1, &end);
+        if (*end || !(s >= 0) || s > 86400)
+            return bad(err, errlen, GL_RDZV_CONF, eq + 1);
+        uint32_t ms = (uint32_t)(s * 1000);
+        if (strcmp(kv, "join_timeout") == 0)
+            c->join_timeout_ms = ms;
+        else if (strcmp(kv, "last_call_timeout") == 0)
+            c->last_call_ms = ms;
+        else if (strcmp(kv, "heartbeat_timeout") == 0)
+            c->hb_timeout_ms = ms ? ms : 1;
+        else if (strcmp(kv, "close_timeout") && strcmp(kv, "read_timeout") &&
+                 strcmp(kv, "timeout") && strcmp(kv, "is_host"))
+            return bad(err, errlen, GL_RDZV_CONF, kv);
+    }
+    /* mode */
+    const char *be = c->val[GL_RDZV_BACKEND];
+    if (strcmp(be, "static") && strcmp(be, "c10d") && strcmp(be, "gpulaunch") &&
+        strcmp(be, "etcd") && strcmp(be, "etcd-v2"))
+        return bad(err, errlen, GL_RDZV_BACKEND, be);
+    if (!strcmp(be, "etcd") || !strcmp(be, "etcd-v2")) {
+        snprintf(err, errlen, "--rdzv-backend %s is not supported; run a gpulaunch-rdzv server "
+                              "and use --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
+                 be);
+        return 2;
+    }
+    if (c->standalone) {
+        if (c->max_nodes > 1) {
+            snprintf(err, errlen, "--standalone runs one node but --nnodes is %s; drop one of "
+                                  "them",
+                     c->val[GL_NNODES]);
+            return 2;
+        }
+        if (c->src[GL_RDZV_ENDPOINT] == GL_SRC_CLI) {
+            snprintf(err, errlen, "--standalone conflicts with --rdzv-endpoint; drop one");
+            return 2;
+        }
+        c->mode = GL_MODE_STANDALONE;
+    } else if (strcmp(be, "static") == 0) {
+        if (c->min_nodes != c->max_nodes) {
+            snprintf(err, errlen, "--nnodes %s (elastic) needs --rdzv-backend c10d and "
+                                  "--rdzv-endpoint; static mode takes a fixed N",
+                     c->val[GL_NNODES]);
+            return 2;
+        }
+        if ((uint32_t)c->node_rank >= c->max_nodes)
+            return bad(err, errlen, GL_NODE_RANK, c->val[GL_NODE_RANK]);
+        c->mode = GL_MODE_STATIC;
+    } else {
+        if (c->val[GL_RDZV_ENDPOINT][0] == '\0') {
+            snprintf(err, errlen, "--rdzv-backend %s needs --rdzv-endpoint HOST[:PORT] of a "
+                                  "gpulaunch-rdzv server",
+                     be);
+            return 2;
+        }
+        char host[256];
+        int port;
+        if (rdzv_parse_endpoint(c->val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, host, sizeof host,
+                                &port) != GPL_OK)
+            return bad(err, errlen, GL_RDZV_ENDPOINT, c->val[GL_RDZV_ENDPOINT]);
+        c->mode = GL_MODE_DYNAMIC;
+    }
+    if (c->prog_argc == 0 && !c->check && !c->print_config) {
+        snprintf(err, errlen, "no PROGRAM to run; usage: gpulaunch [options] PROGRAM [ARGS...] "
+                              "(see --help)");
+        return 2;
+    }
+    return 0;
+}
+
+int gl_config_load(gl_config *c, int argc, char **argv, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    for (int i = 0; i < GL_OPT_COUNT; i++) {
+        c->val[i] = strdup(table[i].def);
+        c->src[i] = GL_SRC_DEFAULT;
+    }
+    /* 1. command line, up to PROGRAM */
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0')
+            break;
+        const gl_opt *o = NULL;
+        const char *val = NULL;
+        if (a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+            o = find_long(a + 2, len);
+            if (eq)
+                val = eq + 1;
+        } else if (a[2] == '\0') {
+            for (int k = 0; k < GL_OPT_COUNT; k++)
+                if (table[k].shortopt == a[1])
+                    o = &table[k];
+        }
+        if (o == NULL) {
+            snprintf(err, errlen, "unknown option '%s' (see gpulaunch --help)", a);
+            return 2;
+        }
+        if (o->flag) {
+            if (val && strcmp(val, "1") && strcmp(val, "0") && strcmp(val, "true") &&
+                strcmp(val, "false"))
+                return bad(err, errlen, o->id, val);
+            set_val(c, o->id, val ? val : "1", GL_SRC_CLI);
+            if (o->id == GL_MODULE) {
+                i++;
+                break; /* -m MODULE: the module is the program */
+            }
+            continue;
+        }
+        if (val == NULL) {
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "--%s needs a value: %s", o->name, o->forms);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        set_val(c, o->id, val, GL_SRC_CLI);
+    }
+    c->prog_argv = argv + i;
+    c->prog_argc = argc - i;
+    /* 2. PET_* environment */
+    for (int k = 0; k < GL_OPT_COUNT; k++) {
+        char env[64] = "PET_";
+        size_t l = 4;
+        for (const char *p = table[k].name; *p && l < sizeof env - 1; p++)
+            env[l++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+        env[l] = '\0';
+        const char *e = getenv(env);
+        if (e && *e)
+            set_val(c, k, e, GL_SRC_ENV);
+    }
+    /* 3. the YAML file */
+    if (c->val[GL_CONFIG][0]) {
+        int rc = load_yaml(c, c->val[GL_CONFIG], err, errlen);
+        if (rc)
+            return rc;
+    }
+    return resolve(c, err, errlen);
+}
+
+void gl_config_free(gl_config *c) {
+    for (int i = 0; i < GL_OPT_COUNT; i++)
+        free(c->val[i]);
+}
+
+void gl_config_print(const gl_config *c, FILE *out) {
+    static const char *const src[] = {"default", "file", "env", "cli"};
+    for (int i = 0; i < GL_OPT_COUNT; i++)
+        fprintf(out, "%-20s %-24s (%s)\n", table[i].name, c->val[i], src[c->src[i]]);
+    fprintf(out, "%-20s %d\n", "nproc (resolved)", c->nproc);
+    fprintf(out, "%-20s %s\n", "mode",
+            c->mode == GL_MODE_STANDALONE ? "standalone"
+            : c->mode == GL_MODE_STATIC   ? "static"
+                                          : "dynamic");
+}
