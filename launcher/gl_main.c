@@ -377,12 +377,28 @@ static int env_add(char **env, int n, int max, const char *k, const char *fmt, .
     return n + 1;
 }
 
-static const char *const managed[] = {
-    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_ERROR_FILE", "GPULAUNCH_RDZV_ENDPOINT", "GPULAUNCH_RUN_ID", "GPULAUNCH_ROUND",
-    "GPULAUNCH_RDZV_TOKEN", "GPULAUNCH_NODE_RANK", "GPULAUNCH_HOSTNAME", NULL};
+static const char *const managed[] = {"RANK",
+                                      "LOCAL_RANK",
+                                      "GROUP_RANK",
+                                      "ROLE_RANK",
+                                      "ROLE_NAME",
+                                      "WORLD_SIZE",
+                                      "LOCAL_WORLD_SIZE",
+                                      "GROUP_WORLD_SIZE",
+                                      "ROLE_WORLD_SIZE",
+                                      "MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "TORCHELASTIC_RESTART_COUNT",
+                                      "TORCHELASTIC_MAX_RESTARTS",
+                                      "TORCHELASTIC_RUN_ID",
+                                      "TORCHELASTIC_ERROR_FILE",
+                                      "GPULAUNCH_RDZV_ENDPOINT",
+                                      "GPULAUNCH_RUN_ID",
+                                      "GPULAUNCH_ROUND",
+                                      "GPULAUNCH_RDZV_TOKEN",
+                                      "GPULAUNCH_NODE_RANK",
+                                      "GPULAUNCH_HOSTNAME",
+                                      NULL};
 
 static int is_managed(const char *kv) {
     for (int i = 0; managed[i]; i++) {
@@ -544,8 +560,8 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             "gpulaunch: job %s round %u: node rank %u of %u, ranks %u-%u of %u, master %s:%u, "
             "%d workers (%.1f ms)\n",
             L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
-            a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr,
-            a->master_port, L.cfg.nproc, ms);
+            a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
+            L.cfg.nproc, ms);
     spawn_workers();
 }
 
@@ -636,8 +652,7 @@ static int preflight(int verbose) {
             printf("warn /dev/shm has %.0f MiB free of %.0f MiB: stale segments of dead jobs?\n",
                    avail / 1048576.0, total / 1048576.0);
         } else if (verbose) {
-            printf("ok   /dev/shm %.0f MiB, %.0f MiB free\n", total / 1048576.0,
-                   avail / 1048576.0);
+            printf("ok   /dev/shm %.0f MiB, %.0f MiB free\n", total / 1048576.0, avail / 1048576.0);
         }
     }
     return fails;
@@ -738,8 +753,8 @@ int main(int argc, char **argv) {
     if (L.addr[0] == '\0')
         snprintf(L.addr, sizeof L.addr, "%s",
                  L.cfg.val[GL_LOCAL_ADDR][0] ? L.cfg.val[GL_LOCAL_ADDR] : L.hostname);
-    int hosts = L.cfg.mode == GL_MODE_STANDALONE ||
-                (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0);
+    int hosts =
+        L.cfg.mode == GL_MODE_STANDALONE || (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0);
     if (hosts) {
         rdzv_server_options so = RDZV_SERVER_OPTIONS_INIT;
         so.listen_addr = L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : "0.0.0.0";

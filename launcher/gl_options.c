@@ -143,8 +143,7 @@ static int load_yaml(gl_config *c, const char *path, char *err, size_t errlen) {
         else if (ev.type == YAML_MAPPING_END_EVENT)
             depth--;
         else if (ev.type == YAML_SEQUENCE_START_EVENT) {
-            snprintf(err, errlen, "--config %s: option '%s' takes a scalar, not a list", path,
-                     key);
+            snprintf(err, errlen, "--config %s: option '%s' takes a scalar, not a list", path, key);
             rc = 2;
         } else if (ev.type == YAML_SCALAR_EVENT && depth == 1) {
             const char *s = (const char *)ev.data.scalar.value;
@@ -154,8 +153,8 @@ static int load_yaml(gl_config *c, const char *path, char *err, size_t errlen) {
             } else {
                 const gl_opt *o = find_long(key, strlen(key));
                 if (o == NULL || o->id == GL_CONFIG) {
-                    snprintf(err, errlen, "--config %s: unknown option '%s' (line %zu)", path,
-                             key, ev.start_mark.line + 1);
+                    snprintf(err, errlen, "--config %s: unknown option '%s' (line %zu)", path, key,
+                             ev.start_mark.line + 1);
                     rc = 2;
                 } else {
                     const char *v = s;
@@ -232,8 +231,6 @@ int64_t gl_parse_size(const char *s) {
     return (int64_t)(v * mul);
 }
 
-
-
 static int resolve(gl_config *c, char *err, size_t errlen) {
     const char *v;
     long n;
@@ -262,9 +259,10 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
     if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
         int g = gpl_visible_gpu_count();
         if (g == 0 && strcmp(v, "gpu") == 0) {
-            snprintf(err, errlen, "--nproc-per-node gpu: this node exposes no GPU (check "
-                                  "nvidia.com/gpu limits and CUDA_VISIBLE_DEVICES), or use "
-                                  "a number or cpu");
+            snprintf(err, errlen,
+                     "--nproc-per-node gpu: this node exposes no GPU (check "
+                     "nvidia.com/gpu limits and CUDA_VISIBLE_DEVICES), or use "
+                     "a number or cpu");
             return 2;
         }
         c->nproc = g > 0 ? g : (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -302,7 +300,8 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
         if (strcmp(v, "1") && strcmp(v, "0") && strcmp(v, "true") && strcmp(v, "false"))
             return bad(err, errlen, id, v);
     }
-    c->standalone = strcmp(c->val[GL_STANDALONE], "1") == 0 || !strcmp(c->val[GL_STANDALONE], "true");
+    c->standalone =
+        strcmp(c->val[GL_STANDALONE], "1") == 0 || !strcmp(c->val[GL_STANDALONE], "true");
     c->no_python = c->val[GL_NO_PYTHON][0] == '1' || c->val[GL_NO_PYTHON][0] == 't';
     c->module = c->val[GL_MODULE][0] == '1' || c->val[GL_MODULE][0] == 't';
     c->check = c->val[GL_CHECK][0] == '1' || c->val[GL_CHECK][0] == 't';
@@ -346,15 +345,17 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
         strcmp(be, "etcd") && strcmp(be, "etcd-v2"))
         return bad(err, errlen, GL_RDZV_BACKEND, be);
     if (!strcmp(be, "etcd") || !strcmp(be, "etcd-v2")) {
-        snprintf(err, errlen, "--rdzv-backend %s is not supported; run a gpulaunch-rdzv server "
-                              "and use --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
+        snprintf(err, errlen,
+                 "--rdzv-backend %s is not supported; run a gpulaunch-rdzv server "
+                 "and use --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
                  be);
         return 2;
     }
     if (c->standalone) {
         if (c->max_nodes > 1) {
-            snprintf(err, errlen, "--standalone runs one node but --nnodes is %s; drop one of "
-                                  "them",
+            snprintf(err, errlen,
+                     "--standalone runs one node but --nnodes is %s; drop one of "
+                     "them",
                      c->val[GL_NNODES]);
             return 2;
         }
@@ -365,8 +366,9 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
         c->mode = GL_MODE_STANDALONE;
     } else if (strcmp(be, "static") == 0) {
         if (c->min_nodes != c->max_nodes) {
-            snprintf(err, errlen, "--nnodes %s (elastic) needs --rdzv-backend c10d and "
-                                  "--rdzv-endpoint; static mode takes a fixed N",
+            snprintf(err, errlen,
+                     "--nnodes %s (elastic) needs --rdzv-backend c10d and "
+                     "--rdzv-endpoint; static mode takes a fixed N",
                      c->val[GL_NNODES]);
             return 2;
         }
@@ -375,8 +377,9 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
         c->mode = GL_MODE_STATIC;
     } else {
         if (c->val[GL_RDZV_ENDPOINT][0] == '\0') {
-            snprintf(err, errlen, "--rdzv-backend %s needs --rdzv-endpoint HOST[:PORT] of a "
-                                  "gpulaunch-rdzv server",
+            snprintf(err, errlen,
+                     "--rdzv-backend %s needs --rdzv-endpoint HOST[:PORT] of a "
+                     "gpulaunch-rdzv server",
                      be);
             return 2;
         }
@@ -388,8 +391,9 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
         c->mode = GL_MODE_DYNAMIC;
     }
     if (c->prog_argc == 0 && !c->check && !c->print_config) {
-        snprintf(err, errlen, "no PROGRAM to run; usage: gpulaunch [options] PROGRAM [ARGS...] "
-                              "(see --help)");
+        snprintf(err, errlen,
+                 "no PROGRAM to run; usage: gpulaunch [options] PROGRAM [ARGS...] "
+                 "(see --help)");
         return 2;
     }
     return 0;

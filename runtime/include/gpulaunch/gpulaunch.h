@@ -26,6 +26,118 @@ GPL_API int gpl_version(void);
 GPL_API int gpl_have_nccl(void);
 GPL_API int gpl_cuda_device_count(void);
 
+/* ---- communicator ---- */
+
+typedef struct gpl_comm *gpl_comm_t;
+
+typedef enum gpl_dtype {
+    GPL_FLOAT32 = 0,
+    GPL_FLOAT64 = 1,
+    GPL_FLOAT16 = 2,
+    GPL_BFLOAT16 = 3, /* half types are reduced in float32 */
+    GPL_INT32 = 4,
+    GPL_INT64 = 5,
+    GPL_DTYPE_COUNT
+} gpl_dtype_t;
+
+typedef enum gpl_op {
+    GPL_SUM = 0,
+    GPL_PROD = 1,
+    GPL_MIN = 2,
+    GPL_MAX = 3,
+    GPL_AVG = 4,
+    GPL_OP_COUNT
+} gpl_op_t;
+
+typedef enum gpl_backend {
+    GPL_BACKEND_AUTO = 0, /* NCCL when built with CUDA and a device is present, else CPU */
+    GPL_BACKEND_CPU = 1,
+    GPL_BACKEND_NCCL = 2
+} gpl_backend_t;
+
+#define GPL_OPTIONS_VERSION 1
+/* Options for gpl_init. Always start from GPL_OPTIONS_INIT so that fields
+ * added later get their defaults. -1 / NULL mean "from the launcher's
+ * environment". */
+typedef struct gpl_options {
+    size_t size;           /* sizeof(gpl_options) */
+    uint32_t version;      /* GPL_OPTIONS_VERSION */
+    gpl_backend_t backend; /* also GPULAUNCH_BACKEND=auto|cpu|nccl */
+    uint32_t timeout_ms;   /* per collective; also GPULAUNCH_TIMEOUT_MS (default 300000) */
+    int rank, world_size, local_rank, local_world_size;
+    const char *rdzv_endpoint, *run_id, *token;
+    int round;
+    size_t small_bytes; /* all-reduce at or under this uses the latency-optimal path */
+    int device;         /* CUDA device; -1: the launcher's binding, else LOCAL_RANK */
+} gpl_options;
+
+#define GPL_OPTIONS_INIT                                                                           \
+    {                                                                                              \
+        sizeof(gpl_options), GPL_OPTIONS_VERSION, GPL_BACKEND_AUTO, 0, -1, -1, -1, -1, NULL, NULL, \
+            NULL, -1, 0, -1                                                                        \
+    }
+
+/* Creates the communicator of this process from the launcher's environment
+ * (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GPULAUNCH_RDZV_ENDPOINT,
+ * GPULAUNCH_RUN_ID, GPULAUNCH_ROUND, GPULAUNCH_RDZV_TOKEN). Without a launcher
+ * it is a world of one. On failure *comm is still set when memory allowed, so
+ * that gpl_last_error(*comm) can say why; free it with gpl_finalize. */
+GPL_API gpl_result_t gpl_init(const gpl_options *opts, gpl_comm_t *comm);
+GPL_API void gpl_finalize(gpl_comm_t comm);
+
+GPL_API int gpl_rank(gpl_comm_t comm);
+GPL_API int gpl_world_size(gpl_comm_t comm);
+GPL_API int gpl_local_rank(gpl_comm_t comm);
+GPL_API int gpl_local_world_size(gpl_comm_t comm);
+GPL_API gpl_backend_t gpl_backend(gpl_comm_t comm);
+/* What failed last on this communicator, where, and what to do. */
+GPL_API const char *gpl_last_error(gpl_comm_t comm);
+GPL_API size_t gpl_dtype_size(gpl_dtype_t t);
+
+/* Collectives. stream is a cudaStream_t for NCCL (NULL: the default
+ * stream) and ignored by the CPU backend. Every call has the communicator's
+ * timeout; a peer that dies or a round that ends makes it return an error
+ * naming the ranks that never arrived and the collective's sequence number. */
+GPL_API gpl_result_t gpl_allreduce(gpl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, gpl_dtype_t dtype, gpl_op_t op, void *stream);
+GPL_API gpl_result_t gpl_broadcast(gpl_comm_t comm, void *buf, size_t count, gpl_dtype_t dtype,
+                                   int root, void *stream);
+/* recvbuf holds world_size * count elements, rank r's at r * count. */
+GPL_API gpl_result_t gpl_allgather(gpl_comm_t comm, const void *sendbuf, void *recvbuf,
+                                   size_t count, gpl_dtype_t dtype, void *stream);
+GPL_API gpl_result_t gpl_barrier(gpl_comm_t comm);
+
+/* Removes this library's shared-memory segments (/dev/shm/gpulaunch-*) whose
+ * creating process is dead; gpl_init does it on every node. Returns how many
+ * were removed; report (may be NULL) lists them. */
+GPL_API int gpl_shm_clean_stale(char *report, size_t len);
+
+/* ---- data-parallel gradient sync ---- */
+
+typedef struct gpl_dp *gpl_dp_t;
+
+#define GPL_DP_OPTIONS_VERSION 1
+typedef struct gpl_dp_options {
+    size_t size;
+    uint32_t version;
+    size_t bucket_cap_bytes;   /* default 25 MiB */
+    size_t first_bucket_bytes; /* default 1 MiB */
+} gpl_dp_options;
+#define GPL_DP_OPTIONS_INIT                                                                        \
+    { sizeof(gpl_dp_options), GPL_DP_OPTIONS_VERSION, 25u << 20, 1u << 20 }
+
+GPL_API gpl_result_t gpl_dp_create(gpl_comm_t comm, const gpl_dp_options *opts, gpl_dp_t *dp);
+/* Registers one gradient buffer; buffers are bucketed in registration order
+ * reversed (backward produces the last layer's gradient first). *index
+ * names it in gpl_dp_ready. Register all buffers before the first step. */
+GPL_API gpl_result_t gpl_dp_register(gpl_dp_t dp, void *grad, size_t count, gpl_dtype_t dtype,
+                                     int *index);
+/* Marks a gradient as produced for this step; a full bucket is reduced at once. */
+GPL_API gpl_result_t gpl_dp_ready(gpl_dp_t dp, int index);
+/* Finishes the step: every registered gradient averaged over the world. */
+GPL_API gpl_result_t gpl_dp_wait(gpl_dp_t dp);
+GPL_API void gpl_dp_destroy(gpl_dp_t dp);
+
 #ifdef __cplusplus
 }
 #endif

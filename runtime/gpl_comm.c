@@ -1,0 +1,240 @@
+/* The communicator: init from the launcher's environment, the rendezvous
+ * attachment that tells a waiting rank the round is over, backend choice and
+ * collective dispatch. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gb_time.h"
+#include "gpl_int.h"
+
+static int env_int(const char *name, int def) {
+    const char *v = getenv(name);
+    if (v == NULL || *v == '\0')
+        return def;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < -1 || x > 1 << 30)
+        return -2;
+    return (int)x;
+}
+
+gpl_result_t gpl_check_abort(gpl_comm_t c, uint64_t deadline_ms, const char *waiting_for) {
+    if (c->rdzv) {
+        rdzv_bclient_poll(c->rdzv, 0);
+        const rdzv_push_state *p = rdzv_bclient_pushes(c->rdzv);
+        if (p->round_over)
+            return gb_seterr(&c->err, GPL_ERR_ROUND_OVER,
+                             "rank %d: %s #%llu stopped: the rendezvous ended round %u: %s%s%s",
+                             c->rank, c->coll, (unsigned long long)c->seq, p->round, p->message,
+                             waiting_for && *waiting_for ? "; never reached it: " : "",
+                             waiting_for ? waiting_for : "");
+    }
+    if (gb_now_ms() >= deadline_ms)
+        return gb_seterr(&c->err, GPL_ERR_TIMEOUT,
+                         "rank %d: %s #%llu timed out after %.0f s waiting for %s; raise "
+                         "GPULAUNCH_TIMEOUT_MS if the step is that slow",
+                         c->rank, c->coll, (unsigned long long)c->seq, c->timeout_ms / 1000.0,
+                         waiting_for && *waiting_for ? waiting_for : "its peers");
+    return GPL_OK;
+}
+
+gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
+    *out = NULL;
+    gpl_options def = GPL_OPTIONS_INIT;
+    if (o == NULL)
+        o = &def;
+    if (o->size < offsetof(gpl_options, device) || o->version != GPL_OPTIONS_VERSION)
+        return GPL_ERR_INVALID_ARG;
+    gpl_comm_t c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return GPL_ERR_NOMEM;
+    *out = c;
+    gpl_result_t rc = GPL_OK;
+    c->rank = o->rank >= 0 ? o->rank : env_int("RANK", 0);
+    c->world = o->world_size >= 0 ? o->world_size : env_int("WORLD_SIZE", 1);
+    c->local_rank = o->local_rank >= 0 ? o->local_rank : env_int("LOCAL_RANK", 0);
+    c->local_world =
+        o->local_world_size >= 0 ? o->local_world_size : env_int("LOCAL_WORLD_SIZE", c->world);
+    c->nnodes = env_int("GROUP_WORLD_SIZE", 1);
+    c->node_rank = env_int("GROUP_RANK", 0);
+    c->round = o->round >= 0 ? o->round : env_int("GPULAUNCH_ROUND", 0);
+    if (c->rank < 0 || c->world < 1 || c->local_rank < 0 || c->local_world < 1 ||
+        c->rank >= c->world || c->local_rank >= c->local_world || c->nnodes < 1 ||
+        c->node_rank < 0 || c->round < 0) {
+        rc = gb_seterr(&c->err, GPL_ERR_CONFIG,
+                       "inconsistent launcher environment: RANK=%d WORLD_SIZE=%d LOCAL_RANK=%d "
+                       "LOCAL_WORLD_SIZE=%d GROUP_WORLD_SIZE=%d; start the program with "
+                       "gpulaunch",
+                       c->rank, c->world, c->local_rank, c->local_world, c->nnodes);
+        goto out;
+    }
+    c->base_rank = c->rank - c->local_rank;
+    int t = env_int("GPULAUNCH_TIMEOUT_MS", -1);
+    c->timeout_ms = o->timeout_ms ? o->timeout_ms : t > 0 ? (uint32_t)t : GPL_DEFAULT_TIMEOUT_MS;
+    c->small_bytes = o->small_bytes ? o->small_bytes : GPL_DEFAULT_SMALL_BYTES;
+    if (c->small_bytes > GPL_SHM_SLOT_BYTES)
+        c->small_bytes = GPL_SHM_SLOT_BYTES;
+    const char *hn = getenv("GPULAUNCH_HOSTNAME");
+    if (hn)
+        snprintf(c->hostname, sizeof c->hostname, "%s", hn);
+    else
+        gethostname(c->hostname, sizeof c->hostname);
+    const char *run = o->run_id ? o->run_id : getenv("GPULAUNCH_RUN_ID");
+    snprintf(c->run_id, sizeof c->run_id, "%s", run ? run : "local");
+    c->coll = "init";
+
+    gpl_backend_t be = o->backend;
+    const char *eb = getenv("GPULAUNCH_BACKEND");
+    if (be == GPL_BACKEND_AUTO && eb) {
+        if (strcmp(eb, "cpu") == 0)
+            be = GPL_BACKEND_CPU;
+        else if (strcmp(eb, "nccl") == 0)
+            be = GPL_BACKEND_NCCL;
+        else if (strcmp(eb, "auto") != 0) {
+            rc = gb_seterr(&c->err, GPL_ERR_CONFIG,
+                           "GPULAUNCH_BACKEND='%s': expected auto, cpu or nccl", eb);
+            goto out;
+        }
+    }
+    if (be == GPL_BACKEND_AUTO)
+        be = gpl_have_nccl() && gpl_cuda_device_count() > 0 ? GPL_BACKEND_NCCL : GPL_BACKEND_CPU;
+    if (be == GPL_BACKEND_NCCL && !gpl_have_nccl()) {
+        rc = gb_seterr(&c->err, GPL_ERR_UNSUPPORTED,
+                       "the NCCL backend was asked for but this build has no CUDA/NCCL; "
+                       "rebuild with -DGPULAUNCH_CUDA=ON or use GPULAUNCH_BACKEND=cpu");
+        goto out;
+    }
+    c->backend = be;
+
+    if (c->world > 1) {
+        const char *ep = o->rdzv_endpoint ? o->rdzv_endpoint : getenv("GPULAUNCH_RDZV_ENDPOINT");
+        if (ep == NULL || *ep == '\0') {
+            rc = gb_seterr(&c->err, GPL_ERR_CONFIG,
+                           "rank %d of %d: GPULAUNCH_RDZV_ENDPOINT is not set; start the "
+                           "program with gpulaunch",
+                           c->rank, c->world);
+            goto out;
+        }
+        char host[256], err[512];
+        int port;
+        if (rdzv_parse_endpoint(ep, RDZV_DEFAULT_PORT, host, sizeof host, &port) != GPL_OK) {
+            rc = gb_seterr(&c->err, GPL_ERR_CONFIG,
+                           "GPULAUNCH_RDZV_ENDPOINT='%s' is not "
+                           "HOST:PORT",
+                           ep);
+            goto out;
+        }
+        const char *tok = o->token ? o->token : getenv("GPULAUNCH_RDZV_TOKEN");
+        rc = rdzv_bclient_connect(host, port, tok, tok ? strlen(tok) : 0, 30000, &c->rdzv, err,
+                                  sizeof err);
+        if (rc != GPL_OK) {
+            gb_seterr(&c->err, rc, "rank %d: %s", c->rank, err);
+            goto out;
+        }
+        rc = rdzv_bclient_attach(c->rdzv, c->run_id, (uint32_t)c->round);
+        if (rc != GPL_OK) {
+            gb_seterr(&c->err, rc, "rank %d: %s", c->rank, rdzv_bclient_error(c->rdzv));
+            goto out;
+        }
+        if (c->local_world > 1 && (rc = gpl_shm_setup(c)) != GPL_OK)
+            goto out;
+        if (c->nnodes > 1) {
+            if (c->local_rank == 0 && (rc = gpl_ring_publish(c)) != GPL_OK)
+                goto out;
+            if ((rc = gpl_nodes_load(c)) != GPL_OK)
+                goto out;
+            if (c->local_rank == 0 && (rc = gpl_ring_setup(c)) != GPL_OK)
+                goto out;
+        }
+    }
+    if (c->backend == GPL_BACKEND_NCCL)
+        rc = gpl_nccl_init(c, o->device);
+out:
+    return rc;
+}
+
+void gpl_finalize(gpl_comm_t c) {
+    if (c == NULL)
+        return;
+    gpl_nccl_finalize(c);
+    gpl_ring_teardown(c);
+    gpl_shm_teardown(c);
+    rdzv_bclient_close(c->rdzv);
+    free(c->node_base);
+    free(c->node_size);
+    free(c->node_host);
+    free(c);
+}
+
+int gpl_rank(gpl_comm_t c) { return c->rank; }
+int gpl_world_size(gpl_comm_t c) { return c->world; }
+int gpl_local_rank(gpl_comm_t c) { return c->local_rank; }
+int gpl_local_world_size(gpl_comm_t c) { return c->local_world; }
+gpl_backend_t gpl_backend(gpl_comm_t c) { return c->backend; }
+const char *gpl_last_error(gpl_comm_t c) { return c ? gb_errmsg(&c->err) : "no communicator"; }
+
+static gpl_result_t check_args(gpl_comm_t c, const char *what, const void *a, size_t count,
+                               gpl_dtype_t t, int op) {
+    if (c == NULL)
+        return GPL_ERR_INVALID_ARG;
+    gb_clearerr(&c->err);
+    c->seq++;
+    c->coll = what;
+    if ((unsigned)t >= GPL_DTYPE_COUNT || (op >= 0 && (unsigned)op >= GPL_OP_COUNT) ||
+        (count && a == NULL))
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "%s #%llu: bad argument (dtype %d, op %d, count %zu, buffer %p)", what,
+                         (unsigned long long)c->seq, (int)t, op, count, a);
+    if (c->shm && atomic_load(&c->shm->abort_flag) == 2)
+        return gb_seterr(&c->err, GPL_ERR_PEER_FAILED,
+                         "%s #%llu: an earlier collective failed on node %s (%s); the round "
+                         "must restart",
+                         what, (unsigned long long)c->seq, c->hostname, c->shm->abort_msg);
+    return GPL_OK;
+}
+
+gpl_result_t gpl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                           gpl_op_t op, void *stream) {
+    gpl_result_t rc = check_args(c, "allreduce", r, count, t, (int)op);
+    if (rc != GPL_OK)
+        return rc;
+    if (count && s == NULL)
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "allreduce: NULL send buffer");
+    if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(r))
+        return gpl_nccl_allreduce(c, s, r, count, t, op, stream);
+    return gpl_cpu_allreduce(c, s, r, count, t, op);
+}
+
+gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
+                           void *stream) {
+    gpl_result_t rc = check_args(c, "broadcast", buf, count, t, -1);
+    if (rc != GPL_OK)
+        return rc;
+    if (root < 0 || root >= c->world)
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "broadcast: root %d is not a rank (0..%d)",
+                         root, c->world - 1);
+    if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(buf))
+        return gpl_nccl_broadcast(c, buf, count, t, root, stream);
+    return gpl_cpu_broadcast(c, buf, count, t, root);
+}
+
+gpl_result_t gpl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                           void *stream) {
+    gpl_result_t rc = check_args(c, "allgather", r, count, t, -1);
+    if (rc != GPL_OK)
+        return rc;
+    if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(r))
+        return gpl_nccl_allgather(c, s, r, count, t, stream);
+    return gpl_cpu_allgather(c, s, r, count, t);
+}
+
+gpl_result_t gpl_barrier(gpl_comm_t c) {
+    gpl_result_t rc = check_args(c, "barrier", NULL, 0, GPL_INT32, -1);
+    if (rc != GPL_OK)
+        return rc;
+    return gpl_cpu_barrier(c);
+}

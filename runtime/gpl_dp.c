@@ -1,0 +1,221 @@
+/* Data-parallel gradient sync: gradients are packed into buckets (reverse
+ * registration order, the first bucket smaller), and a bucket is averaged on
+ * a communication thread as soon as it and every bucket before it are full,
+ * while the caller's backward pass goes on. Buckets are always reduced in
+ * the same order on every rank, whatever order gradients become ready in. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpl_int.h"
+
+typedef struct dp_grad {
+    void *ptr;
+    size_t count;
+    gpl_dtype_t dtype;
+    int bucket;
+    size_t offset; /* bytes into the bucket */
+    int ready;
+} dp_grad;
+
+typedef struct dp_bucket {
+    gpl_dtype_t dtype;
+    size_t bytes, count;
+    uint8_t *flat;
+    int ngrads, nready;
+} dp_bucket;
+
+struct gpl_dp {
+    gpl_comm_t comm;
+    gpl_dp_options o;
+    dp_grad *g;
+    int ng, gcap;
+    dp_bucket *b;
+    int nb;
+    int built;
+    /* the communication thread */
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int next_launch; /* first bucket not yet handed to the thread */
+    int next_done;   /* buckets finished by the thread */
+    int stop;
+    gpl_result_t rc;
+};
+
+static void *comm_thread(void *arg) {
+    gpl_dp_t dp = arg;
+    pthread_mutex_lock(&dp->mu);
+    for (;;) {
+        while (!dp->stop && dp->next_done >= dp->next_launch)
+            pthread_cond_wait(&dp->cv, &dp->mu);
+        if (dp->stop)
+            break;
+        int i = dp->next_done;
+        pthread_mutex_unlock(&dp->mu);
+        dp_bucket *b = &dp->b[i];
+        gpl_result_t rc = GPL_OK;
+        if (dp->rc == GPL_OK)
+            rc = gpl_allreduce(dp->comm, b->flat, b->flat, b->count, b->dtype, GPL_AVG, NULL);
+        pthread_mutex_lock(&dp->mu);
+        if (rc != GPL_OK && dp->rc == GPL_OK)
+            dp->rc = rc;
+        dp->next_done++;
+        pthread_cond_broadcast(&dp->cv);
+    }
+    pthread_mutex_unlock(&dp->mu);
+    return NULL;
+}
+
+gpl_result_t gpl_dp_create(gpl_comm_t comm, const gpl_dp_options *o, gpl_dp_t *out) {
+    *out = NULL;
+    gpl_dp_options def = GPL_DP_OPTIONS_INIT;
+    if (o == NULL)
+        o = &def;
+    if (comm == NULL || o->version != GPL_DP_OPTIONS_VERSION || o->size < sizeof(gpl_dp_options))
+        return GPL_ERR_INVALID_ARG;
+    gpl_dp_t dp = calloc(1, sizeof *dp);
+    if (dp == NULL)
+        return GPL_ERR_NOMEM;
+    dp->comm = comm;
+    dp->o = *o;
+    if (dp->o.bucket_cap_bytes == 0)
+        dp->o.bucket_cap_bytes = def.bucket_cap_bytes;
+    if (dp->o.first_bucket_bytes == 0)
+        dp->o.first_bucket_bytes = def.first_bucket_bytes;
+    pthread_mutex_init(&dp->mu, NULL);
+    pthread_cond_init(&dp->cv, NULL);
+    if (pthread_create(&dp->th, NULL, comm_thread, dp) != 0) {
+        free(dp);
+        return gb_seterr(&comm->err, GPL_ERR_SYSTEM, "cannot start the gradient-sync thread");
+    }
+    *out = dp;
+    return GPL_OK;
+}
+
+gpl_result_t gpl_dp_register(gpl_dp_t dp, void *grad, size_t count, gpl_dtype_t dtype, int *index) {
+    if (dp->built)
+        return gb_seterr(&dp->comm->err, GPL_ERR_STATE,
+                         "gpl_dp_register after the first step: register every gradient first");
+    if ((unsigned)dtype >= GPL_DTYPE_COUNT || (count && grad == NULL))
+        return gb_seterr(&dp->comm->err, GPL_ERR_INVALID_ARG, "gpl_dp_register: bad buffer");
+    if (dp->ng == dp->gcap) {
+        int cap = dp->gcap ? dp->gcap * 2 : 64;
+        dp_grad *g = realloc(dp->g, (size_t)cap * sizeof *g);
+        if (g == NULL)
+            return GPL_ERR_NOMEM;
+        dp->g = g;
+        dp->gcap = cap;
+    }
+    dp->g[dp->ng] = (dp_grad){.ptr = grad, .count = count, .dtype = dtype};
+    if (index)
+        *index = dp->ng;
+    dp->ng++;
+    return GPL_OK;
+}
+
+static gpl_result_t build(gpl_dp_t dp) {
+    dp->b = calloc((size_t)dp->ng + 1, sizeof *dp->b);
+    if (dp->b == NULL)
+        return GPL_ERR_NOMEM;
+    int nb = -1;
+    for (int i = dp->ng - 1; i >= 0; i--) {
+        dp_grad *g = &dp->g[i];
+        size_t bytes = g->count * gpl_dtype_size(g->dtype);
+        size_t cap = nb <= 0 ? dp->o.first_bucket_bytes : dp->o.bucket_cap_bytes;
+        if (nb < 0 || dp->b[nb].dtype != g->dtype ||
+            (dp->b[nb].bytes > 0 && dp->b[nb].bytes + bytes > cap))
+            dp->b[++nb].dtype = g->dtype;
+        g->bucket = nb;
+        g->offset = dp->b[nb].bytes;
+        dp->b[nb].bytes += bytes;
+        dp->b[nb].count += g->count;
+        dp->b[nb].ngrads++;
+    }
+    dp->nb = nb + 1;
+    for (int i = 0; i < dp->nb; i++) {
+        dp->b[i].flat = malloc(dp->b[i].bytes ? dp->b[i].bytes : 1);
+        if (dp->b[i].flat == NULL)
+            return GPL_ERR_NOMEM;
+    }
+    dp->built = 1;
+    return GPL_OK;
+}
+
+/* Hands every full bucket, in order, to the thread. Called with mu held. */
+static void launch_ready(gpl_dp_t dp) {
+    while (dp->next_launch < dp->nb &&
+           dp->b[dp->next_launch].nready == dp->b[dp->next_launch].ngrads)
+        dp->next_launch++;
+    pthread_cond_broadcast(&dp->cv);
+}
+
+gpl_result_t gpl_dp_ready(gpl_dp_t dp, int index) {
+    if (!dp->built) {
+        gpl_result_t rc = build(dp);
+        if (rc != GPL_OK)
+            return rc;
+    }
+    if (index < 0 || index >= dp->ng)
+        return gb_seterr(&dp->comm->err, GPL_ERR_INVALID_ARG, "gpl_dp_ready: no gradient #%d",
+                         index);
+    dp_grad *g = &dp->g[index];
+    if (g->ready)
+        return gb_seterr(&dp->comm->err, GPL_ERR_STATE,
+                         "gradient #%d marked ready twice in one step", index);
+    g->ready = 1;
+    dp_bucket *b = &dp->b[g->bucket];
+    memcpy(b->flat + g->offset, g->ptr, g->count * gpl_dtype_size(g->dtype));
+    pthread_mutex_lock(&dp->mu);
+    b->nready++;
+    launch_ready(dp);
+    pthread_mutex_unlock(&dp->mu);
+    return GPL_OK;
+}
+
+gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
+    if (!dp->built) {
+        gpl_result_t rc = build(dp);
+        if (rc != GPL_OK)
+            return rc;
+    }
+    for (int i = 0; i < dp->ng; i++)
+        if (!dp->g[i].ready)
+            return gb_seterr(&dp->comm->err, GPL_ERR_STATE,
+                             "gpl_dp_wait: gradient #%d (%zu elements) was never marked ready "
+                             "this step; every rank must mark every gradient",
+                             i, dp->g[i].count);
+    pthread_mutex_lock(&dp->mu);
+    while (dp->next_done < dp->nb)
+        pthread_cond_wait(&dp->cv, &dp->mu);
+    gpl_result_t rc = dp->rc;
+    dp->rc = GPL_OK;
+    dp->next_launch = dp->next_done = 0;
+    pthread_mutex_unlock(&dp->mu);
+    for (int i = 0; i < dp->ng; i++) {
+        dp_grad *g = &dp->g[i];
+        if (rc == GPL_OK)
+            memcpy(g->ptr, dp->b[g->bucket].flat + g->offset, g->count * gpl_dtype_size(g->dtype));
+        g->ready = 0;
+    }
+    for (int i = 0; i < dp->nb; i++)
+        dp->b[i].nready = 0;
+    return rc;
+}
+
+void gpl_dp_destroy(gpl_dp_t dp) {
+    if (dp == NULL)
+        return;
+    pthread_mutex_lock(&dp->mu);
+    dp->stop = 1;
+    pthread_cond_broadcast(&dp->cv);
+    pthread_mutex_unlock(&dp->mu);
+    pthread_join(dp->th, NULL);
+    for (int i = 0; i < dp->nb; i++)
+        free(dp->b[i].flat);
+    free(dp->b);
+    free(dp->g);
+    pthread_mutex_destroy(&dp->mu);
+    pthread_cond_destroy(&dp->cv);
+    free(dp);
+}

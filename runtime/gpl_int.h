@@ -1,0 +1,116 @@
+/* Internal state of the runtime shared by its files. */
+#ifndef GPULAUNCH_GPL_INT_H
+#define GPULAUNCH_GPL_INT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gb_error.h"
+#include "gpulaunch/gpulaunch.h"
+#include "gpulaunch/rdzv.h"
+
+#define GPL_MAX_LOCAL 256             /* ranks on one node */
+#define GPL_SHM_SLOT_BYTES (4u << 20) /* staging bytes per rank per chunk */
+#define GPL_DEFAULT_TIMEOUT_MS 300000u
+#define GPL_DEFAULT_SMALL_BYTES (32u << 10)
+#define GPL_POLL_MS 100 /* how often a waiting rank checks peers and the rendezvous */
+
+/* The shared-memory segment of one node: a header, then one staging slot per
+ * local rank, then the result area. */
+typedef struct gpl_shm_hdr {
+    _Atomic uint32_t ready; /* GPL_SHM_MAGIC once initialised */
+    uint32_t nlocal;
+    uint64_t slot_bytes;
+    _Atomic uint32_t bar_count;
+    _Atomic uint32_t bar_gen; /* futex word */
+    _Atomic uint32_t bar_waiters;
+    _Atomic uint32_t abort_flag; /* 1 being written, 2 set: a rank saw a fatal error */
+    char abort_msg[512];
+    pid_t pid[GPL_MAX_LOCAL];
+    _Atomic uint64_t arrived[GPL_MAX_LOCAL]; /* barrier sequence each rank reached */
+} gpl_shm_hdr;
+
+#define GPL_SHM_MAGIC 0x47504c53u
+
+typedef struct gpl_ring gpl_ring;
+
+struct gpl_comm {
+    int rank, world, local_rank, local_world, node_rank, nnodes, base_rank;
+    gpl_backend_t backend;
+    uint32_t timeout_ms;
+    size_t small_bytes;
+    gb_err err;
+    char run_id[256];
+    int round;
+    char hostname[256];
+    rdzv_bclient *rdzv;
+    /* shared memory */
+    char shm_name[128];
+    gpl_shm_hdr *shm;
+    size_t shm_len;
+    uint8_t *slots, *result;
+    uint64_t bar_seq;
+    int spin; /* spin before sleeping: only when ranks <= cores */
+    /* leaders' ring between nodes */
+    gpl_ring *ring;
+    int *node_base, *node_size; /* every node's first rank and rank count */
+    char (*node_host)[256];
+    uint64_t seq;     /* collective sequence number */
+    const char *coll; /* name of the collective in progress */
+    void *nccl;       /* gpl_nccl state */
+};
+
+/* kernels (gpl_reduce.c) */
+void gpl_reduce_into(void *acc, const void *in, size_t count, gpl_dtype_t t, gpl_op_t op);
+void gpl_scale_avg(void *buf, size_t count, gpl_dtype_t t, int n);
+/* float16/bfloat16 <-> float32 */
+void gpl_widen(float *dst, const void *src, size_t count, gpl_dtype_t t);
+void gpl_narrow(void *dst, const float *src, size_t count, gpl_dtype_t t);
+
+/* waiting (gpl_comm.c): checks the rendezvous for a round end; GPL_OK to keep waiting */
+gpl_result_t gpl_check_abort(gpl_comm_t c, uint64_t deadline_ms, const char *waiting_for);
+
+/* shared memory (gpl_shm.c) */
+gpl_result_t gpl_shm_setup(gpl_comm_t c);
+void gpl_shm_teardown(gpl_comm_t c);
+gpl_result_t gpl_shm_barrier(gpl_comm_t c, uint64_t deadline_ms);
+/* Tells the node's other ranks that this collective cannot complete. */
+void gpl_shm_abort(gpl_comm_t c, const char *why);
+
+/* ring of node leaders (gpl_ring.c). Leaders publish their address; every
+ * rank then loads the node table. */
+gpl_result_t gpl_ring_publish(gpl_comm_t c);
+gpl_result_t gpl_nodes_load(gpl_comm_t c);
+gpl_result_t gpl_ring_setup(gpl_comm_t c);
+void gpl_ring_teardown(gpl_comm_t c);
+gpl_result_t gpl_ring_allreduce(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, gpl_op_t op,
+                                uint64_t deadline_ms);
+/* Each node contributes bytes [off[i], off[i]+len[i]) of buf (node i's block). */
+gpl_result_t gpl_ring_allgather(gpl_comm_t c, void *buf, const size_t *off, const size_t *len,
+                                uint64_t deadline_ms);
+gpl_result_t gpl_ring_bcast(gpl_comm_t c, void *buf, size_t bytes, int root_node,
+                            uint64_t deadline_ms);
+/* base rank and local world size of each node, known after setup */
+int gpl_ring_node_base(gpl_comm_t c, int node);
+int gpl_ring_node_size(gpl_comm_t c, int node);
+
+/* CPU collectives (gpl_cpu.c) */
+gpl_result_t gpl_cpu_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                               gpl_op_t op);
+gpl_result_t gpl_cpu_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root);
+gpl_result_t gpl_cpu_allgather(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t);
+gpl_result_t gpl_cpu_barrier(gpl_comm_t c);
+
+/* NCCL (gpl_nccl.c; stubs without CUDA) */
+gpl_result_t gpl_nccl_init(gpl_comm_t c, int device);
+void gpl_nccl_finalize(gpl_comm_t c);
+int gpl_nccl_is_device_ptr(const void *p);
+gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                                gpl_op_t op, void *stream);
+gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
+                                void *stream);
+gpl_result_t gpl_nccl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                                void *stream);
+
+#endif
