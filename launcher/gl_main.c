@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -20,6 +21,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "gl_options.h"
+#include "gl_preflight.h"
 #include "gpulaunch/gpulaunch.h"
 #include "gpulaunch/rdzv.h"
 
@@ -42,6 +44,7 @@ typedef struct linebuf {
 
 typedef struct worker {
     uv_process_t proc;
+    int redirect, tee, show; /* stream bits (1 out, 2 err); show: on the console */
     uv_pipe_t out, err;
     int local_rank, rank;
     int running, pipes_open;
@@ -81,6 +84,7 @@ static struct launcher {
     uv_signal_t sigs[4];
     char hostname[256], addr[256], run_id[256], instance[64];
     char self_exe[PATH_MAX];
+    char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
     char *token;
     size_t token_len;
     failure first;
@@ -108,10 +112,12 @@ static void emit_line(worker *w, int is_err, const char *line, size_t n) {
         n = sizeof out - (size_t)h - 1;
     memcpy(out + h, line, n);
     out[h + (int)n] = '\n';
+    int bit = is_err ? 2 : 1;
     /* one write per line: lines of different ranks never mix */
-    write_all(is_err ? 2 : 1, out, (size_t)h + n + 1);
-    if (w->log_fd >= 0)
-        write_all(w->log_fd, out, (size_t)h + n + 1);
+    if (w->show && !(w->redirect & bit))
+        write_all(is_err ? 2 : 1, out, (size_t)h + n + 1);
+    if (w->log_fd >= 0 && ((w->redirect | w->tee) & bit))
+        write_all(w->log_fd, out + h, n + 1);
     if (is_err) {
         size_t k = n < 255 ? n : 255;
         memcpy(w->tail[w->tail_n % GL_ERR_TAIL_LINES], line, k);
@@ -155,7 +161,10 @@ static void maybe_finish_round(void);
 
 static void on_pipe_closed(uv_handle_t *h) {
     worker *w = h->data;
-    w->pipes_open--;
+    if (--w->pipes_open == 0 && w->log_fd >= 0) {
+        close(w->log_fd);
+        w->log_fd = -1;
+    }
     maybe_finish_round();
 }
 
@@ -419,7 +428,7 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     int n = 0;
     int have_omp = 0, have_async = 0;
     for (char **e = environ; *e; e++) {
-        if (is_managed(*e))
+        if (is_managed(*e) || (L.cfg.bind_gpus && strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0))
             continue;
         if (strncmp(*e, "OMP_NUM_THREADS=", 16) == 0)
             have_omp = 1;
@@ -455,13 +464,68 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
     n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
     n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
+    n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", L.addr);
     if (L.token)
         n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
+    if (L.nccl_ifname[0])
+        n = env_add(env, n, max, "NCCL_SOCKET_IFNAME", "%s", L.nccl_ifname);
+    if (L.cfg.bind_gpus) {
+        char dev[128];
+        bound_device(w->local_rank, dev, sizeof dev);
+        n = env_add(env, n, max, "CUDA_VISIBLE_DEVICES", "%s", dev);
+    }
     env[n] = NULL;
     return env;
 }
 
 static char rdzv_ep_str[300];
+
+/* "3" for every rank or "0:1,1:2" per local rank -> the stream bits of lr. */
+static int stream_bits(const char *spec, int lr) {
+    if (strchr(spec, ':') == NULL)
+        return (int)strtol(spec, NULL, 10) & 3;
+    for (const char *p = spec; *p;) {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (*end != ':')
+            return 0;
+        long b = strtol(end + 1, &end, 10);
+        if (r == lr)
+            return (int)b & 3;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == '\0')
+            break;
+    }
+    return 0;
+}
+
+static int rank_shown(int lr) {
+    const char *f = L.cfg.val[GL_LOCAL_RANKS_FILTER];
+    if (*f == '\0')
+        return 1;
+    for (const char *p = f; *p;) {
+        char *end;
+        long r = strtol(p, &end, 10);
+        if (end == p)
+            return 0;
+        if (r == lr)
+            return 1;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return 0;
+}
+
+static void mkdirs(const char *path) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *q = p + 1; *q; q++)
+        if (*q == '/') {
+            *q = '\0';
+            mkdir(p, 0755);
+            *q = '/';
+        }
+    mkdir(p, 0755);
+}
 
 static void spawn_workers(void) {
     int np = L.cfg.nproc;
@@ -491,10 +555,18 @@ static void spawn_workers(void) {
         w->local_rank = i;
         w->rank = (int)L.a.base_rank + i;
         w->log_fd = -1;
-        if (L.cfg.val[GL_LOG_DIR][0]) {
+        w->redirect = stream_bits(L.cfg.val[GL_REDIRECTS], i);
+        w->tee = stream_bits(L.cfg.val[GL_TEE], i);
+        w->show = rank_shown(i);
+        if (L.cfg.val[GL_LOG_DIR][0] && (w->redirect | w->tee)) {
             char path[PATH_MAX];
-            snprintf(path, sizeof path, "%s/rank%d.log", L.cfg.val[GL_LOG_DIR], w->rank);
+            snprintf(path, sizeof path, "%s/%s/attempt_%d/%d", L.cfg.val[GL_LOG_DIR], L.run_id,
+                     L.restarts, i);
+            mkdirs(path);
+            snprintf(path + strlen(path), sizeof path - strlen(path), "/output.log");
             w->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+            if (w->log_fd < 0)
+                fprintf(stderr, "gpulaunch: cannot write %s: %s\n", path, strerror(errno));
         }
         uv_pipe_init(L.loop, &w->out, 0);
         uv_pipe_init(L.loop, &w->err, 0);
@@ -553,8 +625,24 @@ static void spawn_workers(void) {
 
 /* ---- rendezvous callbacks ---- */
 
+/* Several candidate interfaces and no NCCL_SOCKET_IFNAME: NCCL may pick one
+ * that cannot reach the other nodes and hang (pytorch/pytorch#64926). Pin it
+ * to the interface that routes to the master. */
+static void choose_ifname(const char *master) {
+    L.nccl_ifname[0] = '\0';
+    if (!L.cfg.nccl_ifname_auto || getenv("NCCL_SOCKET_IFNAME") || L.a.nnodes < 2)
+        return;
+    char names[GL_MAX_IFACES][32];
+    if (gl_list_ifaces(names, GL_MAX_IFACES) < 2)
+        return;
+    char ifn[64];
+    if (gl_route_iface(master, ifn, sizeof ifn) == 0 && strcmp(ifn, "lo") != 0)
+        snprintf(L.nccl_ifname, sizeof L.nccl_ifname, "=%s", ifn);
+}
+
 static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     L.a = *a;
+    choose_ifname(a->master_addr);
     double ms = (double)(gb_now_ns() - L.t_start_ns) / 1e6;
     fprintf(stderr,
             "gpulaunch: job %s round %u: node rank %u of %u, ranks %u-%u of %u, master %s:%u, "
@@ -633,28 +721,18 @@ static void on_reaper(uv_timer_t *t) {
 /* ---- preflight ---- */
 
 static int preflight(int verbose) {
-    int fails = 0;
-    struct statvfs sv;
-    if (statvfs("/dev/shm", &sv) != 0) {
-        printf("FAIL /dev/shm is not mounted: NCCL needs it. In Kubernetes mount an emptyDir "
-               "{medium: Memory, sizeLimit: 16Gi} at /dev/shm\n");
-        fails++;
-    } else {
-        uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize;
-        uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
-        if (total < L.cfg.shm_min) {
-            printf("FAIL /dev/shm is %.0f MiB, under --shm-min %.0f MiB: NCCL fails with "
-                   "\"failed to extend /dev/shm\". In Kubernetes mount an emptyDir {medium: "
-                   "Memory, sizeLimit: 16Gi} at /dev/shm (Docker: --shm-size)\n",
-                   total / 1048576.0, L.cfg.shm_min / 1048576.0);
-            fails++;
-        } else if (avail < L.cfg.shm_min / 2) {
-            printf("warn /dev/shm has %.0f MiB free of %.0f MiB: stale segments of dead jobs?\n",
-                   avail / 1048576.0, total / 1048576.0);
-        } else if (verbose) {
-            printf("ok   /dev/shm %.0f MiB, %.0f MiB free\n", total / 1048576.0, avail / 1048576.0);
-        }
-    }
+    gl_preflight_env e = {
+        .shm_path = "/dev/shm",
+        .shm_min = L.cfg.shm_min,
+        .nccl_ifname = getenv("NCCL_SOCKET_IFNAME"),
+        .gpus_visible = -1,
+        .gpus_needed = L.cfg.bind_gpus || strcmp(L.cfg.val[GL_NPROC_PER_NODE], "gpu") == 0
+                           ? L.cfg.nproc
+                           : 0,
+        .memlock_min = gpl_visible_gpu_count() > 0 ? 64ull << 20 : 0,
+    };
+    int fails = gl_preflight(&e, stdout, verbose);
+    fflush(stdout);
     return fails;
 }
 

@@ -1,0 +1,272 @@
+/* dp_train: data-parallel training of a small MLP on a synthetic regression
+ * data set, with libgpulaunch's gradient sync. Every rank starts from the
+ * same parameters (drawn from --seed), takes its shard of each global batch,
+ * and after the averaged gradient step all ranks hold the same parameters.
+ *
+ *   gpulaunch --standalone --nproc-per-node 4 dp_train --steps 100
+ */
+#include <errno.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpulaunch/gpulaunch.h"
+
+#define IN 16
+#define SAMPLES 4096
+
+typedef struct model {
+    int hidden;
+    float *w1, *b1, *w2, *b2;    /* w1: hidden x IN, w2: hidden */
+    float *gw1, *gb1, *gw2, *gb2; /* gradients */
+    size_t n_w1, n_b1, n_w2, n_b2;
+} model;
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float uniform(uint64_t *s) { /* [-1, 1) */
+    return (float)((double)(splitmix(s) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* The data set: x uniform, y = a fixed nonlinear function of x plus noise. */
+static void make_data(uint64_t seed, float *x, float *y) {
+    uint64_t s = seed * 7919 + 1;
+    float teacher[IN];
+    for (int j = 0; j < IN; j++)
+        teacher[j] = uniform(&s) * 2.0f;
+    for (int i = 0; i < SAMPLES; i++) {
+        float acc = 0;
+        for (int j = 0; j < IN; j++) {
+            x[i * IN + j] = uniform(&s);
+            acc += sinf(teacher[j] * x[i * IN + j]);
+        }
+        y[i] = acc / 4.0f + 0.01f * uniform(&s);
+    }
+}
+
+static int model_init(model *m, int hidden, uint64_t seed) {
+    m->hidden = hidden;
+    m->n_w1 = (size_t)hidden * IN;
+    m->n_b1 = (size_t)hidden;
+    m->n_w2 = (size_t)hidden;
+    m->n_b2 = 1;
+    float **p[8] = {&m->w1, &m->b1, &m->w2, &m->b2, &m->gw1, &m->gb1, &m->gw2, &m->gb2};
+    size_t n[4] = {m->n_w1, m->n_b1, m->n_w2, m->n_b2};
+    for (int i = 0; i < 8; i++) {
+        *p[i] = calloc(n[i % 4], sizeof(float));
+        if (*p[i] == NULL)
+            return -1;
+    }
+    uint64_t s = seed * 104729 + 3;
+    float scale1 = 1.0f / sqrtf((float)IN), scale2 = 1.0f / sqrtf((float)hidden);
+    for (size_t i = 0; i < m->n_w1; i++)
+        m->w1[i] = uniform(&s) * scale1;
+    for (size_t i = 0; i < m->n_w2; i++)
+        m->w2[i] = uniform(&s) * scale2;
+    return 0;
+}
+
+static void model_free(model *m) {
+    float *p[8] = {m->w1, m->b1, m->w2, m->b2, m->gw1, m->gb1, m->gw2, m->gb2};
+    for (int i = 0; i < 8; i++)
+        free(p[i]);
+}
+
+/* Forward and backward over samples [lo, hi) of x; gradients are the mean
+ * over those samples. Returns the mean squared error. */
+static float forward_backward(model *m, const float *x, const float *y, const int *idx, int n) {
+    int H = m->hidden;
+    memset(m->gw1, 0, m->n_w1 * sizeof(float));
+    memset(m->gb1, 0, m->n_b1 * sizeof(float));
+    memset(m->gw2, 0, m->n_w2 * sizeof(float));
+    m->gb2[0] = 0;
+    float h[1024], loss = 0;
+    for (int k = 0; k < n; k++) {
+        const float *xi = x + (size_t)idx[k] * IN;
+        float out = m->b2[0];
+        for (int j = 0; j < H; j++) {
+            float a = m->b1[j];
+            for (int i = 0; i < IN; i++)
+                a += m->w1[j * IN + i] * xi[i];
+            h[j] = tanhf(a);
+            out += m->w2[j] * h[j];
+        }
+        float d = out - y[idx[k]];
+        loss += d * d;
+        float dout = 2.0f * d / (float)n;
+        m->gb2[0] += dout;
+        for (int j = 0; j < H; j++) {
+            m->gw2[j] += dout * h[j];
+            float dh = dout * m->w2[j] * (1.0f - h[j] * h[j]);
+            m->gb1[j] += dh;
+            for (int i = 0; i < IN; i++)
+                m->gw1[j * IN + i] += dh * xi[i];
+        }
+    }
+    return loss / (float)n;
+}
+
+static void sgd(float *p, const float *g, size_t n, float lr) {
+    for (size_t i = 0; i < n; i++)
+        p[i] -= lr * g[i];
+}
+
+static void params_sha256(const model *m, char hex[65]) {
+    unsigned char md[32];
+    unsigned int len = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(ctx, EVP_sha256(), NULL);
+    EVP_DigestUpdate(ctx, m->w1, m->n_w1 * sizeof(float));
+    EVP_DigestUpdate(ctx, m->b1, m->n_b1 * sizeof(float));
+    EVP_DigestUpdate(ctx, m->w2, m->n_w2 * sizeof(float));
+    EVP_DigestUpdate(ctx, m->b2, m->n_b2 * sizeof(float));
+    EVP_DigestFinal_ex(ctx, md, &len);
+    EVP_MD_CTX_free(ctx);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+static long arg_long(const char *name, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "dp_train: %s takes an integer from %ld to %ld, not '%s'\n", name, lo, hi,
+                v);
+        exit(2);
+    }
+    return x;
+}
+
+static const char usage[] =
+    "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
+    "                [--print-every K] [--dump-params FILE]\n"
+    "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
+
+int main(int argc, char **argv) {
+    long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10;
+    float lr = 0.05f;
+    const char *dump = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "dp_train: unknown option or missing value: %s\n%s", a, usage);
+            return 2;
+        }
+        if (strcmp(a, "--steps") == 0)
+            steps = arg_long(a, v, 0, 10000000);
+        else if (strcmp(a, "--global-batch") == 0)
+            batch = arg_long(a, v, 1, SAMPLES);
+        else if (strcmp(a, "--seed") == 0)
+            seed = arg_long(a, v, 0, 1L << 40);
+        else if (strcmp(a, "--hidden") == 0)
+            hidden = arg_long(a, v, 1, 1024);
+        else if (strcmp(a, "--print-every") == 0)
+            every = arg_long(a, v, 1, 1L << 30);
+        else if (strcmp(a, "--lr") == 0)
+            lr = strtof(v, NULL);
+        else if (strcmp(a, "--dump-params") == 0)
+            dump = v;
+        else {
+            fprintf(stderr, "dp_train: unknown option %s\n%s", a, usage);
+            return 2;
+        }
+        i++;
+    }
+    gpl_comm_t comm = NULL;
+    gpl_dp_t dp = NULL;
+    model m = {0};
+    float *x = NULL, *y = NULL;
+    int *idx = NULL;
+    int rc = 1;
+    if (gpl_init(NULL, &comm) != GPL_OK) {
+        fprintf(stderr, "dp_train: %s\n", gpl_last_error(comm));
+        goto out;
+    }
+    int rank = gpl_rank(comm), world = gpl_world_size(comm);
+    if (batch % world != 0) {
+        if (rank == 0)
+            fprintf(stderr, "dp_train: --global-batch %ld is not a multiple of the %d ranks\n",
+                    batch, world);
+        rc = 2;
+        goto out;
+    }
+    int local = (int)(batch / world);
+    x = malloc(sizeof(float) * SAMPLES * IN);
+    y = malloc(sizeof(float) * SAMPLES);
+    idx = malloc(sizeof(int) * (size_t)local);
+    if (!x || !y || !idx || model_init(&m, (int)hidden, (uint64_t)seed) != 0) {
+        fprintf(stderr, "dp_train: out of memory\n");
+        goto out;
+    }
+    make_data((uint64_t)seed, x, y);
+    /* the same start everywhere, whatever the seed handling of each rank */
+    float *params[4] = {m.w1, m.b1, m.w2, m.b2};
+    float *grads[4] = {m.gw1, m.gb1, m.gw2, m.gb2};
+    size_t counts[4] = {m.n_w1, m.n_b1, m.n_w2, m.n_b2};
+    for (int i = 0; i < 4; i++)
+        if (gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, 0, NULL) != GPL_OK) {
+            fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+            goto out;
+        }
+    if (gpl_dp_create(comm, NULL, &dp) != GPL_OK) {
+        fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+        goto out;
+    }
+    int gi[4];
+    for (int i = 0; i < 4; i++)
+        gpl_dp_register(dp, grads[i], counts[i], GPL_FLOAT32, &gi[i]);
+    for (long step = 0; step < steps; step++) {
+        for (int k = 0; k < local; k++)
+            idx[k] = (int)((step * batch + rank * local + k) % SAMPLES);
+        float loss = forward_backward(&m, x, y, idx, local);
+        /* backward produced the last layer first */
+        for (int i = 3; i >= 0; i--)
+            gpl_dp_ready(dp, gi[i]);
+        if (gpl_dp_wait(dp) != GPL_OK ||
+            gpl_allreduce(comm, &loss, &loss, 1, GPL_FLOAT32, GPL_AVG, NULL) != GPL_OK) {
+            fprintf(stderr, "dp_train rank %d: step %ld: %s\n", rank, step, gpl_last_error(comm));
+            goto out;
+        }
+        for (int i = 0; i < 4; i++)
+            sgd(params[i], grads[i], counts[i], lr);
+        if (rank == 0 && (step % every == 0 || step == steps - 1))
+            printf("step %ld loss %.6f\n", step, loss);
+    }
+    char hex[65];
+    params_sha256(&m, hex);
+    printf("rank %d params_sha256 %s\n", rank, hex);
+    fflush(stdout);
+    if (dump && rank == 0) {
+        FILE *f = fopen(dump, "wb");
+        if (f == NULL) {
+            fprintf(stderr, "dp_train: cannot write %s: %s\n", dump, strerror(errno));
+            goto out;
+        }
+        for (int i = 0; i < 4; i++)
+            fwrite(params[i], sizeof(float), counts[i], f);
+        fclose(f);
+    }
+    rc = 0;
+out:
+    gpl_dp_destroy(dp);
+    gpl_finalize(comm);
+    model_free(&m);
+    free(x);
+    free(y);
+    free(idx);
+    return rc;
+}
