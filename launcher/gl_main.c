@@ -407,7 +407,31 @@ static const char *const managed[] = {"RANK",
                                       "GPULAUNCH_RDZV_TOKEN",
                                       "GPULAUNCH_NODE_RANK",
                                       "GPULAUNCH_HOSTNAME",
+                                      "GPULAUNCH_NODE_ADDR",
                                       NULL};
+
+/* The i-th device this node exposes, for --bind-gpus. */
+static void bound_device(int i, char *out, size_t len) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v == NULL) {
+        v = getenv("NVIDIA_VISIBLE_DEVICES");
+        if (v && strcmp(v, "all") == 0)
+            v = NULL;
+    }
+    snprintf(out, len, "%d", i);
+    if (v == NULL)
+        return;
+    const char *p = v;
+    for (int k = 0; k < i && p; k++) {
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    if (p == NULL)
+        return;
+    size_t n = strcspn(p, ",");
+    snprintf(out, len, "%.*s", (int)n, p);
+}
 
 static int is_managed(const char *kv) {
     for (int i = 0; managed[i]; i++) {
