@@ -20,7 +20,7 @@
 
 typedef struct model {
     int hidden;
-    float *w1, *b1, *w2, *b2;    /* w1: hidden x IN, w2: hidden */
+    float *w1, *b1, *w2, *b2;     /* w1: hidden x IN, w2: hidden */
     float *gw1, *gb1, *gw2, *gb2; /* gradients */
     size_t n_w1, n_b1, n_w2, n_b2;
 } model;

@@ -750,9 +750,8 @@ static int preflight(int verbose) {
         .shm_min = L.cfg.shm_min,
         .nccl_ifname = getenv("NCCL_SOCKET_IFNAME"),
         .gpus_visible = -1,
-        .gpus_needed = L.cfg.bind_gpus || strcmp(L.cfg.val[GL_NPROC_PER_NODE], "gpu") == 0
-                           ? L.cfg.nproc
-                           : 0,
+        .gpus_needed =
+            L.cfg.bind_gpus || strcmp(L.cfg.val[GL_NPROC_PER_NODE], "gpu") == 0 ? L.cfg.nproc : 0,
         .memlock_min = gpl_visible_gpu_count() > 0 ? 64ull << 20 : 0,
     };
     int fails = gl_preflight(&e, stdout, verbose);

@@ -99,9 +99,10 @@ static void check_shm(const gl_preflight_env *e, FILE *out, int verbose, int *fa
     struct statvfs sv;
     struct stat st;
     if (stat(e->shm_path, &st) != 0 || !S_ISDIR(st.st_mode) || statvfs(e->shm_path, &sv) != 0) {
-        fprintf(out, "FAIL %s is not mounted: NCCL and the CPU backend need it. Kubernetes: "
-                     "mount an emptyDir {medium: Memory, sizeLimit: 16Gi} at /dev/shm; Docker: "
-                     "--shm-size=16g\n",
+        fprintf(out,
+                "FAIL %s is not mounted: NCCL and the CPU backend need it. Kubernetes: "
+                "mount an emptyDir {medium: Memory, sizeLimit: 16Gi} at /dev/shm; Docker: "
+                "--shm-size=16g\n",
                 e->shm_path);
         (*fails)++;
         return;
@@ -118,8 +119,7 @@ static void check_shm(const gl_preflight_env *e, FILE *out, int verbose, int *fa
         fprintf(out,
                 "FAIL %s has %.0f MiB free of %.0f MiB, under --shm-min %.0f MiB: it is full. "
                 "Remove stale segments of dead jobs or enlarge it\n",
-                e->shm_path, avail / 1048576.0, total / 1048576.0,
-                (double)e->shm_min / 1048576.0);
+                e->shm_path, avail / 1048576.0, total / 1048576.0, (double)e->shm_min / 1048576.0);
         (*fails)++;
     } else if (verbose) {
         fprintf(out, "ok   %s: %.0f MiB, %.0f MiB free\n", e->shm_path, total / 1048576.0,
@@ -176,8 +176,7 @@ static void check_ifname(const gl_preflight_env *e, FILE *out, int verbose, int 
                 e->nccl_ifname, n ? list : "none");
         (*fails)++;
     } else if (verbose) {
-        fprintf(out, "ok   NCCL_SOCKET_IFNAME=%s matches %d interface(s)\n", e->nccl_ifname,
-                hit);
+        fprintf(out, "ok   NCCL_SOCKET_IFNAME=%s matches %d interface(s)\n", e->nccl_ifname, hit);
     }
 }
 

@@ -11,11 +11,11 @@
 typedef struct gl_preflight_env {
     const char *shm_path; /* "/dev/shm" */
     uint64_t shm_min;
-    const char *nccl_ifname;     /* NCCL_SOCKET_IFNAME or NULL */
-    const char *const *ifaces;   /* NULL: the node's interfaces (getifaddrs) */
+    const char *nccl_ifname;   /* NCCL_SOCKET_IFNAME or NULL */
+    const char *const *ifaces; /* NULL: the node's interfaces (getifaddrs) */
     int nifaces;
-    int gpus_visible; /* -1: detect */
-    int gpus_needed;  /* 0 when not running one worker per GPU */
+    int gpus_visible;     /* -1: detect */
+    int gpus_needed;      /* 0 when not running one worker per GPU */
     uint64_t memlock_min; /* 0: skip */
 } gl_preflight_env;
 

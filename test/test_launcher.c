@@ -1,0 +1,562 @@
+/* gpulaunch as a real process: the environment its workers see, static and
+ * dynamic multi-node runs on loopback, restarts, exit codes and the failure
+ * report, signal escalation, no orphans, whole output lines, PyTorchJob
+ * environments, preflight failures, and the training example. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define GL GPL_BUILD_DIR "/launcher/gpulaunch"
+#define DP GPL_BUILD_DIR "/examples/dp_train"
+
+static char dir[64];
+
+static void mkdir_tmp(void) {
+    snprintf(dir, sizeof dir, "/tmp/gpl-launch-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void rm_tmp(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        cr_log_warn("could not remove %s", dir);
+}
+
+TestSuite(launcher, .init = mkdir_tmp, .fini = rm_tmp, .timeout = 60);
+
+static int run(proc *p, const char *const *args, int timeout_ms) {
+    char *argv[40];
+    int n = 0;
+    argv[n++] = GL;
+    for (; args[n - 1] && n < 39; n++)
+        argv[n] = (char *)args[n - 1];
+    argv[n] = NULL;
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+    return proc_wait(p, timeout_ms);
+}
+
+static int free_tcp_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t l = sizeof sa;
+    bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    getsockname(fd, (struct sockaddr *)&sa, &l);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static char *slurp(const char *path) {
+    static char buf[1 << 16];
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static const char *envval(const char *env, const char *key) {
+    static char v[512];
+    char pat[64];
+    snprintf(pat, sizeof pat, "\n%s=", key);
+    const char *p = strstr(env, pat);
+    if (p == NULL)
+        return NULL;
+    p += strlen(pat);
+    size_t n = strcspn(p, "\n");
+    snprintf(v, sizeof v, "%.*s", (int)n, p);
+    return v;
+}
+
+#define ENV_DUMP "echo >\"$D/env.$RANK\"; env >>\"$D/env.$RANK\""
+
+static void check_env(int rank, int local, int world, int lws, int group, int gws) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/env.%d", dir, rank);
+    char *e = slurp(path);
+    cr_assert_not_null(e, "rank %d wrote no environment", rank);
+    char want[32];
+#define EXPECT_INT(k, v)                                                                           \
+    snprintf(want, sizeof want, "%d", (v));                                                        \
+    cr_expect(envval(e, k) && strcmp(envval(e, k), want) == 0, "rank %d: %s=%s, want %s", rank, k, \
+              envval(e, k) ? envval(e, k) : "(unset)", want)
+    EXPECT_INT("RANK", rank);
+    EXPECT_INT("LOCAL_RANK", local);
+    EXPECT_INT("WORLD_SIZE", world);
+    EXPECT_INT("LOCAL_WORLD_SIZE", lws);
+    EXPECT_INT("GROUP_RANK", group);
+    EXPECT_INT("GROUP_WORLD_SIZE", gws);
+    EXPECT_INT("ROLE_RANK", rank);
+    EXPECT_INT("ROLE_WORLD_SIZE", world);
+    EXPECT_INT("TORCHELASTIC_RESTART_COUNT", 0);
+    cr_expect_str_eq(envval(e, "ROLE_NAME"), "default");
+    cr_expect_str_eq(envval(e, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+    if (lws > 1)
+        cr_expect_str_eq(envval(e, "OMP_NUM_THREADS"), "1");
+    cr_expect_not_null(envval(e, "MASTER_ADDR"));
+    cr_expect_not_null(envval(e, "MASTER_PORT"));
+    cr_expect_not_null(envval(e, "TORCHELASTIC_RUN_ID"));
+    cr_expect_not_null(envval(e, "TORCHELASTIC_ERROR_FILE"));
+    cr_expect_not_null(envval(e, "GPULAUNCH_RDZV_ENDPOINT"));
+    cr_expect_str_eq(envval(e, "NCCL_DEBUG"), "INFO", "the user's NCCL_* are untouched");
+}
+
+Test(launcher, environment_1x4_standalone) {
+    setenv("D", dir, 1);
+    setenv("NCCL_DEBUG", "INFO", 1);
+    proc p;
+    const char *a[] = {"--standalone", "--nproc-per-node", "4", "--no-python", "/bin/sh",
+                       "-c",           ENV_DUMP,           NULL};
+    int st = run(&p, a, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    for (int r = 0; r < 4; r++)
+        check_env(r, r, 4, 4, 0, 1);
+    /* every rank sees the same master */
+    char path[128];
+    snprintf(path, sizeof path, "%s/env.0", dir);
+    char *e0 = strdup(slurp(path));
+    char m0[64];
+    snprintf(m0, sizeof m0, "%s", envval(e0, "MASTER_PORT"));
+    snprintf(path, sizeof path, "%s/env.3", dir);
+    char *e3 = slurp(path);
+    cr_expect_str_eq(envval(e3, "MASTER_PORT"), m0);
+    free(e0);
+}
+
+static void two_nodes(const char *const *a0, const char *const *a1) {
+    proc p0, p1;
+    char *argv0[40], *argv1[40];
+    int n = 0;
+    argv0[n++] = GL;
+    for (int i = 0; a0[i]; i++)
+        argv0[n++] = (char *)a0[i];
+    argv0[n] = NULL;
+    n = 0;
+    argv1[n++] = GL;
+    for (int i = 0; a1[i]; i++)
+        argv1[n++] = (char *)a1[i];
+    argv1[n] = NULL;
+    cr_assert_eq(proc_start(&p1, argv1, NULL), 0); /* the non-master first: it must wait */
+    usleep(200000);
+    cr_assert_eq(proc_start(&p0, argv0, NULL), 0);
+    int s0 = proc_wait(&p0, 30000), s1 = proc_wait(&p1, 30000);
+    cr_expect(WIFEXITED(s0) && WEXITSTATUS(s0) == 0, "node 0 status %d: %s", s0, p0.out);
+    cr_expect(WIFEXITED(s1) && WEXITSTATUS(s1) == 0, "node 1 status %d: %s", s1, p1.out);
+}
+
+Test(launcher, environment_2x2_static) {
+    setenv("D", dir, 1);
+    setenv("NCCL_DEBUG", "INFO", 1);
+    char port[16];
+    snprintf(port, sizeof port, "%d", free_tcp_port());
+    const char *a0[] = {"--nnodes",
+                        "2",
+                        "--nproc_per_node",
+                        "2",
+                        "--node_rank",
+                        "0",
+                        "--master_addr",
+                        "127.0.0.1",
+                        "--master_port",
+                        port,
+                        "--no-python",
+                        "/bin/sh",
+                        "-c",
+                        ENV_DUMP,
+                        NULL};
+    const char *a1[] = {"--nnodes",
+                        "2",
+                        "--nproc_per_node",
+                        "2",
+                        "--node_rank",
+                        "1",
+                        "--master_addr",
+                        "127.0.0.1",
+                        "--master_port",
+                        port,
+                        "--no-python",
+                        "/bin/sh",
+                        "-c",
+                        ENV_DUMP,
+                        NULL};
+    two_nodes(a0, a1);
+    for (int r = 0; r < 4; r++)
+        check_env(r, r % 2, 4, 2, r / 2, 2);
+    char path[128];
+    snprintf(path, sizeof path, "%s/env.2", dir);
+    char *e = slurp(path);
+    cr_expect_str_neq(envval(e, "MASTER_PORT"), port,
+                      "the workers' MASTER_PORT is not the rendezvous port");
+}
+
+Test(launcher, environment_2x2_dynamic) {
+    setenv("D", dir, 1);
+    setenv("NCCL_DEBUG", "INFO", 1);
+    proc srv;
+    int port;
+    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    const char *a[] = {"--nnodes",
+                       "1:2",
+                       "--nproc-per-node",
+                       "2",
+                       "--rdzv-backend",
+                       "c10d",
+                       "--rdzv-endpoint",
+                       ep,
+                       "--rdzv-id",
+                       "dyn",
+                       "--rdzv-conf",
+                       "last_call_timeout=5",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       ENV_DUMP,
+                       NULL};
+    two_nodes(a, a);
+    for (int r = 0; r < 4; r++)
+        check_env(r, r % 2, 4, 2, r / 2, 2);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+}
+
+Test(launcher, crash_restart_success) {
+    setenv("D", dir, 1);
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--max-restarts",
+                       "2",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then "
+                       "echo boom >&2; exit 3; fi; sleep 0.2; echo ok-$TORCHELASTIC_RESTART_COUNT",
+                       NULL};
+    int st = run(&p, a, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "restarting workers (1/2)") && strstr(p.out, "[default0]:ok-1") &&
+                  strstr(p.out, "[default1]:ok-1"),
+              "%s", p.out);
+}
+
+Test(launcher, restarts_exhausted_exit_code_and_report) {
+    char logdir[128];
+    snprintf(logdir, sizeof logdir, "%s/logs", dir);
+    mkdir(logdir, 0755);
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--max-restarts",
+                       "1",
+                       "--log-dir",
+                       logdir,
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       "if [ \"$RANK\" = 1 ]; then echo 'CUDA error: out of memory' >&2; exit 7; "
+                       "fi; sleep 5",
+                       NULL};
+    uint64_t t0 = now_ms();
+    int st = run(&p, a, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 7, "status %d: %s", st, p.out);
+    cr_expect_lt(now_ms() - t0, 4000, "the sibling was not stopped promptly");
+    cr_expect(strstr(p.out, "first failure (root cause)") && strstr(p.out, "rank       : 1") &&
+                  strstr(p.out, "exit code 7") && strstr(p.out, "CUDA error: out of memory"),
+              "%s", p.out);
+    const char *first = strstr(p.out, "job failed");
+    cr_expect(first && strstr(first + 1, "job failed") == NULL, "report printed once");
+    char path[256];
+    snprintf(path, sizeof path, "%s/failure.json", logdir);
+    char *j = slurp(path);
+    cr_assert_not_null(j, "no failure.json");
+    cr_expect(strstr(j, "\"rank\":1") && strstr(j, "\"exit_code\":7"), "%s", j);
+}
+
+Test(launcher, worker_killed_by_signal_gives_128_plus_n) {
+    proc p;
+    const char *a[] = {"--standalone", "--nproc-per-node", "1", "--no-python", "/bin/sh",
+                       "-c",           "kill -SEGV $$",    NULL};
+    int st = run(&p, a, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGSEGV, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "signal 11 (SIGSEGV)") != NULL, "%s", p.out);
+}
+
+Test(launcher, sigterm_ignoring_worker_is_killed_after_timeout) {
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--shutdown-timeout",
+                       "1",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       "if [ \"$RANK\" = 0 ]; then sleep 0.3; exit 1; fi; trap '' TERM; "
+                       "while :; do sleep 0.1; done",
+                       NULL};
+    uint64_t t0 = now_ms();
+    int st = run(&p, a, 20000);
+    uint64_t took = now_ms() - t0;
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d: %s", st, p.out);
+    cr_expect(took >= 1200 && took < 4000, "took %llu ms (shutdown timeout 1 s)",
+              (unsigned long long)took);
+}
+
+Test(launcher, sigterm_to_gpulaunch_is_forwarded_and_exits_143) {
+    setenv("D", dir, 1);
+    proc p;
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--no-python",
+                    "/bin/sh",
+                    "-c",
+                    "trap 'echo got-term; exit 0' TERM; echo up; while :; do sleep 0.05; done",
+                    NULL};
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    cr_assert(proc_expect(&p, "[default1]:up", 5000), "%s", p.out);
+    cr_assert(proc_expect(&p, "[default0]:up", 5000), "%s", p.out);
+    kill(p.pid, SIGTERM);
+    int st = proc_wait(&p, 10000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 143, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "[default0]:got-term") && strstr(p.out, "[default1]:got-term"), "%s",
+              p.out);
+}
+
+/* Running, not a zombie waiting for init to reap it. */
+static int alive(pid_t pid) {
+    if (kill(pid, 0) != 0)
+        return 0;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    char *st = slurp(path);
+    const char *rp = st ? strrchr(st, ')') : NULL;
+    return !(rp && (rp[2] == 'Z' || rp[2] == 'X'));
+}
+
+Test(launcher, kill_9_of_gpulaunch_leaves_no_worker) {
+    setenv("D", dir, 1);
+    proc p;
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "3",
+                    "--no-python",
+                    "/bin/sh",
+                    "-c",
+                    "echo $$ > \"$D/pid.$RANK\"; echo up; exec sleep 100",
+                    NULL};
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    for (int r = 0; r < 3; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "[default%d]:up", r);
+        cr_assert(proc_expect(&p, want, 5000), "%s", p.out);
+    }
+    pid_t pids[3];
+    for (int r = 0; r < 3; r++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/pid.%d", dir, r);
+        pids[r] = (pid_t)strtol(slurp(path), NULL, 10);
+        cr_assert_gt(pids[r], 0);
+    }
+    kill(p.pid, SIGKILL);
+    proc_wait(&p, 5000);
+    usleep(500000);
+    for (int r = 0; r < 3; r++)
+        cr_expect(!alive(pids[r]), "worker %d (pid %d) outlived gpulaunch", r, pids[r]);
+}
+
+Test(launcher, fast_output_never_mixes_half_lines) {
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "4",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       "i=0; while [ $i -lt 3000 ]; do "
+                       "echo \"R$RANK-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-$i\"; "
+                       "i=$((i+1)); done",
+                       NULL};
+    char *argv[16];
+    int n = 0;
+    argv[n++] = GL;
+    for (int i = 0; a[i]; i++)
+        argv[n++] = (char *)a[i];
+    argv[n] = NULL;
+    /* read everything: the harness buffer keeps only a tail, so count as we go */
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    char line[512];
+    size_t ll = 0;
+    int lines = 0, bad = 0;
+    for (;;) {
+        char buf[65536];
+        ssize_t r = read(p.out_fd, buf, sizeof buf);
+        if (r <= 0)
+            break;
+        for (ssize_t i = 0; i < r; i++) {
+            if (buf[i] != '\n') {
+                if (ll < sizeof line - 1)
+                    line[ll++] = buf[i];
+                continue;
+            }
+            line[ll] = 0;
+            ll = 0;
+            int lr, rr, k;
+            char tail[128];
+            if (sscanf(line, "[default%d]:R%d-%127[a]-%d", &lr, &rr, tail, &k) == 4) {
+                lines++;
+                if (lr != rr || strlen(tail) != 53)
+                    bad++;
+            } else if (strncmp(line, "gpulaunch:", 10) != 0) {
+                bad++;
+            }
+        }
+    }
+    int st = proc_wait(&p, 30000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    cr_expect_eq(lines, 12000);
+    cr_expect_eq(bad, 0, "%d mixed or broken lines", bad);
+}
+
+Test(launcher, pytorchjob_environment_without_arguments) {
+    setenv("D", dir, 1);
+    setenv("NCCL_DEBUG", "INFO", 1);
+    char port[16];
+    snprintf(port, sizeof port, "%d", free_tcp_port());
+    setenv("PET_NNODES", "1", 1);
+    setenv("PET_NPROC_PER_NODE", "2", 1);
+    setenv("PET_NODE_RANK", "0", 1);
+    setenv("PET_MASTER_ADDR", "127.0.0.1", 1);
+    setenv("PET_MASTER_PORT", port, 1);
+    setenv("PET_NO_PYTHON", "1", 1);
+    proc p;
+    const char *a[] = {"/bin/sh", "-c", ENV_DUMP, NULL};
+    int st = run(&p, a, 20000);
+    unsetenv("PET_NNODES");
+    unsetenv("PET_NPROC_PER_NODE");
+    unsetenv("PET_NODE_RANK");
+    unsetenv("PET_MASTER_ADDR");
+    unsetenv("PET_MASTER_PORT");
+    unsetenv("PET_NO_PYTHON");
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    check_env(0, 0, 2, 2, 0, 1);
+    check_env(1, 1, 2, 2, 0, 1);
+}
+
+Test(launcher, preflight_fail_spawns_nothing) {
+    setenv("D", dir, 1);
+    proc p;
+    const char *a[] = {"--standalone",         "--shm-min", "1t", "--no-python", "/bin/sh", "-c",
+                       "touch \"$D/spawned\"", NULL};
+    int st = run(&p, a, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL /dev/shm") && strstr(p.out, "emptyDir"), "%s", p.out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/spawned", dir);
+    cr_expect(access(path, F_OK) != 0, "a worker was spawned");
+    const char *b[] = {"--check", NULL};
+    st = run(&p, b, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "ok   /dev/shm") != NULL, "%s", p.out);
+}
+
+Test(launcher, usage_errors_exit_2) {
+    proc p;
+    const char *a[] = {"--nnodes", "x", "prog", NULL};
+    int st = run(&p, a, 5000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d", st);
+    cr_expect(strstr(p.out, "--nnodes: 'x' is not valid") != NULL, "%s", p.out);
+    const char *h[] = {"--help", NULL};
+    st = run(&p, h, 5000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    cr_expect(strstr(p.out, "Exit codes:") != NULL, "%s", p.out);
+}
+
+static int read_params(const char *path, float *out, int max) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -1;
+    int n = (int)fread(out, sizeof(float), (size_t)max, f);
+    fclose(f);
+    return n;
+}
+
+static void sha_lines(const char *out, int world, char sha[][65]) {
+    for (int r = 0; r < world; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d params_sha256 ", r);
+        const char *p = strstr(out, pat);
+        cr_assert_not_null(p, "no hash line for rank %d: %s", r, out);
+        snprintf(sha[r], 65, "%.64s", p + strlen(pat));
+    }
+}
+
+Test(example, dp_train_4_ranks_matches_1_rank) {
+    char f1[128], f4[128];
+    snprintf(f1, sizeof f1, "%s/p1", dir);
+    snprintf(f4, sizeof f4, "%s/p4", dir);
+    proc p;
+    const char *a4[] = {"--standalone",
+                        "--nproc-per-node",
+                        "4",
+                        DP,
+                        "--steps",
+                        "60",
+                        "--global-batch",
+                        "32",
+                        "--seed",
+                        "7",
+                        "--dump-params",
+                        f4,
+                        NULL};
+    int st = run(&p, a4, 60000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "[default0]:step 59 loss ") != NULL, "%s", p.out);
+    char sha[4][65];
+    sha_lines(p.out, 4, sha);
+    for (int r = 1; r < 4; r++)
+        cr_expect_str_eq(sha[r], sha[0], "rank %d's parameters differ from rank 0's", r);
+    const char *a1[] = {"--standalone",
+                        "--nproc-per-node",
+                        "1",
+                        DP,
+                        "--steps",
+                        "60",
+                        "--global-batch",
+                        "32",
+                        "--seed",
+                        "7",
+                        "--dump-params",
+                        f1,
+                        NULL};
+    st = run(&p, a1, 60000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    static float x1[1 << 16], x4[1 << 16];
+    int n1 = read_params(f1, x1, 1 << 16), n4 = read_params(f4, x4, 1 << 16);
+    cr_assert(n1 > 100 && n1 == n4, "%d vs %d parameters", n1, n4);
+    double worst = 0;
+    for (int i = 0; i < n1; i++) {
+        double rel = fabs((double)x1[i] - x4[i]) / (fabs((double)x1[i]) + 1e-3);
+        if (rel > worst)
+            worst = rel;
+    }
+    cr_expect_leq(worst, 1e-5, "4 ranks differ from 1 rank by %g relative", worst);
+}
