@@ -204,18 +204,24 @@ static gpl_result_t wait_reply(rdzv_bclient *c, uint32_t req, uint32_t timeout_m
 }
 
 static gpl_result_t handshake(rdzv_bclient *c) {
-    rdzv_msg m = {.type = RDZV_HELLO, .req_id = ++c->next_req};
-    m.u.hello.magic = RDZV_MAGIC;
-    m.u.hello.version = RDZV_VERSION;
-    gpl_result_t rc = send_msg(c, &m);
-    size_t used;
+    /* The server speaks first: CHALLENGE. */
     rdzv_msg r;
-    if (rc == GPL_OK)
-        rc = wait_reply(c, m.req_id, 10000, &r, &used);
+    size_t used;
+    gpl_result_t rc = read_frame(c, &r, gb_now_ms() + 10000, &used);
+    if (rc == GPL_ERR_TIMEOUT)
+        return seterr(c, rc, "no challenge from %s:%d within 10 s: is it a gpulaunch rendezvous?",
+                      c->host, c->port);
     if (rc != GPL_OK)
         return rc;
+    if (r.type == RDZV_ERROR) {
+        seterr(c, (gpl_result_t)r.u.error.code, "%s", r.u.error.message);
+        return (gpl_result_t)r.u.error.code;
+    }
     if (r.type != RDZV_CHALLENGE)
         return seterr(c, GPL_ERR_PROTOCOL, "expected CHALLENGE, got %s", rdzv_type_name(r.type));
+    rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
+    h.u.hello.magic = RDZV_MAGIC;
+    h.u.hello.version = RDZV_VERSION;
     rdzv_msg a = {.type = RDZV_AUTH, .req_id = ++c->next_req};
     if (r.u.challenge.auth_required) {
         if (c->token == NULL)
@@ -226,7 +232,9 @@ static gpl_result_t handshake(rdzv_bclient *c) {
         rdzv_auth_mac(c->token, c->token_len, r.u.challenge.nonce, a.u.auth.mac);
     }
     rdzv_buf_consume(&c->in, used);
-    rc = send_msg(c, &a);
+    rc = send_msg(c, &h);
+    if (rc == GPL_OK)
+        rc = send_msg(c, &a);
     if (rc == GPL_OK)
         rc = wait_reply(c, a.req_id, 10000, &r, &used);
     if (rc != GPL_OK)

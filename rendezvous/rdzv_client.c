@@ -178,6 +178,10 @@ static void send_join(rdzv_client *c) {
 static void handle(rdzv_client *c, const rdzv_msg *m) {
     switch (m->type) {
     case RDZV_CHALLENGE: {
+        rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
+        h.u.hello.magic = RDZV_MAGIC;
+        h.u.hello.version = RDZV_VERSION;
+        send_msg(c, &h);
         rdzv_msg a = {.type = RDZV_AUTH, .req_id = ++c->next_req};
         if (m->u.challenge.auth_required) {
             if (c->token == NULL) {
@@ -313,11 +317,7 @@ static void on_connect(uv_connect_t *req, int status) {
     }
     uv_tcp_nodelay(c->tcp, 1);
     c->state = CS_HANDSHAKE;
-    uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read);
-    rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
-    h.u.hello.magic = RDZV_MAGIC;
-    h.u.hello.version = RDZV_VERSION;
-    send_msg(c, &h);
+    uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read); /* the server speaks first */
 }
 
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {

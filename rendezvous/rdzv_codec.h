@@ -77,6 +77,9 @@ typedef struct rdzv_bytes {
     uint32_t len;
 } rdzv_bytes;
 
+/* Flags on RDZV_AUTH. */
+#define RDZV_AUTH_QUIET 1u /* no WELCOME: the client pipelines its next request */
+
 /* Flags on RDZV_JOIN. */
 #define RDZV_JOIN_RESUME 1u /* re-register an existing assignment after a server restart */
 

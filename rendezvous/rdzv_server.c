@@ -15,9 +15,10 @@
 
 #define GB_COMPONENT "rdzv"
 
-#define SWEEP_MS 100     /* timer granularity of deadlines */
-#define HB_SCAN_MS 250   /* how often heartbeats are checked */
-#define PROGRESS_MS 1000 /* progress pushes to waiting nodes */
+#define SWEEP_MS 100           /* timer granularity of deadlines */
+#define HB_SCAN_MS 250         /* how often heartbeats are checked */
+#define PROGRESS_MS 5000       /* progress pushes to nodes waiting for a round ... */
+#define PROGRESS_AFTER_MS 2000 /* ... once they have waited this long */
 #define CONN_IN_MAX (RDZV_MAX_FRAME + 4 + sizeof(((rdzv_server *)0)->readbuf))
 
 enum conn_state { C_HELLO = 0, C_AUTH = 1, C_READY = 2 };
@@ -52,6 +53,29 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
 
 uint64_t rdzv_member_last_rx_ms(const member *m) { return m->c ? m->c->last_rx_ms : 0; }
 
+/* The peer's address, looked up the first time a message needs it (one
+ * syscall fewer per connection on the hot path). */
+static const char *peer_of(conn *c) {
+    if (c->peer[0])
+        return c->peer;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    snprintf(c->peer, sizeof c->peer, "?");
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
+        char ip[48] = "";
+        int port = 0;
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+    }
+    return c->peer;
+}
+
 /* ---- output ---- */
 
 static void on_written(uv_write_t *req, int status) {
@@ -67,7 +91,7 @@ static void send_msg(conn *c, const rdzv_msg *m) {
     rdzv_buf b;
     rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
     if (rdzv_encode(m, &b) != GPL_OK) {
-        GB_ERROR("cannot encode %s for %s", rdzv_type_name(m->type), c->peer);
+        GB_ERROR("cannot encode %s for %s", rdzv_type_name(m->type), peer_of(c));
         rdzv_buf_free(&b);
         return;
     }
@@ -957,14 +981,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
             conn_close(c, "wrong version");
             return;
         }
-        {
-            rdzv_msg ch = {.type = RDZV_CHALLENGE, .req_id = msg.req_id};
-            memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
-            ch.u.challenge.auth_required = s->token != NULL;
-            ch.u.challenge.version = RDZV_VERSION;
-            c->state = C_AUTH;
-            send_msg(c, &ch);
-        }
+        c->state = C_AUTH;
         return;
     case C_AUTH:
         if (msg.type != RDZV_AUTH) {
@@ -975,7 +992,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
         }
         if (s->token && !rdzv_auth_check(s->token, s->o.token_len, c->nonce, msg.u.auth.mac)) {
             s->m.auth_refused++;
-            GB_WARN("refused %s: wrong or missing rendezvous token", c->peer);
+            GB_WARN("refused %s: wrong or missing rendezvous token", peer_of(c));
             send_error(c, msg.req_id, GPL_ERR_AUTH,
                        "wrong or missing rendezvous token; give every node the same "
                        "--rdzv-token-file or GPULAUNCH_RDZV_TOKEN");
@@ -983,7 +1000,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
             return;
         }
         c->state = C_READY;
-        {
+        if (!(msg.flags & RDZV_AUTH_QUIET)) {
             rdzv_msg w = {.type = RDZV_WELCOME, .req_id = msg.req_id};
             w.u.welcome.server_epoch = s->epoch;
             send_msg(c, &w);
@@ -1017,7 +1034,7 @@ static void conn_close(conn *c, const char *why) {
         return;
     c->closing = 1;
     rdzv_server *s = c->s;
-    GB_DEBUG("closing %s: %s", c->peer, why);
+    GB_DEBUG("closing %s: %s", peer_of(c), why);
     waiter *w;
     while ((w = LIST_FIRST(&c->waiters)) != NULL)
         waiter_free(w);
@@ -1144,21 +1161,6 @@ static void on_connection(uv_stream_t *ls, int status) {
     rdzv_buf_init(&c->in, CONN_IN_MAX);
     LIST_INIT(&c->waiters);
     c->accepted_ms = c->last_rx_ms = gb_now_ms();
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    snprintf(c->peer, sizeof c->peer, "?");
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) == 0) {
-        char ip[48] = "";
-        int port = 0;
-        if (ss.ss_family == AF_INET6) {
-            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-        } else {
-            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
-            port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        }
-        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
-    }
     LIST_INSERT_HEAD(&s->conns, c, link);
     s->m.connections_total++;
     s->m.connections_open++;
@@ -1168,11 +1170,18 @@ static void on_connection(uv_stream_t *ls, int status) {
         conn_close(c, "connection limit");
         return;
     }
-    uv_tcp_nodelay(&c->tcp, 1);
+    /* TCP_NODELAY is inherited from the listener (set at start) */
     if (rdzv_auth_nonce(c->nonce) != 0) {
         conn_close(c, "no random bytes for the challenge");
         return;
     }
+    /* The challenge goes out at once: the client answers with HELLO and AUTH
+     * (and may add its JOIN) in one write, 1.5 round trips in all. */
+    rdzv_msg ch = {.type = RDZV_CHALLENGE};
+    memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
+    ch.u.challenge.auth_required = s->token != NULL;
+    ch.u.challenge.version = RDZV_VERSION;
+    send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
@@ -1202,7 +1211,7 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
                 member_unpend(m);
                 continue;
             }
-            if (progress) {
+            if (progress && waited >= PROGRESS_AFTER_MS) {
                 rdzv_msg p = {.type = RDZV_PROGRESS, .req_id = 0};
                 p.u.progress.joined = j->npending;
                 p.u.progress.expected = j->is_static ? j->max_nodes : j->min_nodes;
@@ -1268,7 +1277,7 @@ static void on_sweep(uv_timer_t *t) {
     for (; c; c = cn) {
         cn = LIST_NEXT(c, link);
         if (c->state != C_READY && now - c->accepted_ms > s->o.handshake_timeout_ms) {
-            GB_INFO("closing %s: no handshake within %u ms", c->peer, s->o.handshake_timeout_ms);
+            GB_INFO("closing %s: no handshake within %u ms", peer_of(c), s->o.handshake_timeout_ms);
             conn_close(c, "handshake timeout");
         }
     }
@@ -1332,6 +1341,8 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
     s->listener.data = s;
     s->open_handles = 1;
     r = uv_tcp_bind(&s->listener, (struct sockaddr *)&sa, 0);
+    if (r == 0)
+        uv_tcp_nodelay(&s->listener, 1); /* accepted connections inherit it */
     if (r == 0)
         r = uv_listen((uv_stream_t *)&s->listener, 4096, on_connection);
     if (r != 0) {
