@@ -644,6 +644,7 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
     m->static_rank = jn->static_rank;
     m->join_req = msg->req_id;
     m->joined_ms = gb_now_ms();
+    m->next_progress_ms = m->joined_ms + PROGRESS_AFTER_MS;
     s->m.joins++;
 
     if (msg->flags & RDZV_JOIN_RESUME) {
@@ -1192,36 +1193,37 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
         maybe_complete(j, now);
         if (j->state != JOB_GATHERING)
             return;
-        int progress = now - j->last_progress_ms >= PROGRESS_MS;
-        char missing[RDZV_MAX_MSG + 1] = "";
-        if (progress && j->npending)
-            describe_missing(j, missing, sizeof missing);
+        /* the missing-node text is O(nodes): built at most once per sweep */
+        char missing[RDZV_MAX_MSG + 1];
+        int have_missing = 0;
         member *m = LIST_FIRST(&j->pending), *n;
         for (; m; m = n) {
             n = LIST_NEXT(m, plink);
             uint64_t waited = now - m->joined_ms;
-            if (waited >= j->join_timeout_ms) {
-                char miss[RDZV_MAX_MSG + 1];
-                describe_missing(j, miss, sizeof miss);
+            int timed_out = waited >= j->join_timeout_ms;
+            if (!timed_out && now < m->next_progress_ms)
+                continue;
+            if (!have_missing) {
+                describe_missing(j, missing, sizeof missing);
+                have_missing = 1;
+            }
+            if (timed_out) {
                 send_error(m->c, m->join_req, GPL_ERR_TIMEOUT,
                            "rendezvous of job %s timed out after %.1f s: %u of %u nodes joined; "
                            "missing: %s",
                            j->run_id, (double)waited / 1000.0, j->npending,
-                           j->is_static ? j->max_nodes : j->min_nodes, miss);
+                           j->is_static ? j->max_nodes : j->min_nodes, missing);
                 member_unpend(m);
                 continue;
             }
-            if (progress && waited >= PROGRESS_AFTER_MS) {
-                rdzv_msg p = {.type = RDZV_PROGRESS, .req_id = 0};
-                p.u.progress.joined = j->npending;
-                p.u.progress.expected = j->is_static ? j->max_nodes : j->min_nodes;
-                p.u.progress.waited_ms = (uint32_t)waited;
-                memcpy(p.u.progress.missing, missing, sizeof p.u.progress.missing);
-                send_msg(m->c, &p);
-            }
+            m->next_progress_ms = now + PROGRESS_MS;
+            rdzv_msg p = {.type = RDZV_PROGRESS, .req_id = 0};
+            p.u.progress.joined = j->npending;
+            p.u.progress.expected = j->is_static ? j->max_nodes : j->min_nodes;
+            p.u.progress.waited_ms = (uint32_t)waited;
+            memcpy(p.u.progress.missing, missing, sizeof p.u.progress.missing);
+            send_msg(m->c, &p);
         }
-        if (progress)
-            j->last_progress_ms = now;
         return;
     }
     if (j->state != JOB_RUNNING)

@@ -25,7 +25,7 @@ struct member {
     uint32_t nproc, ngpus;
     int32_t static_rank;
     uint32_t join_req;
-    uint64_t joined_ms;
+    uint64_t joined_ms, next_progress_ms;
     int pending, active, done;
     uint32_t node_rank;
     int64_t prev_rank; /* rank in the last round this member was in, -1 none */
@@ -60,7 +60,7 @@ struct job {
     LIST_HEAD(, member) pending;
     uint32_t npending;
     member **static_slots; /* max_nodes entries in static mode */
-    uint64_t min_reached_ms, gather_start_ms, last_progress_ms;
+    uint64_t min_reached_ms, gather_start_ms;
     /* running */
     member **ranks;
     uint32_t nranks, nactive, ndone;

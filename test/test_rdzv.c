@@ -122,9 +122,10 @@ Test(rdzv, join_timeout_says_who_is_missing) {
     m.u.join.nproc = 1;
     m.u.join.static_rank = 0;
     m.u.join.min_nodes = m.u.join.max_nodes = 3;
-    m.u.join.join_timeout_ms = 700;
+    m.u.join.join_timeout_ms = 2600;
     peer_send(&P[0], &m);
     cr_assert_eq(peer_recv_type(&P[0], RDZV_PROGRESS, 3000), 0, "progress is pushed");
+    cr_expect_geq(P[0].last.u.progress.waited_ms, 2000, "the first progress comes after 2 s");
     cr_expect_eq(P[0].last.u.progress.joined, 1);
     cr_expect_eq(P[0].last.u.progress.expected, 3);
     cr_expect(strstr(P[0].last.u.progress.missing, "1, 2") != NULL, "%s",
@@ -133,7 +134,7 @@ Test(rdzv, join_timeout_says_who_is_missing) {
     const char *msg = P[0].last.u.error.message;
     cr_expect_eq(P[0].last.u.error.code, GPL_ERR_TIMEOUT);
     cr_expect(strstr(msg, "1 of 3 nodes") && strstr(msg, "node ranks 1, 2") &&
-                  strstr(msg, "timed out after 0."),
+                  strstr(msg, "timed out after 2."),
               "%s", msg);
 }
 
