@@ -22,7 +22,6 @@
 #include "gb_time.h"
 #include "gl_options.h"
 #include "gl_preflight.h"
-#include "gpulaunch/gpulaunch.h"
 #include "gpulaunch/rdzv.h"
 
 #define GB_COMPONENT "launcher"
@@ -30,7 +29,6 @@
 #define GL_EXIT_USAGE 2
 #define GL_EXIT_PREFLIGHT 3
 #define GL_EXIT_RDZV 200
-#define GL_SHIM_ARG "--gpl-worker-shim"
 #define GL_LINE_MAX 65536     /* a longer output line is written in pieces */
 #define GL_ERR_TAIL_LINES 20  /* stderr lines kept for the failure report */
 #define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
@@ -43,7 +41,7 @@ typedef struct linebuf {
 } linebuf;
 
 typedef struct worker {
-    uv_process_t proc;
+    pid_t pid;
     int redirect, tee, show; /* stream bits (1 out, 2 err); show: on the console */
     uv_pipe_t out, err;
     int local_rank, rank;
@@ -80,10 +78,10 @@ static struct launcher {
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
-    uv_timer_t kill_timer, done_timer, reaper;
+    uv_timer_t kill_timer, done_timer;
+    uv_signal_t sigchld;
     uv_signal_t sigs[4];
     char hostname[256], addr[256], run_id[256], instance[64];
-    char self_exe[PATH_MAX];
     char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
     char *token;
     size_t token_len;
@@ -189,8 +187,8 @@ static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 
 static void signal_group(int sig) {
     for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w[i].running && L.w[i].proc.pid > 0)
-            kill(-L.w[i].proc.pid, sig);
+        if (L.w[i].running && L.w[i].pid > 0)
+            kill(-L.w[i].pid, sig);
 }
 
 static void on_kill_timer(uv_timer_t *t) {
@@ -324,13 +322,11 @@ static void on_done_timeout(uv_timer_t *t) {
     finish(0);
 }
 
-static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
-    worker *w = p->data;
+static void on_worker_exit(worker *w, int64_t status, int sig) {
     w->running = 0;
     w->exit_status = status;
     w->term_signal = sig;
     L.nrunning--;
-    uv_close((uv_handle_t *)p, NULL);
     int failed = status != 0 || sig != 0;
     if (failed && !L.stopping && !L.exit_requested && !L.round_over) {
         if (!L.first.set) {
@@ -339,7 +335,7 @@ static void on_worker_exit(uv_process_t *p, int64_t status, int sig) {
             f->when = gb_wall_s();
             f->rank = w->rank;
             f->local_rank = w->local_rank;
-            f->pid = p->pid;
+            f->pid = w->pid;
             f->exit_code = status;
             f->signal = sig;
             size_t off = 0;
@@ -551,16 +547,45 @@ static void mkdirs(const char *path) {
     mkdir(p, 0755);
 }
 
+/* fork, then in the child: its own session (signals reach its whole process
+ * group), death with the launcher (PR_SET_PDEATHSIG, which no spawn API
+ * offers), the pipes as stdout and stderr, exec. 0 or -errno. */
+static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) {
+    pid_t parent = getpid();
+    pid_t p = fork();
+    if (p < 0)
+        return -errno;
+    if (p == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+            signal(sigs[i], SIG_DFL);
+        setsid();
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the launcher died before the prctl */
+            _exit(137);
+        if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+            _exit(127);
+        execvpe(argv[0], argv, env);
+        static const char msg[] = "gpulaunch: cannot run the program: exec failed\n";
+        if (write(2, msg, sizeof msg - 1) < 0)
+            _exit(126);
+        _exit(127);
+    }
+    *pid = p;
+    return 0;
+}
+
 static void spawn_workers(void) {
     int np = L.cfg.nproc;
     if (L.w == NULL)
         L.w = calloc((size_t)np, sizeof *L.w);
     /* argv: the shim, then the program as torchrun would run it */
     int pa = L.cfg.prog_argc;
-    char **argv = calloc((size_t)pa + 5, sizeof *argv);
+    char **argv = calloc((size_t)pa + 4, sizeof *argv);
     int k = 0;
-    argv[k++] = L.self_exe;
-    argv[k++] = GL_SHIM_ARG;
     const char *prog = L.cfg.prog_argv[0];
     size_t pl = strlen(prog);
     if (L.cfg.module) {
@@ -594,31 +619,26 @@ static void spawn_workers(void) {
         }
         uv_pipe_init(L.loop, &w->out, 0);
         uv_pipe_init(L.loop, &w->err, 0);
-        w->out.data = w->err.data = w->proc.data = w;
-        uv_stdio_container_t stdio[3] = {
-            {.flags = UV_IGNORE},
-            {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->out},
-            {.flags = UV_CREATE_PIPE | UV_WRITABLE_PIPE, .data.stream = (uv_stream_t *)&w->err},
-        };
-        stdio[0].flags = UV_INHERIT_FD;
-        stdio[0].data.fd = 0;
+        w->out.data = w->err.data = w;
         char **env = build_env(w, rdzv_ep_str);
-        uv_process_options_t o = {
-            .exit_cb = on_worker_exit,
-            .file = L.self_exe,
-            .args = argv,
-            .env = env,
-            .flags = UV_PROCESS_DETACHED, /* own session: signals go to its whole group */
-            .stdio_count = 3,
-            .stdio = stdio,
-        };
-        int r = uv_spawn(L.loop, &w->proc, &o);
+        int po[2] = {-1, -1}, pe[2] = {-1, -1};
+        int r = 0;
+        if (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0)
+            r = -errno;
+        else
+            r = spawn_one(argv, env, po[1], pe[1], &w->pid);
         for (char **e = env; e && *e; e++)
             free(*e);
         free(env);
+        if (po[1] >= 0)
+            close(po[1]);
+        if (pe[1] >= 0)
+            close(pe[1]);
         w->pipes_open = 2;
+        if (r == 0 && (uv_pipe_open(&w->out, po[0]) != 0 || uv_pipe_open(&w->err, pe[0]) != 0))
+            r = -EBADF;
         if (r != 0) {
-            fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, uv_strerror(r));
+            fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, strerror(-r));
             uv_close((uv_handle_t *)&w->out, on_pipe_closed);
             uv_close((uv_handle_t *)&w->err, on_pipe_closed);
             w->exit_status = 127;
@@ -629,7 +649,7 @@ static void spawn_workers(void) {
                 L.first.local_rank = i;
                 L.first.exit_code = 127;
                 snprintf(L.first.tail, sizeof L.first.tail, "    cannot start %s: %s\n", prog,
-                         uv_strerror(r));
+                         strerror(-r));
             }
             L.group_failed = 1;
             continue;
@@ -729,16 +749,22 @@ static void on_signal(uv_signal_t *h, int sig) {
     }
 }
 
-/* As PID 1, reap orphans that are not our workers (libuv reaps those). */
-static void on_reaper(uv_timer_t *t) {
-    for (int i = 0; i < 64; i++) {
-        siginfo_t si = {0};
-        if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0)
-            return;
-        for (int k = 0; k < L.cfg.nproc && L.w; k++)
-            if (L.w[k].running && L.w[k].proc.pid == si.si_pid)
-                return;
-        waitpid(si.si_pid, NULL, WNOHANG);
+/* Every child exit, ours or an orphan's (as PID 1 we inherit them all), is
+ * reaped here: no zombie stays behind. */
+static void on_sigchld(uv_signal_t *h, int sig) {
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; L.w && i < L.cfg.nproc; i++) {
+            worker *w = &L.w[i];
+            if (!w->running || w->pid != pid)
+                continue;
+            if (WIFSIGNALED(st))
+                on_worker_exit(w, 0, WTERMSIG(st));
+            else
+                on_worker_exit(w, WEXITSTATUS(st), 0);
+            break;
+        }
     }
 }
 
@@ -774,19 +800,7 @@ static int free_port(void) {
     return port;
 }
 
-static int worker_shim(int argc, char **argv) {
-    /* Dies with the launcher, whatever kills it. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1 && getpid() != 1)
-        _exit(137);
-    execvp(argv[2], argv + 2);
-    fprintf(stderr, "gpulaunch: cannot run %s: %s\n", argv[2], strerror(errno));
-    _exit(127);
-}
-
 int main(int argc, char **argv) {
-    if (argc >= 3 && strcmp(argv[1], GL_SHIM_ARG) == 0)
-        return worker_shim(argc, argv);
     for (int i = 1; i < argc && argv[i][0] == '-'; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(gl_usage, stdout);
@@ -808,12 +822,7 @@ int main(int argc, char **argv) {
         return f ? GL_EXIT_PREFLIGHT : 0;
     }
     L.loop = uv_default_loop();
-    ssize_t sl = readlink("/proc/self/exe", L.self_exe, sizeof L.self_exe - 1);
-    if (sl <= 0) {
-        fprintf(stderr, "gpulaunch: cannot find its own executable (/proc not mounted?)\n");
-        return GL_EXIT_PREFLIGHT;
-    }
-    L.self_exe[sl] = '\0';
+
     gethostname(L.hostname, sizeof L.hostname);
     snprintf(L.instance, sizeof L.instance, "%s-%d-%llu", L.hostname, (int)getpid(),
              (unsigned long long)gb_now_ns());
@@ -905,10 +914,8 @@ int main(int argc, char **argv) {
         uv_signal_init(L.loop, &L.sigs[i]);
         uv_signal_start(&L.sigs[i], on_signal, sigs[i]);
     }
-    if (getpid() == 1) {
-        uv_timer_init(L.loop, &L.reaper);
-        uv_timer_start(&L.reaper, on_reaper, 1000, 1000);
-    }
+    uv_signal_init(L.loop, &L.sigchld);
+    uv_signal_start(&L.sigchld, on_sigchld, SIGCHLD);
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_RDZV;

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum gl_src { GL_SRC_DEFAULT = 0, GL_SRC_FILE = 1, GL_SRC_ENV = 2, GL_SRC_CLI = 3 };
 

@@ -41,6 +41,7 @@ struct rdzv_client {
 };
 
 static void start_connect(rdzv_client *c);
+static void connect_addr(rdzv_client *c, const struct sockaddr *sa);
 static void on_retry(uv_timer_t *t) { start_connect(t->data); }
 
 static void client_unref(rdzv_client *c) {
@@ -334,9 +335,13 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         schedule_retry(c, why);
         return;
     }
+    connect_addr(c, res->ai_addr);
+    uv_freeaddrinfo(res);
+}
+
+static void connect_addr(rdzv_client *c, const struct sockaddr *sa) {
     c->tcp = malloc(sizeof *c->tcp);
     if (c->tcp == NULL) {
-        uv_freeaddrinfo(res);
         fatal(c, GPL_ERR_NOMEM, "out of memory");
         return;
     }
@@ -344,8 +349,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     c->tcp->data = c;
     c->creq.data = c;
     c->state = CS_CONNECTING;
-    int r = uv_tcp_connect(&c->creq, c->tcp, res->ai_addr, on_connect);
-    uv_freeaddrinfo(res);
+    int r = uv_tcp_connect(&c->creq, c->tcp, sa, on_connect);
     if (r != 0)
         schedule_retry(c, uv_strerror(r));
 }
@@ -353,6 +357,13 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 static void start_connect(rdzv_client *c) {
     if (c->closing)
         return;
+    /* a numeric address needs no resolver (and no thread pool) */
+    struct sockaddr_storage ss;
+    if (uv_ip4_addr(c->host, c->o.port, (struct sockaddr_in *)&ss) == 0 ||
+        uv_ip6_addr(c->host, c->o.port, (struct sockaddr_in6 *)&ss) == 0) {
+        connect_addr(c, (struct sockaddr *)&ss);
+        return;
+    }
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     char port[16];
     snprintf(port, sizeof port, "%d", c->o.port);

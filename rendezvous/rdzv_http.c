@@ -228,33 +228,34 @@ static void on_http_poll(uv_poll_t *p, int status, int events) {
     http_rearm(h);
 }
 
-gpl_result_t rdzv_http_start(rdzv_server *s, char *err, size_t errlen) {
+static void http_close(rdzv_server *s);
+
+gpl_result_t rdzv_server_serve_http(rdzv_server *s, const char *addr, int port, char *err,
+                                    size_t errlen) {
     struct rdzv_http *h = calloc(1, sizeof *h);
     if (h == NULL) {
         snprintf(err, errlen, "out of memory");
         return GPL_ERR_NOMEM;
     }
     struct sockaddr_storage sa;
-    const char *addr = s->o.http_addr;
-    int r = strchr(addr, ':') ? uv_ip6_addr(addr, s->o.http_port, (struct sockaddr_in6 *)&sa)
-                              : uv_ip4_addr(addr, s->o.http_port, (struct sockaddr_in *)&sa);
+    int r = strchr(addr, ':') ? uv_ip6_addr(addr, port, (struct sockaddr_in6 *)&sa)
+                              : uv_ip4_addr(addr, port, (struct sockaddr_in *)&sa);
     if (r != 0) {
         snprintf(err, errlen, "HTTP address '%s' is not an IP address", addr);
         free(h);
         return GPL_ERR_INVALID_ARG;
     }
-    h->d =
-        MHD_start_daemon(MHD_USE_EPOLL | (strchr(addr, ':') ? MHD_USE_IPv6 : 0),
-                         (uint16_t)s->o.http_port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                         (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+    h->d = MHD_start_daemon(MHD_USE_EPOLL | (strchr(addr, ':') ? MHD_USE_IPv6 : 0), (uint16_t)port,
+                            NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (h->d == NULL) {
-        snprintf(err, errlen, "cannot serve HTTP on %s:%d (port in use?)", addr, s->o.http_port);
+        snprintf(err, errlen, "cannot serve HTTP on %s:%d (port in use?)", addr, port);
         free(h);
         return GPL_ERR_SYSTEM;
     }
     const union MHD_DaemonInfo *li = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = li ? li->port : s->o.http_port;
+    h->port = li ? li->port : port;
     const union MHD_DaemonInfo *ei = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
     uv_poll_init(s->loop, &h->poll, ei->epoll_fd);
     uv_timer_init(s->loop, &h->timer);
@@ -262,11 +263,12 @@ gpl_result_t rdzv_http_start(rdzv_server *s, char *err, size_t errlen) {
     h->timer.data = h;
     uv_poll_start(&h->poll, UV_READABLE, on_http_poll);
     s->http = h;
+    s->http_close = http_close;
     GB_INFO("HTTP observability on %s:%d (/metrics /status /healthz)", addr, h->port);
     return GPL_OK;
 }
 
-int rdzv_http_port_of(const rdzv_server *s) { return s->http->port; }
+int rdzv_server_http_port(const rdzv_server *s) { return s->http ? s->http->port : -1; }
 
 static void on_http_closed(uv_handle_t *hd) {
     struct rdzv_http *h = hd->data;
@@ -274,7 +276,7 @@ static void on_http_closed(uv_handle_t *hd) {
         free(h);
 }
 
-void rdzv_http_close(rdzv_server *s) {
+static void http_close(rdzv_server *s) {
     struct rdzv_http *h = s->http;
     s->http = NULL;
     uv_close((uv_handle_t *)&h->poll, NULL);

@@ -183,10 +183,6 @@ int main(int argc, char **argv) {
     o.listen_port = lport;
     o.token = token;
     o.token_len = token_len;
-    if (hhost[0]) {
-        o.http_addr = hhost;
-        o.http_port = hport;
-    }
     uv_loop_t *loop = uv_default_loop();
     if (rdzv_server_start(loop, &o, &server, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch-rdzv: %s\n", err);
@@ -194,6 +190,12 @@ int main(int argc, char **argv) {
         return 3;
     }
     free(token);
+    if (hhost[0] && rdzv_server_serve_http(server, hhost, hport, err, sizeof err) != GPL_OK) {
+        fprintf(stderr, "gpulaunch-rdzv: %s\n", err);
+        rdzv_server_close(server);
+        uv_run(loop, UV_RUN_DEFAULT);
+        return 3;
+    }
     printf("gpulaunch-rdzv listening on %s:%d", lhost, rdzv_server_port(server));
     if (hhost[0])
         printf(" http %s:%d", hhost, rdzv_server_http_port(server));

@@ -1366,20 +1366,12 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
     s->sweep.data = s;
     s->open_handles++;
     uv_timer_start(&s->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
-    if (opts->http_addr) {
-        gpl_result_t rc = rdzv_http_start(s, err, errlen);
-        if (rc != GPL_OK) {
-            rdzv_server_close(s);
-            return rc;
-        }
-    }
     GB_INFO("rendezvous listening on %s:%d", addr, s->port);
     *out = s;
     return GPL_OK;
 }
 
 int rdzv_server_port(const rdzv_server *s) { return s->port; }
-int rdzv_server_http_port(const rdzv_server *s) { return s->http ? rdzv_http_port_of(s) : -1; }
 
 void rdzv_server_close(rdzv_server *s) {
     if (s == NULL)
@@ -1391,8 +1383,8 @@ void rdzv_server_close(rdzv_server *s) {
     job *j;
     while ((j = LIST_FIRST(&s->jobs)) != NULL)
         job_free(j);
-    if (s->http)
-        rdzv_http_close(s);
+    if (s->http_close)
+        s->http_close(s);
     uv_timer_stop(&s->sweep);
     uv_close((uv_handle_t *)&s->sweep, on_handle_closed);
     uv_close((uv_handle_t *)&s->listener, on_handle_closed);

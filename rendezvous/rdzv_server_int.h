@@ -97,12 +97,11 @@ struct rdzv_server {
     int readbuf_busy;
     int closing, open_handles;
     struct rdzv_http *http;
+    void (*http_close)(rdzv_server *s); /* set by rdzv_server_serve_http */
 };
 
-/* Observability (rdzv_http.c). */
-gpl_result_t rdzv_http_start(rdzv_server *s, char *err, size_t errlen);
-int rdzv_http_port_of(const rdzv_server *s);
-void rdzv_http_close(rdzv_server *s);
+/* Observability (rdzv_http.c, a library of its own so that the launcher's
+ * embedded server does not load an HTTP stack). */
 /* Renders /metrics and /status into malloc'ed strings (for the HTTP side and tests). */
 char *rdzv_render_metrics(rdzv_server *s);
 char *rdzv_render_status(rdzv_server *s);

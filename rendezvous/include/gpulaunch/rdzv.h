@@ -24,11 +24,9 @@ typedef struct rdzv_server_options {
     uint32_t version;        /* RDZV_SERVER_OPTIONS_VERSION */
     const char *listen_addr; /* default "0.0.0.0" */
     int listen_port;         /* 0: a free port (see rdzv_server_port) */
-    const char *http_addr;   /* NULL: no HTTP endpoint */
-    int http_port;           /* 0: a free port */
     const char *token;       /* NULL: no authentication (warned once) */
     size_t token_len;
-    uint32_t max_connections;  /* RDZV_LIMIT_CONNECTIONS */
+    uint32_t max_connections;  /* open connections */
     uint32_t max_jobs;         /* jobs held at once */
     uint32_t max_nodes;        /* nodes in one job */
     uint64_t max_job_kv_bytes; /* keys + values of one job */
@@ -39,8 +37,8 @@ typedef struct rdzv_server_options {
 
 #define RDZV_SERVER_OPTIONS_INIT                                                                   \
     {                                                                                              \
-        RDZV_SERVER_OPTIONS_VERSION, "0.0.0.0", RDZV_DEFAULT_PORT, NULL, 0, NULL, 0, 65536, 1024,  \
-            65536, 256ull << 20, 8u << 20, 5000, RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS                 \
+        RDZV_SERVER_OPTIONS_VERSION, "0.0.0.0", RDZV_DEFAULT_PORT, NULL, 0, 65536, 1024, 65536,    \
+            256ull << 20, 8u << 20, 5000, RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS                        \
     }
 
 /* Starts a server on loop. On failure *out is NULL and err (errlen bytes)
@@ -48,6 +46,10 @@ typedef struct rdzv_server_options {
 gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts, rdzv_server **out,
                                char *err, size_t errlen);
 int rdzv_server_port(const rdzv_server *s);
+/* Serves /metrics, /status and /healthz on addr:port (0: a free port) from
+ * the server's loop; closed with the server. In gpulaunch_rdzv_http. */
+gpl_result_t rdzv_server_serve_http(rdzv_server *s, const char *addr, int port, char *err,
+                                    size_t errlen);
 int rdzv_server_http_port(const rdzv_server *s);
 /* Closes every handle; the server is freed once the loop has run the close
  * callbacks (run the loop after this). */
