@@ -187,8 +187,12 @@ static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 
 static void signal_group(int sig) {
     for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w[i].running && L.w[i].pid > 0)
+        if (L.w[i].running && L.w[i].pid > 0) {
+            /* the group, and the process itself in case it has not called
+             * setsid() yet (the signal then waits, blocked, until it has) */
             kill(-L.w[i].pid, sig);
+            kill(L.w[i].pid, sig);
+        }
 }
 
 static void on_kill_timer(uv_timer_t *t) {
@@ -552,17 +556,27 @@ static void mkdirs(const char *path) {
  * offers), the pipes as stdout and stderr, exec. 0 or -errno. */
 static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) {
     pid_t parent = getpid();
+    /* Signals stay blocked across the fork: a signal that reaches the child
+     * before it has reset our handlers must not run them (they would write to
+     * the launcher's own signal pipe). */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
     pid_t p = fork();
-    if (p < 0)
-        return -errno;
+    if (p != 0) {
+        int e = errno;
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (p < 0)
+            return -e;
+    }
     if (p == 0) {
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
         static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
         for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
             signal(sigs[i], SIG_DFL);
         setsid();
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) /* the launcher died before the prctl */
             _exit(137);
