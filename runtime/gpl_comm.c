@@ -78,6 +78,10 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
     c->small_bytes = o->small_bytes ? o->small_bytes : GPL_DEFAULT_SMALL_BYTES;
     if (c->small_bytes > GPL_SHM_SLOT_BYTES)
         c->small_bytes = GPL_SHM_SLOT_BYTES;
+    int cb = env_int("GPULAUNCH_CHUNK_BYTES", -1);
+    c->chunk_bytes = cb > 0 ? (size_t)cb : GPL_DEFAULT_CHUNK_BYTES;
+    if (c->chunk_bytes > GPL_SHM_SLOT_BYTES / 2)
+        c->chunk_bytes = GPL_SHM_SLOT_BYTES / 2;
     const char *hn = getenv("GPULAUNCH_HOSTNAME");
     if (hn)
         snprintf(c->hostname, sizeof c->hostname, "%s", hn);
@@ -142,6 +146,8 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
         }
         if (c->local_world > 1 && (rc = gpl_shm_setup(c)) != GPL_OK)
             goto out;
+        if (c->local_world > 1 && c->nnodes == 1 && (rc = gpl_cma_setup(c)) != GPL_OK)
+            goto out;
         if (c->nnodes > 1) {
             if (c->local_rank == 0 && (rc = gpl_ring_publish(c)) != GPL_OK)
                 goto out;
@@ -167,6 +173,7 @@ void gpl_finalize(gpl_comm_t c) {
     free(c->node_base);
     free(c->node_size);
     free(c->node_host);
+    free(c->cma_tmp);
     free(c);
 }
 

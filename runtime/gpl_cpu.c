@@ -28,6 +28,10 @@ static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_
         goto out;
     }
     const int n = c->local_world, me = c->local_rank;
+    if (c->cma && c->nnodes == 1 && count * es >= GPL_CMA_MIN_BYTES) {
+        rc = gpl_cma_allreduce(c, r, r, count, t, rop, deadline);
+        goto out;
+    }
     if (count * es <= c->small_bytes && c->nnodes == 1) {
         memcpy(slot(c, me), r, count * es);
         if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
@@ -38,34 +42,43 @@ static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_
         rc = gpl_shm_barrier(c, deadline);
         goto out;
     }
-    size_t chunk = GPL_SHM_SLOT_BYTES / es;
+    /* Chunks small enough to stay in cache, double-buffered: chunk k uses
+     * half k % 2 of every staging slot and of the result area, so the copy-out
+     * of chunk k and the copy-in of chunk k + 1 need no barrier between them
+     * (the barrier after the next copy-in already orders them). */
+    size_t chunk = c->chunk_bytes / es;
+    if (chunk == 0)
+        chunk = 1;
     uint8_t *rb = r;
-    for (size_t off = 0; off < count; off += chunk) {
+    size_t half = GPL_SHM_SLOT_BYTES / 2;
+    for (size_t off = 0, k = 0; off < count; off += chunk, k++) {
         size_t m = MIN_(chunk, count - off);
-        memcpy(slot(c, me), rb + off * es, m * es);
+        size_t buf = (k % 2) * half;
+        memcpy(slot(c, me) + buf, rb + off * es, m * es);
         if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
             goto out;
-        /* my slice of the chunk, in cache-friendly pieces */
+        /* my slice of the chunk */
         size_t per = (m + (size_t)n - 1) / (size_t)n;
         size_t lo = MIN_((size_t)me * per, m), hi = MIN_(lo + per, m);
+        uint8_t *res = c->result + buf;
         if (hi > lo) {
-            uint8_t *dst = c->result + lo * es;
-            memcpy(dst, slot(c, 0) + lo * es, (hi - lo) * es);
-            for (int k = 1; k < n; k++)
-                gpl_reduce_into(dst, slot(c, k) + lo * es, hi - lo, t, rop);
+            uint8_t *dst = res + lo * es;
+            memcpy(dst, slot(c, 0) + buf + lo * es, (hi - lo) * es);
+            for (int q = 1; q < n; q++)
+                gpl_reduce_into(dst, slot(c, q) + buf + lo * es, hi - lo, t, rop);
         }
         if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
             goto out;
         if (c->nnodes > 1) {
-            if (me == 0 && (rc = gpl_ring_allreduce(c, c->result, m, t, rop, deadline)) != GPL_OK)
+            if (me == 0 && (rc = gpl_ring_allreduce(c, res, m, t, rop, deadline)) != GPL_OK)
                 goto out;
             if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
                 goto out;
         }
-        memcpy(rb + off * es, c->result, m * es);
-        if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
-            goto out;
+        memcpy(rb + off * es, res, m * es);
     }
+    /* nobody may stage the next collective before everyone has copied out */
+    rc = gpl_shm_barrier(c, deadline);
 out:
     if (rc == GPL_ERR_PEER_FAILED && c->local_rank == 0)
         gpl_shm_abort(c, c->err.msg); /* a ring failure: tell the node's other ranks */

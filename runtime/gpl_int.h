@@ -14,6 +14,9 @@
 #define GPL_SHM_SLOT_BYTES (4u << 20) /* staging bytes per rank per chunk */
 #define GPL_DEFAULT_TIMEOUT_MS 300000u
 #define GPL_DEFAULT_SMALL_BYTES (32u << 10)
+#define GPL_DEFAULT_CHUNK_BYTES (256u << 10) /* per all-reduce step; at most half a slot */
+#define GPL_CMA_MIN_BYTES (64u << 10)        /* single-copy all-reduce from this size up */
+#define GPL_CMA_PIECE (128u << 10)           /* bytes read from a peer per step */
 #define GPL_POLL_MS 100 /* how often a waiting rank checks peers and the rendezvous */
 
 /* The shared-memory segment of one node: a header, then one staging slot per
@@ -28,6 +31,9 @@ typedef struct gpl_shm_hdr {
     _Atomic uint32_t abort_flag; /* 1 being written, 2 set: a rank saw a fatal error */
     char abort_msg[512];
     pid_t pid[GPL_MAX_LOCAL];
+    /* single-copy path (cross-memory attach): each rank's buffers this collective */
+    uint64_t cma_src[GPL_MAX_LOCAL], cma_dst[GPL_MAX_LOCAL];
+    uint32_t cma_ok[GPL_MAX_LOCAL];
     _Atomic uint64_t arrived[GPL_MAX_LOCAL]; /* barrier sequence each rank reached */
 } gpl_shm_hdr;
 
@@ -39,7 +45,7 @@ struct gpl_comm {
     int rank, world, local_rank, local_world, node_rank, nnodes, base_rank;
     gpl_backend_t backend;
     uint32_t timeout_ms;
-    size_t small_bytes;
+    size_t small_bytes, chunk_bytes;
     gb_err err;
     char run_id[256];
     int round;
@@ -52,6 +58,8 @@ struct gpl_comm {
     uint8_t *slots, *result;
     uint64_t bar_seq;
     int spin; /* spin before sleeping: only when ranks <= cores */
+    int cma;  /* ranks may read each other's memory (process_vm_readv) */
+    uint8_t *cma_tmp;
     /* leaders' ring between nodes */
     gpl_ring *ring;
     int *node_base, *node_size; /* every node's first rank and rank count */
@@ -77,6 +85,11 @@ void gpl_shm_teardown(gpl_comm_t c);
 gpl_result_t gpl_shm_barrier(gpl_comm_t c, uint64_t deadline_ms);
 /* Tells the node's other ranks that this collective cannot complete. */
 void gpl_shm_abort(gpl_comm_t c, const char *why);
+
+/* single-copy all-reduce inside a node (gpl_cma.c) */
+gpl_result_t gpl_cma_setup(gpl_comm_t c);
+gpl_result_t gpl_cma_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                               gpl_op_t op, uint64_t deadline);
 
 /* ring of node leaders (gpl_ring.c). Leaders publish their address; every
  * rank then loads the node table. */

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,8 @@
 #include "gpl_int.h"
 
 #define SHM_PREFIX "gpulaunch-"
-#define SPIN_ITERS 20000
+#define SPIN_ITERS 2000 /* a few microseconds of pause before yielding */
+#define YIELD_ITERS 64  /* then let a rank that shares our core run, before sleeping */
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
     return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
@@ -240,6 +242,11 @@ gpl_result_t gpl_shm_barrier(gpl_comm_t c, uint64_t deadline_ms) {
                 return GPL_OK;
             __builtin_ia32_pause();
         }
+    for (int i = 0; i < YIELD_ITERS; i++) {
+        if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen)
+            return GPL_OK;
+        sched_yield();
+    }
     uint64_t next_check = 0;
     for (;;) {
         if (atomic_load(&h->bar_gen) != gen)

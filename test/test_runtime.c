@@ -189,6 +189,15 @@ SWEEP_TEST(world2, 1, 2, 64u << 20)
 SWEEP_TEST(world3, 1, 3, 64u << 20)
 SWEEP_TEST(world4, 1, 4, 64u << 20)
 SWEEP_TEST(two_nodes_x2, 2, 2, 8u << 20)
+
+/* the staged shared-memory path, where ranks may not read each other's memory */
+Test(collectives, world3_staged_without_cma, .timeout = 240) {
+    rt_result res;
+    sweep_arg a = {16u << 20};
+    const char *env[] = {"GPULAUNCH_NO_CMA=1", NULL};
+    int rc = rt_run(1, 3, sweep, &a, env, &res, 200000);
+    check_all(1, 3, &res, rc);
+}
 SWEEP_TEST(three_nodes_x1, 3, 1, 8u << 20)
 
 static int bcast_gather(gpl_comm_t c, void *arg, char *msg, size_t len) {
