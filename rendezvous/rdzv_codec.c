@@ -11,7 +11,7 @@ const char *rdzv_type_name(uint16_t type) {
     switch (type) {
 #define RDZV_TYPE_NAME_(n, v)                                                                      \
     case n:                                                                                        \
-        return #n + 5;
+        return &#n[5]; /* without "RDZV_" */
         RDZV_TYPES(RDZV_TYPE_NAME_)
 #undef RDZV_TYPE_NAME_
     }

@@ -7,7 +7,7 @@ PKGS=(
   build-essential cmake pkg-config git
   libuv1-dev libyaml-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev
   libcriterion-dev
-  clang clang-format cppcheck
+  clang libclang-rt-14-dev clang-format cppcheck
   iproute2 procps python3
 )
 

@@ -39,6 +39,18 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   run_suite asan+ubsan build/asan -DGPULAUNCH_SANITIZE=address,undefined || failed_suites+=(asan+ubsan)
 
+echo "== fuzz: the rendezvous codec, 30 s (libFuzzer + ASan + UBSan)"
+fuzz_ok=1
+CC=clang cmake -S . -B build/fuzz -DGPULAUNCH_FUZZ=ON -DGPULAUNCH_WERROR=ON >build/fuzz.configure.log 2>&1 &&
+  cmake --build build/fuzz -j"$jobs" >build/fuzz.build.log 2>&1 || fuzz_ok=0
+if [ $fuzz_ok = 1 ]; then
+  rm -rf build/fuzz/corpus && mkdir -p build/fuzz/corpus
+  build/fuzz/test/fuzz/fuzz_codec -max_total_time=30 -timeout=10 build/fuzz/corpus test/fuzz/corpus \
+    >build/fuzz.log 2>&1 || fuzz_ok=0
+  tail -n 1 build/fuzz.log
+fi
+[ $fuzz_ok = 1 ] || { tail -n 30 build/fuzz*.log; failed_suites+=(fuzz); }
+
 echo "== lint"
 cmake --build build/test --target lint || failed_suites+=(lint)
 
@@ -46,4 +58,4 @@ if [ ${#failed_suites[@]} -ne 0 ]; then
   echo "gpulaunch tests: FAILED in ${failed_suites[*]}; $passed of $total tests passed"
   exit 1
 fi
-echo "gpulaunch tests: all $total tests passed (plain and ASan+UBSan), lint clean"
+echo "gpulaunch tests: all $total tests passed (plain and ASan+UBSan), fuzzing found nothing, lint clean"

@@ -1,0 +1,56 @@
+/* Writes one valid frame of every message type into the seed corpus. */
+#include <stdio.h>
+#include <string.h>
+
+#include "rdzv_codec.h"
+
+int main(int argc, char **argv) {
+    const char *dir = argc > 1 ? argv[1] : ".";
+    for (uint16_t t = 1; t < RDZV_TYPE_MAX_; t++) {
+        rdzv_msg m;
+        memset(&m, 0, sizeof m);
+        m.type = t;
+        m.req_id = t;
+        rdzv_buf keys;
+        rdzv_buf_init(&keys, 4096);
+        rdzv_list_add(&keys, "key", 3);
+        switch (t) {
+        case RDZV_HELLO:
+            m.u.hello.magic = RDZV_MAGIC;
+            m.u.hello.version = RDZV_VERSION;
+            break;
+        case RDZV_JOIN:
+            memcpy(m.u.join.run_id, "job", 4);
+            memcpy(m.u.join.hostname, "node", 5);
+            m.u.join.nproc = 8;
+            m.u.join.static_rank = -1;
+            m.u.join.min_nodes = m.u.join.max_nodes = 2;
+            break;
+        case RDZV_KV_SET:
+            m.u.kv_set.key = (rdzv_bytes){(const uint8_t *)"k", 1};
+            m.u.kv_set.value = (rdzv_bytes){(const uint8_t *)"v", 1};
+            break;
+        case RDZV_KV_WAIT:
+        case RDZV_KV_MGET:
+            m.u.kv_keys.nkeys = 1;
+            m.u.kv_keys.keys = (rdzv_bytes){keys.data, (uint32_t)keys.len};
+            break;
+        default:
+            break;
+        }
+        rdzv_buf b;
+        rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+        if (rdzv_encode(&m, &b) == GPL_OK) {
+            char path[512];
+            snprintf(path, sizeof path, "%s/%s.bin", dir, rdzv_type_name(t));
+            FILE *f = fopen(path, "wb");
+            if (f) {
+                fwrite(b.data, 1, b.len, f);
+                fclose(f);
+            }
+        }
+        rdzv_buf_free(&b);
+        rdzv_buf_free(&keys);
+    }
+    return 0;
+}
