@@ -16,6 +16,7 @@ typedef struct dp_grad {
     int bucket;
     size_t offset; /* bytes into the bucket */
     int ready;
+    int on_device;
 } dp_grad;
 
 typedef struct dp_bucket {
@@ -23,6 +24,7 @@ typedef struct dp_bucket {
     size_t bytes, count;
     uint8_t *flat;
     int ngrads, nready;
+    int on_device; /* the flat buffer lives on the GPU (NCCL path) */
 } dp_bucket;
 
 struct gpl_dp {
@@ -107,7 +109,8 @@ gpl_result_t gpl_dp_register(gpl_dp_t dp, void *grad, size_t count, gpl_dtype_t 
         dp->g = g;
         dp->gcap = cap;
     }
-    dp->g[dp->ng] = (dp_grad){.ptr = grad, .count = count, .dtype = dtype};
+    dp->g[dp->ng] = (dp_grad){
+        .ptr = grad, .count = count, .dtype = dtype, .on_device = gpl_nccl_is_device_ptr(grad)};
     if (index)
         *index = dp->ng;
     dp->ng++;
@@ -123,9 +126,11 @@ static gpl_result_t build(gpl_dp_t dp) {
         dp_grad *g = &dp->g[i];
         size_t bytes = g->count * gpl_dtype_size(g->dtype);
         size_t cap = nb <= 0 ? dp->o.first_bucket_bytes : dp->o.bucket_cap_bytes;
-        if (nb < 0 || dp->b[nb].dtype != g->dtype ||
-            (dp->b[nb].bytes > 0 && dp->b[nb].bytes + bytes > cap))
+        if (nb < 0 || dp->b[nb].dtype != g->dtype || dp->b[nb].on_device != g->on_device ||
+            (dp->b[nb].bytes > 0 && dp->b[nb].bytes + bytes > cap)) {
             dp->b[++nb].dtype = g->dtype;
+            dp->b[nb].on_device = g->on_device;
+        }
         g->bucket = nb;
         g->offset = dp->b[nb].bytes;
         dp->b[nb].bytes += bytes;
@@ -134,9 +139,12 @@ static gpl_result_t build(gpl_dp_t dp) {
     }
     dp->nb = nb + 1;
     for (int i = 0; i < dp->nb; i++) {
-        dp->b[i].flat = malloc(dp->b[i].bytes ? dp->b[i].bytes : 1);
+        size_t bytes = dp->b[i].bytes ? dp->b[i].bytes : 1;
+        dp->b[i].flat = dp->b[i].on_device ? gpl_dev_alloc(bytes) : malloc(bytes);
         if (dp->b[i].flat == NULL)
-            return GPL_ERR_NOMEM;
+            return gb_seterr(&dp->comm->err, GPL_ERR_NOMEM,
+                             "cannot allocate a %zu-byte gradient bucket%s", bytes,
+                             dp->b[i].on_device ? " on the GPU" : "");
     }
     dp->built = 1;
     return GPL_OK;
@@ -165,7 +173,14 @@ gpl_result_t gpl_dp_ready(gpl_dp_t dp, int index) {
                          "gradient #%d marked ready twice in one step", index);
     g->ready = 1;
     dp_bucket *b = &dp->b[g->bucket];
-    memcpy(b->flat + g->offset, g->ptr, g->count * gpl_dtype_size(g->dtype));
+    size_t bytes = g->count * gpl_dtype_size(g->dtype);
+    if (g->on_device) {
+        if (gpl_dev_copy(b->flat + g->offset, g->ptr, bytes) != 0)
+            return gb_seterr(&dp->comm->err, GPL_ERR_CUDA, "copying gradient #%d: CUDA error",
+                             index);
+    } else {
+        memcpy(b->flat + g->offset, g->ptr, bytes);
+    }
     pthread_mutex_lock(&dp->mu);
     b->nready++;
     launch_ready(dp);
@@ -211,8 +226,12 @@ void gpl_dp_destroy(gpl_dp_t dp) {
     pthread_cond_broadcast(&dp->cv);
     pthread_mutex_unlock(&dp->mu);
     pthread_join(dp->th, NULL);
-    for (int i = 0; i < dp->nb; i++)
-        free(dp->b[i].flat);
+    for (int i = 0; i < dp->nb; i++) {
+        if (dp->b[i].on_device)
+            gpl_dev_free(dp->b[i].flat);
+        else
+            free(dp->b[i].flat);
+    }
     free(dp->b);
     free(dp->g);
     pthread_mutex_destroy(&dp->mu);

@@ -125,5 +125,9 @@ gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype
                                 void *stream);
 gpl_result_t gpl_nccl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
                                 void *stream);
+/* device memory for gradient buckets (NULL / failure without CUDA) */
+void *gpl_dev_alloc(size_t bytes);
+void gpl_dev_free(void *p);
+int gpl_dev_copy(void *dst, const void *src, size_t bytes);
 
 #endif

@@ -222,7 +222,22 @@ gpl_result_t gpl_nccl_allgather(gpl_comm_t c, const void *s, void *r, size_t cou
     return nccl_wait(c, (cudaStream_t)stream, "allgather");
 }
 
+void *gpl_dev_alloc(size_t bytes) {
+    void *p = NULL;
+    return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+
+void gpl_dev_free(void *p) { cudaFree(p); }
+
+int gpl_dev_copy(void *dst, const void *src, size_t bytes) {
+    return cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess ? 0 : -1;
+}
+
 #else /* no CUDA in this build */
+
+void *gpl_dev_alloc(size_t bytes) { return NULL; }
+void gpl_dev_free(void *p) {}
+int gpl_dev_copy(void *dst, const void *src, size_t bytes) { return -1; }
 
 static gpl_result_t unsupported(gpl_comm_t c) {
     return gb_seterr(&c->err, GPL_ERR_UNSUPPORTED,

@@ -27,8 +27,11 @@ run_suite() { # name, build dir, extra cmake args...
     local t p
     t=$(grep -oE 'Synthesis: Tested: [0-9]+' "$log" | awk '{s+=$3} END {print s+0}')
     p=$(grep -oE 'Passing: [0-9]+' "$log" | awk '{s+=$2} END {print s+0}')
+    local k
+    k=$(grep -c '^\[SKIP\]' "$log" || true)
     total=$((total + t)) passed=$((passed + p))
-    echo "== $name: $p of $t tests passed"
+    echo "== $name: $p of $t tests passed${k:+, $k skipped}"
+    grep -h '^\[SKIP\]' "$log" | sed 's/^/   /' | sort -u | head -n 5 || true
   fi
   return $rc
 }
