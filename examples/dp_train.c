@@ -12,10 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpulaunch/gpulaunch.h"
 
 #define IN 16
+
+static gpl_comm_t ckpt_comm;
 #define SAMPLES 4096
 
 typedef struct model {
@@ -134,6 +137,50 @@ static void params_sha256(const model *m, char hex[65]) {
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
 }
 
+/* Checkpoints: rank 0 writes the replicated parameters; every rank reads them
+ * back, whatever the world size. */
+static gpl_result_t save_cb(gpl_ckpt_t ck, int64_t step, double left, void *user) {
+    model *m = user;
+    if (gpl_rank(ckpt_comm) != 0)
+        return GPL_OK;
+    size_t n = m->n_w1 + m->n_b1 + m->n_w2 + m->n_b2;
+    float *all = malloc(n * sizeof(float));
+    if (all == NULL)
+        return GPL_ERR_NOMEM;
+    float *p = all;
+    memcpy(p, m->w1, m->n_w1 * sizeof(float));
+    p += m->n_w1;
+    memcpy(p, m->b1, m->n_b1 * sizeof(float));
+    p += m->n_b1;
+    memcpy(p, m->w2, m->n_w2 * sizeof(float));
+    p += m->n_w2;
+    memcpy(p, m->b2, m->n_b2 * sizeof(float));
+    gpl_result_t rc = gpl_ckpt_write(ck, "params", all, n * sizeof(float));
+    free(all);
+    return rc;
+}
+
+static gpl_result_t load_cb(gpl_ckpt_t ck, int64_t step, void *user) {
+    model *m = user;
+    size_t n = m->n_w1 + m->n_b1 + m->n_w2 + m->n_b2;
+    float *all = malloc(n * sizeof(float));
+    if (all == NULL)
+        return GPL_ERR_NOMEM;
+    gpl_result_t rc = gpl_ckpt_read(ck, "params", all, n * sizeof(float));
+    if (rc == GPL_OK) {
+        const float *p = all;
+        memcpy(m->w1, p, m->n_w1 * sizeof(float));
+        p += m->n_w1;
+        memcpy(m->b1, p, m->n_b1 * sizeof(float));
+        p += m->n_b1;
+        memcpy(m->w2, p, m->n_w2 * sizeof(float));
+        p += m->n_w2;
+        memcpy(m->b2, p, m->n_b2 * sizeof(float));
+    }
+    free(all);
+    return rc;
+}
+
 static long arg_long(const char *name, const char *v, long lo, long hi) {
     char *end;
     errno = 0;
@@ -149,10 +196,14 @@ static long arg_long(const char *name, const char *v, long lo, long hi) {
 static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
+    "                [--checkpoint-dir DIR] [--checkpoint-every N] [--step-sleep-ms MS]\n"
+    "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
+    "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
 
 int main(int argc, char **argv) {
-    long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10;
+    long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
+    const char *ckpt_dir = NULL;
     float lr = 0.05f;
     const char *dump = NULL;
     for (int i = 1; i < argc; i++) {
@@ -180,6 +231,12 @@ int main(int argc, char **argv) {
             lr = strtof(v, NULL);
         else if (strcmp(a, "--dump-params") == 0)
             dump = v;
+        else if (strcmp(a, "--checkpoint-dir") == 0)
+            ckpt_dir = v;
+        else if (strcmp(a, "--checkpoint-every") == 0)
+            ckpt_every = arg_long(a, v, 0, 1L << 40);
+        else if (strcmp(a, "--step-sleep-ms") == 0)
+            sleep_ms = arg_long(a, v, 0, 60000);
         else {
             fprintf(stderr, "dp_train: unknown option %s\n%s", a, usage);
             return 2;
@@ -229,7 +286,25 @@ int main(int argc, char **argv) {
     int gi[4];
     for (int i = 0; i < 4; i++)
         gpl_dp_register(dp, grads[i], counts[i], GPL_FLOAT32, &gi[i]);
-    for (long step = 0; step < steps; step++) {
+    int64_t start = 0;
+    ckpt_comm = comm;
+    if (ckpt_dir) {
+        gpl_ckpt_options co = GPL_CKPT_OPTIONS_INIT;
+        co.dir = ckpt_dir;
+        co.every_steps = ckpt_every;
+        int64_t got = -1;
+        if (gpl_ckpt_setup(comm, &co, save_cb, load_cb, &m) != GPL_OK ||
+            gpl_ckpt_restore(comm, &got) != GPL_OK) {
+            fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+            goto out;
+        }
+        if (got >= 0) {
+            start = got;
+            if (rank == 0)
+                printf("resumed from the checkpoint of step %lld\n", (long long)got);
+        }
+    }
+    for (long step = start; step < steps; step++) {
         for (int k = 0; k < local; k++)
             idx[k] = (int)((step * batch + rank * local + k) % SAMPLES);
         float loss = forward_backward(&m, x, y, idx, local);
@@ -245,6 +320,24 @@ int main(int argc, char **argv) {
             sgd(params[i], grads[i], counts[i], lr);
         if (rank == 0 && (step % every == 0 || step == steps - 1))
             printf("step %ld loss %.6f\n", step, loss);
+        if (sleep_ms) {
+            struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000};
+            nanosleep(&ts, NULL);
+        }
+        if (ckpt_dir) {
+            gpl_result_t rc2 = gpl_step_end(comm, step + 1);
+            if (rc2 == GPL_ERR_PREEMPTED) {
+                printf("rank %d preempted after step %ld\n", rank, step + 1);
+                fprintf(stderr, "dp_train: %s\n", gpl_last_error(comm));
+                fflush(stdout);
+                rc = GPL_EXIT_PREEMPTED;
+                goto out;
+            }
+            if (rc2 != GPL_OK) {
+                fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+                goto out;
+            }
+        }
     }
     char hex[65];
     params_sha256(&m, hex);

@@ -408,6 +408,7 @@ static const char *const managed[] = {"RANK",
                                       "GPULAUNCH_NODE_RANK",
                                       "GPULAUNCH_HOSTNAME",
                                       "GPULAUNCH_NODE_ADDR",
+                                      "GPULAUNCH_GRACE_S",
                                       NULL};
 
 /* The i-th device this node exposes, for --bind-gpus. */
@@ -489,6 +490,7 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
     n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
     n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", L.addr);
+    n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", L.cfg.shutdown_timeout_s);
     if (L.token)
         n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
     if (L.nccl_ifname[0])
@@ -749,7 +751,48 @@ static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
                : GL_EXIT_RDZV);
 }
 
+/* A preemption: every node's workers checkpoint the same step and stop; the
+ * launcher exits 143 (retryable). Workers get SIGTERM: those that use the
+ * runtime turn it into a checkpoint request, others (PyTorch) stop as they
+ * always do. SIGKILL comes only after the deadline. */
+static void preempt(uint64_t deadline_unix_ms, const char *why) {
+    if (L.exit_requested)
+        return;
+    L.exit_requested = 1;
+    L.exit_code = 128 + SIGTERM;
+    fprintf(stderr, "gpulaunch: preemption (%s): workers checkpoint and stop%s\n", why,
+            L.nrunning ? "" : " (none running)");
+    if (L.nrunning == 0) {
+        maybe_finish_round();
+        return;
+    }
+    signal_group(SIGTERM);
+    L.stopping = 1;
+    double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
+    if (left_ms < 1000)
+        left_ms = 1000;
+    uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)left_ms, 0);
+}
+
+static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
+                     const char *reason) {
+    if (kind != RDZV_EVENT_CHECKPOINT)
+        return;
+    char why[512];
+    snprintf(why, sizeof why, "%s", reason[0] ? reason : node);
+    preempt(deadline_unix_ms, why);
+}
+
 static void on_signal(uv_signal_t *h, int sig) {
+    if (sig == SIGTERM && !L.exit_requested && L.cli) {
+        /* tell every node first, so that all ranks save the same step */
+        uint64_t deadline = (uint64_t)((gb_wall_s() + L.cfg.shutdown_timeout_s) * 1000.0);
+        char why[300];
+        snprintf(why, sizeof why, "SIGTERM on %s", L.hostname);
+        rdzv_client_event(L.cli, RDZV_EVENT_CHECKPOINT, deadline, why);
+        preempt(deadline, why);
+        return;
+    }
     fprintf(stderr, "gpulaunch: got %s: stopping the workers\n", signame(sig));
     L.exit_requested = 1;
     L.exit_code = 128 + sig;
@@ -920,6 +963,7 @@ int main(int argc, char **argv) {
                                 .on_waiting = on_waiting,
                                 .on_progress = on_progress,
                                 .on_job_done = on_job_done,
+                                .on_event = on_event,
                                 .on_error = on_rdzv_error};
     uv_timer_init(L.loop, &L.kill_timer);
     uv_timer_init(L.loop, &L.done_timer);

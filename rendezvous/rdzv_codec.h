@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "gpulaunch/gpl_error.h"
+#include "gpulaunch/rdzv.h"
 
 #define RDZV_MAGIC 0x47504c52u /* "GPLR" */
 #define RDZV_VERSION 1
@@ -68,8 +69,7 @@ enum rdzv_reason {
 };
 const char *rdzv_reason_name(uint32_t reason);
 
-/* Job events (RDZV_EVENT.kind). */
-enum rdzv_event_kind { RDZV_EVENT_CHECKPOINT = 1, RDZV_EVENT_SHUTDOWN = 2 };
+/* Job events (RDZV_EVENT.kind): enum rdzv_event_kind in gpulaunch/rdzv.h. */
 
 /* A byte string inside a frame (not NUL-terminated; valid while the frame is). */
 typedef struct rdzv_bytes {

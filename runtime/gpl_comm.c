@@ -174,6 +174,7 @@ void gpl_finalize(gpl_comm_t c) {
     free(c->node_size);
     free(c->node_host);
     free(c->cma_tmp);
+    free(c->ckpt);
     free(c);
 }
 

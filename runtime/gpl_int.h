@@ -64,9 +64,10 @@ struct gpl_comm {
     gpl_ring *ring;
     int *node_base, *node_size; /* every node's first rank and rank count */
     char (*node_host)[256];
-    uint64_t seq;     /* collective sequence number */
-    const char *coll; /* name of the collective in progress */
-    void *nccl;       /* gpl_nccl state */
+    uint64_t seq;          /* collective sequence number */
+    const char *coll;      /* name of the collective in progress */
+    void *nccl;            /* gpl_nccl state */
+    struct gpl_ckpt *ckpt; /* gpl_ckpt state */
 };
 
 /* kernels (gpl_reduce.c) */

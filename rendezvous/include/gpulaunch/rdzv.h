@@ -15,6 +15,12 @@
 #define RDZV_DEFAULT_LAST_CALL_MS 30000
 #define RDZV_DEFAULT_JOIN_TIMEOUT_MS 600000
 
+/* Job events broadcast to every node and attached worker. */
+enum rdzv_event_kind {
+    RDZV_EVENT_CHECKPOINT = 1, /* checkpoint now: a node is being preempted */
+    RDZV_EVENT_SHUTDOWN = 2
+};
+
 /* ---- server ---- */
 
 typedef struct rdzv_server rdzv_server;

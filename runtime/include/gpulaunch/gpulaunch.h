@@ -138,6 +138,53 @@ GPL_API gpl_result_t gpl_dp_ready(gpl_dp_t dp, int index);
 GPL_API gpl_result_t gpl_dp_wait(gpl_dp_t dp);
 GPL_API void gpl_dp_destroy(gpl_dp_t dp);
 
+/* ---- checkpoints and preemption ---- */
+
+/* The exit code of a worker that stopped after a preemption checkpoint:
+ * retryable under PyTorchJob restartPolicy: ExitCode. */
+#define GPL_EXIT_PREEMPTED 143
+
+typedef struct gpl_ckpt *gpl_ckpt_t;
+
+/* Writes this rank's state for step with gpl_ckpt_write; seconds_left is the
+ * time before the node goes away (a large number for periodic checkpoints). */
+typedef gpl_result_t (*gpl_save_fn)(gpl_ckpt_t ck, int64_t step, double seconds_left, void *user);
+/* Reads the state of step with gpl_ckpt_read. */
+typedef gpl_result_t (*gpl_load_fn)(gpl_ckpt_t ck, int64_t step, void *user);
+
+#define GPL_CKPT_OPTIONS_VERSION 1
+typedef struct gpl_ckpt_options {
+    size_t size;
+    uint32_t version;
+    const char *dir;      /* where step-NNNNNNNNNNNN/ directories go; NULL: never save */
+    int keep;             /* complete checkpoints kept (default 3) */
+    int64_t every_steps;  /* periodic checkpoint every N steps (0: off) */
+    double every_seconds; /* periodic checkpoint every T seconds, rank 0's clock (0: off) */
+    int handle_sigterm;   /* 1: SIGTERM asks for a checkpoint instead of killing (default) */
+} gpl_ckpt_options;
+#define GPL_CKPT_OPTIONS_INIT                                                                      \
+    { sizeof(gpl_ckpt_options), GPL_CKPT_OPTIONS_VERSION, NULL, 3, 0, 0.0, 1 }
+
+GPL_API gpl_result_t gpl_ckpt_setup(gpl_comm_t comm, const gpl_ckpt_options *opts, gpl_save_fn save,
+                                    gpl_load_fn load, void *user);
+/* Loads the newest complete checkpoint (torn or partial ones are skipped and
+ * reported on stderr) through the load callback; *step is its step, or -1
+ * when there is none. */
+GPL_API gpl_result_t gpl_ckpt_restore(gpl_comm_t comm, int64_t *step);
+/* Call once per step, after the update. Every rank agrees (one small
+ * all-reduce) on whether to checkpoint this step: a preemption anywhere
+ * (SIGTERM here, or a checkpoint event from the rendezvous) or a periodic
+ * checkpoint. Returns GPL_ERR_PREEMPTED when the loop must stop: the
+ * checkpoint of this step is written; exit with GPL_EXIT_PREEMPTED. */
+GPL_API gpl_result_t gpl_step_end(gpl_comm_t comm, int64_t step);
+/* In the save callback: one named file of this rank, written to a temporary
+ * name, fsync'd, renamed, with its size and SHA-256 in the rank's manifest. */
+GPL_API gpl_result_t gpl_ckpt_write(gpl_ckpt_t ck, const char *name, const void *data, size_t len);
+/* In the load callback: this rank's file of that name, else rank 0's (so
+ * replicated state reloads at any world size). GPL_ERR_NOT_FOUND when
+ * neither exists; GPL_ERR_CORRUPT when the size differs from len. */
+GPL_API gpl_result_t gpl_ckpt_read(gpl_ckpt_t ck, const char *name, void *data, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,422 @@
+/* Checkpoints agreed by every rank: at the step boundary one small all-reduce
+ * decides whether this step is saved (a preemption anywhere, or a periodic
+ * checkpoint), every rank writes its files atomically with a manifest of
+ * sizes and SHA-256 sums, and rank 0 marks the step COMPLETE only after every
+ * rank's files are durable. Restore takes the newest COMPLETE step whose
+ * files all check out, skipping (and reporting) torn ones.
+ *
+ * DIR/step-000000000120/r0-params        files, r<rank>-<name>
+ *                      /rank-0.manifest  "<file> <size> <sha256>" per line
+ *                      /COMPLETE         "gpulaunch-checkpoint 1\nstep 120\nworld 4\n" */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gb_time.h"
+#include "gpl_int.h"
+
+#define CKPT_NAME_MAX 128       /* bytes of a file name given to gpl_ckpt_write */
+#define CKPT_MANIFEST_MAX 65536 /* bytes of one rank's manifest */
+#define CKPT_MAX_STEPS 4096     /* step directories looked at by restore */
+
+struct gpl_ckpt {
+    gpl_comm_t c;
+    gpl_ckpt_options o;
+    char dir[PATH_MAX - 64];
+    gpl_save_fn save;
+    gpl_load_fn load;
+    void *user;
+    double last_save_s;
+    int64_t last_saved_step;
+    char stepdir[PATH_MAX];
+    char manifest[CKPT_MANIFEST_MAX];
+    size_t man_len;
+};
+
+static volatile sig_atomic_t sigterm_seen;
+
+static void on_sigterm(int sig) { sigterm_seen = 1; }
+
+static double wall_s(void) { return gb_wall_s(); }
+
+static void sha256_hex(const void *p, size_t n, char hex[65]) {
+    unsigned char md[32];
+    unsigned int len = 0;
+    EVP_Digest(p, n, md, &len, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+static int fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* Writes data to path through a temporary name, fsync'd, then renamed. */
+static int write_atomic(const char *dir, const char *name, const void *data, size_t len) {
+    char tmp[PATH_MAX], path[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    const uint8_t *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            close(fd);
+            return -1;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0)
+        return -1;
+    return rename(tmp, path);
+}
+
+gpl_result_t gpl_ckpt_setup(gpl_comm_t c, const gpl_ckpt_options *o, gpl_save_fn save,
+                            gpl_load_fn load, void *user) {
+    if (c == NULL || o == NULL || o->version != GPL_CKPT_OPTIONS_VERSION ||
+        o->size < sizeof(gpl_ckpt_options))
+        return GPL_ERR_INVALID_ARG;
+    gpl_ckpt_t k = calloc(1, sizeof *k);
+    if (k == NULL)
+        return GPL_ERR_NOMEM;
+    k->c = c;
+    k->o = *o;
+    if (k->o.keep < 1)
+        k->o.keep = 3;
+    if (o->dir) {
+        if (strlen(o->dir) >= sizeof k->dir) {
+            free(k);
+            return gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "checkpoint directory name too long");
+        }
+        snprintf(k->dir, sizeof k->dir, "%s", o->dir);
+        if (mkdir(k->dir, 0755) != 0 && errno != EEXIST) {
+            free(k);
+            return gb_seterr(&c->err, GPL_ERR_SYSTEM,
+                             "rank %d: cannot create checkpoint directory %s: %s", c->rank, o->dir,
+                             strerror(errno));
+        }
+    }
+    k->save = save;
+    k->load = load;
+    k->user = user;
+    k->last_save_s = wall_s();
+    k->last_saved_step = -1;
+    k->o.dir = NULL; /* do not keep the caller's pointer */
+    if (o->handle_sigterm) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigterm;
+        sa.sa_flags = SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+    }
+    free(c->ckpt);
+    c->ckpt = k;
+    return GPL_OK;
+}
+
+gpl_result_t gpl_ckpt_write(gpl_ckpt_t k, const char *name, const void *data, size_t len) {
+    gpl_comm_t c = k->c;
+    if (name == NULL || *name == '\0' || strlen(name) > CKPT_NAME_MAX || strchr(name, '/') ||
+        (len && data == NULL))
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "gpl_ckpt_write: a file name of 1 to %d characters without '/' and its "
+                         "data are needed",
+                         CKPT_NAME_MAX);
+    char file[CKPT_NAME_MAX + 32];
+    snprintf(file, sizeof file, "r%d-%s", c->rank, name);
+    if (write_atomic(k->stepdir, file, data, len) != 0)
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: writing checkpoint file %s/%s: %s",
+                         c->rank, k->stepdir, file, strerror(errno));
+    char hex[65];
+    sha256_hex(data, len, hex);
+    int w = snprintf(k->manifest + k->man_len, sizeof k->manifest - k->man_len, "%s %zu %s\n", file,
+                     len, hex);
+    if (w < 0 || (size_t)w >= sizeof k->manifest - k->man_len)
+        return gb_seterr(&c->err, GPL_ERR_LIMIT,
+                         "rank %d: more checkpoint files than the "
+                         "%d-byte manifest holds",
+                         c->rank, CKPT_MANIFEST_MAX);
+    k->man_len += (size_t)w;
+    return GPL_OK;
+}
+
+/* Removes a step directory and everything in it. */
+static void remove_step(const char *path) {
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && (e->d_name[1] == '\0' || strcmp(e->d_name, "..") == 0))
+            continue;
+        char f[PATH_MAX];
+        snprintf(f, sizeof f, "%s/%s", path, e->d_name);
+        unlink(f);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Step numbers of the step-* directories, newest first. */
+static int list_steps(const char *dir, int64_t *steps, int max) {
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        long long s;
+        char tail;
+        if (sscanf(e->d_name, "step-%lld%c", &s, &tail) == 1 && s >= 0)
+            steps[n++] = s;
+    }
+    closedir(d);
+    qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+    return n;
+}
+
+/* Keeps the newest `keep` complete steps; removes older and abandoned ones. */
+static void prune(gpl_ckpt_t k, int64_t current) {
+    int64_t *steps = malloc(CKPT_MAX_STEPS * sizeof *steps);
+    if (steps == NULL)
+        return;
+    int n = list_steps(k->dir, steps, CKPT_MAX_STEPS), kept = 0;
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX], done[PATH_MAX];
+        snprintf(path, sizeof path, "%s/step-%012lld", k->dir, (long long)steps[i]);
+        snprintf(done, sizeof done, "%s/COMPLETE", path);
+        int complete = access(done, F_OK) == 0;
+        if (steps[i] > current)
+            continue; /* a later run's; not ours to judge */
+        if (complete && kept < k->o.keep) {
+            kept++;
+            continue;
+        }
+        if (steps[i] < current)
+            remove_step(path);
+    }
+    free(steps);
+}
+
+static gpl_result_t save_step(gpl_ckpt_t k, int64_t step, double left) {
+    gpl_comm_t c = k->c;
+    if (k->dir[0] == '\0' || k->save == NULL || step == k->last_saved_step)
+        return GPL_OK;
+    snprintf(k->stepdir, sizeof k->stepdir, "%s/step-%012lld", k->dir, (long long)step);
+    if (mkdir(k->stepdir, 0755) != 0 && errno != EEXIST)
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: cannot create %s: %s", c->rank,
+                         k->stepdir, strerror(errno));
+    k->man_len = 0;
+    gpl_result_t rc = k->save(k, step, left, k->user);
+    if (rc != GPL_OK)
+        return gb_seterr(&c->err, rc, "rank %d: the save callback failed at step %lld", c->rank,
+                         (long long)step);
+    char man[64];
+    snprintf(man, sizeof man, "rank-%d.manifest", c->rank);
+    if (write_atomic(k->stepdir, man, k->manifest, k->man_len) != 0 || fsync_dir(k->stepdir) != 0)
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: writing %s/%s: %s", c->rank, k->stepdir,
+                         man, strerror(errno));
+    /* every rank's files are durable before the step is declared complete */
+    if (c->world > 1 && (rc = gpl_barrier(c)) != GPL_OK)
+        return rc;
+    if (c->rank == 0) {
+        char done[128];
+        int n = snprintf(done, sizeof done, "gpulaunch-checkpoint 1\nstep %lld\nworld %d\n",
+                         (long long)step, c->world);
+        if (write_atomic(k->stepdir, "COMPLETE", done, (size_t)n) != 0 ||
+            fsync_dir(k->stepdir) != 0 || fsync_dir(k->dir) != 0)
+            return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank 0: marking %s complete: %s", k->stepdir,
+                             strerror(errno));
+        prune(k, step);
+    }
+    k->last_saved_step = step;
+    k->last_save_s = wall_s();
+    return GPL_OK;
+}
+
+gpl_result_t gpl_step_end(gpl_comm_t c, int64_t step) {
+    gpl_ckpt_t k = c ? c->ckpt : NULL;
+    if (k == NULL)
+        return c ? gb_seterr(&c->err, GPL_ERR_STATE, "gpl_step_end before gpl_ckpt_setup")
+                 : GPL_ERR_INVALID_ARG;
+    const rdzv_push_state *push = NULL;
+    if (c->rdzv) {
+        rdzv_bclient_poll(c->rdzv, 0);
+        push = rdzv_bclient_pushes(c->rdzv);
+    }
+    int32_t flags[2] = {sigterm_seen || (push && push->checkpoint_requested), 0};
+    if (c->rank == 0 && k->o.every_seconds > 0 && wall_s() - k->last_save_s >= k->o.every_seconds)
+        flags[1] = 1;
+    if (c->world > 1) {
+        gpl_result_t rc = gpl_allreduce(c, flags, flags, 2, GPL_INT32, GPL_MAX, NULL);
+        if (rc != GPL_OK)
+            return rc;
+    }
+    int periodic = flags[1] || (k->o.every_steps > 0 && step > 0 && step % k->o.every_steps == 0);
+    if (!flags[0] && !periodic)
+        return GPL_OK;
+    double left = 1e9;
+    if (flags[0]) {
+        const char *g = getenv("GPULAUNCH_GRACE_S");
+        left = g ? strtod(g, NULL) : 30.0;
+        if (push && push->checkpoint_deadline_unix_ms)
+            left = (double)push->checkpoint_deadline_unix_ms / 1000.0 - wall_s();
+    }
+    double t0 = wall_s();
+    gpl_result_t rc = save_step(k, step, left);
+    if (rc != GPL_OK)
+        return rc;
+    if (!flags[0])
+        return GPL_OK;
+    return gb_seterr(&c->err, GPL_ERR_PREEMPTED,
+                     "rank %d: checkpoint of step %lld written in %.3f s; stopping for a "
+                     "preemption (%s); exit with code %d",
+                     c->rank, (long long)step, wall_s() - t0,
+                     push && push->checkpoint_requested ? push->checkpoint_reason
+                     : sigterm_seen                     ? "SIGTERM"
+                                                        : "another rank's request",
+                     GPL_EXIT_PREEMPTED);
+}
+
+/* Checks every file of a step against the manifests; why says what is wrong. */
+static int step_valid(const char *stepdir, char *why, size_t whylen) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/COMPLETE", stepdir);
+    FILE *f = fopen(path, "r");
+    int world = 0;
+    long long step = -1;
+    if (f == NULL) {
+        snprintf(why, whylen, "no COMPLETE marker (partial: a rank stopped while writing)");
+        return 0;
+    }
+    int ok =
+        fscanf(f, "gpulaunch-checkpoint 1 step %lld world %d", &step, &world) == 2 && world > 0;
+    fclose(f);
+    if (!ok) {
+        snprintf(why, whylen, "COMPLETE marker unreadable");
+        return 0;
+    }
+    for (int r = 0; r < world; r++) {
+        snprintf(path, sizeof path, "%s/rank-%d.manifest", stepdir, r);
+        f = fopen(path, "r");
+        if (f == NULL) {
+            snprintf(why, whylen, "rank %d's manifest is missing", r);
+            return 0;
+        }
+        char name[CKPT_NAME_MAX + 32], hex[65];
+        size_t size;
+        while (fscanf(f, "%159s %zu %64s", name, &size, hex) == 3) {
+            char fp[PATH_MAX];
+            snprintf(fp, sizeof fp, "%s/%s", stepdir, name);
+            struct stat st;
+            if (stat(fp, &st) != 0 || (size_t)st.st_size != size) {
+                snprintf(why, whylen, "%s is missing or has the wrong size", name);
+                fclose(f);
+                return 0;
+            }
+            uint8_t *buf = malloc(size ? size : 1);
+            FILE *df = fopen(fp, "rb");
+            size_t got = df && buf ? fread(buf, 1, size, df) : 0;
+            if (df)
+                fclose(df);
+            char have[65];
+            if (buf)
+                sha256_hex(buf, got, have);
+            free(buf);
+            if (got != size || strcmp(have, hex) != 0) {
+                snprintf(why, whylen, "%s fails its SHA-256 check (torn write)", name);
+                fclose(f);
+                return 0;
+            }
+        }
+        fclose(f);
+    }
+    return 1;
+}
+
+gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
+    gpl_ckpt_t k = c ? c->ckpt : NULL;
+    *out = -1;
+    if (k == NULL)
+        return c ? gb_seterr(&c->err, GPL_ERR_STATE, "gpl_ckpt_restore before gpl_ckpt_setup")
+                 : GPL_ERR_INVALID_ARG;
+    int64_t chosen = -1;
+    if (c->rank == 0 && k->dir[0]) {
+        int64_t *steps = malloc(CKPT_MAX_STEPS * sizeof *steps);
+        int n = steps ? list_steps(k->dir, steps, CKPT_MAX_STEPS) : 0;
+        for (int i = 0; i < n && chosen < 0; i++) {
+            char stepdir[PATH_MAX], why[256];
+            snprintf(stepdir, sizeof stepdir, "%s/step-%012lld", k->dir, (long long)steps[i]);
+            if (step_valid(stepdir, why, sizeof why))
+                chosen = steps[i];
+            else
+                fprintf(stderr, "gpulaunch runtime: skipping checkpoint %s: %s\n", stepdir, why);
+        }
+        free(steps);
+    }
+    if (c->world > 1) {
+        gpl_result_t rc = gpl_broadcast(c, &chosen, 1, GPL_INT64, 0, NULL);
+        if (rc != GPL_OK)
+            return rc;
+    }
+    if (chosen < 0)
+        return GPL_OK;
+    snprintf(k->stepdir, sizeof k->stepdir, "%s/step-%012lld", k->dir, (long long)chosen);
+    gpl_result_t rc = k->load ? k->load(k, chosen, k->user) : GPL_OK;
+    if (rc != GPL_OK)
+        return gb_seterr(&c->err, rc, "rank %d: the load callback failed for %s", c->rank,
+                         k->stepdir);
+    k->last_saved_step = chosen;
+    *out = chosen;
+    return GPL_OK;
+}
+
+gpl_result_t gpl_ckpt_read(gpl_ckpt_t k, const char *name, void *data, size_t len) {
+    gpl_comm_t c = k->c;
+    char path[PATH_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/r%d-%s", k->stepdir, c->rank, name);
+    if (stat(path, &st) != 0) {
+        snprintf(path, sizeof path, "%s/r0-%s", k->stepdir, name);
+        if (stat(path, &st) != 0)
+            return gb_seterr(&c->err, GPL_ERR_NOT_FOUND, "no checkpoint file '%s' in %s", name,
+                             k->stepdir);
+    }
+    if ((size_t)st.st_size != len)
+        return gb_seterr(&c->err, GPL_ERR_CORRUPT,
+                         "checkpoint file %s holds %lld bytes, expected %zu (a different model?)",
+                         path, (long long)st.st_size, len);
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(data, 1, len, f) : 0;
+    if (f)
+        fclose(f);
+    if (got != len)
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "reading %s: %s", path, strerror(errno));
+    return GPL_OK;
+}
