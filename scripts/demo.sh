@@ -11,8 +11,4 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >build/release.configure.
 cmake --build build/release -j"$(nproc 2>/dev/null || echo 2)" 2>&1 | grep -vE '^\[ *[0-9]+%\]' || true
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 b=build/release
-if [ -x $b/launcher/gpulaunch ] && [ -x $b/examples/dp_train ]; then
-  exec $b/launcher/gpulaunch --standalone --nproc-per-node 4 $b/examples/dp_train "$@"
-fi
-# Until the launcher and the example exist: the smallest real thing.
-exec $b/test/test_runtime_info --verbose
+exec $b/launcher/gpulaunch --standalone --nproc-per-node 4 $b/examples/dp_train "$@"
