@@ -20,6 +20,7 @@
 
 #include "gb_log.h"
 #include "gb_time.h"
+#include "gl_cloud.h"
 #include "gl_options.h"
 #include "gl_preflight.h"
 #include "gpulaunch/rdzv.h"
@@ -78,7 +79,8 @@ static struct launcher {
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
-    uv_timer_t kill_timer, done_timer;
+    uv_timer_t kill_timer, done_timer, cloud_timer;
+    gl_cloud *cloud;
     uv_signal_t sigchld;
     uv_signal_t sigs[4];
     char hostname[256], addr[256], run_id[256], instance[64];
@@ -283,6 +285,7 @@ static void finish(int code) {
 
 static void spawn_workers(void);
 static void on_done_timeout(uv_timer_t *t);
+static void on_cloud_timer(uv_timer_t *t);
 
 /* Everything local is gone: decide between done, restart and exit. */
 static void maybe_finish_round(void) {
@@ -703,6 +706,8 @@ static void choose_ifname(const char *master) {
 static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     L.a = *a;
     choose_ifname(a->master_addr);
+    if (L.cloud == NULL && L.cfg.preemption_source != GL_CLOUD_NONE)
+        uv_timer_start(&L.cloud_timer, on_cloud_timer, 1000, 0);
     double ms = (double)(gb_now_ns() - L.t_start_ns) / 1e6;
     fprintf(stderr,
             "gpulaunch: job %s round %u: node rank %u of %u, ranks %u-%u of %u, master %s:%u, "
@@ -781,6 +786,22 @@ static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, c
     char why[512];
     snprintf(why, sizeof why, "%s", reason[0] ? reason : node);
     preempt(deadline_unix_ms, why);
+}
+
+/* A cloud notice on this node: tell every node, then stop like SIGTERM. */
+static void on_cloud_notice(void *data, uint64_t deadline_unix_ms, const char *why) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s on %s", why, L.hostname);
+    if (!L.exit_requested && L.cli)
+        rdzv_client_event(L.cli, RDZV_EVENT_CHECKPOINT, deadline_unix_ms, msg);
+    preempt(deadline_unix_ms, msg);
+}
+
+/* Polling starts a second after the workers: short jobs never pay for it. */
+static void on_cloud_timer(uv_timer_t *t) {
+    if (L.cloud == NULL)
+        L.cloud = gl_cloud_start(L.loop, L.cfg.preemption_source, L.cfg.val[GL_PREEMPTION_ENDPOINT],
+                                 L.cfg.preemption_poll_s, on_cloud_notice, NULL);
 }
 
 static void on_signal(uv_signal_t *h, int sig) {
@@ -967,6 +988,7 @@ int main(int argc, char **argv) {
                                 .on_error = on_rdzv_error};
     uv_timer_init(L.loop, &L.kill_timer);
     uv_timer_init(L.loop, &L.done_timer);
+    uv_timer_init(L.loop, &L.cloud_timer);
     static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
     for (int i = 0; i < 4; i++) {
         uv_signal_init(L.loop, &L.sigs[i]);

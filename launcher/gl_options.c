@@ -7,6 +7,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "gl_cloud.h"
 #include "gl_options.h"
 #include "gpulaunch/rdzv.h"
 
@@ -50,6 +51,10 @@ static const gl_opt table[GL_OPT_COUNT] = {
     {GL_CHECK, "check", 0, 1, "0", "a flag"},
     {GL_PRINT_CONFIG, "print-config", 0, 1, "0", "a flag"},
     {GL_NCCL_IFNAME_AUTO, "nccl-ifname-auto", 0, 0, "1", "1 or 0"},
+    {GL_PREEMPTION_SOURCE, "preemption-source", 0, 0, "auto", "auto, aws, gcp, azure or none"},
+    {GL_PREEMPTION_ENDPOINT, "preemption-endpoint", 0, 0, "",
+     "the metadata service's base URL (default: the cloud's)"},
+    {GL_PREEMPTION_POLL, "preemption-poll", 0, 0, "5", "seconds between polls (> 0)"},
 };
 
 const char gl_usage[] =
@@ -82,6 +87,11 @@ const char gl_usage[] =
     "  --bind-gpus                 give each worker its own GPU in CUDA_VISIBLE_DEVICES\n"
     "  --shm-min SIZE              smallest acceptable /dev/shm (default 1g)\n"
     "  --nccl-ifname-auto 0|1      set NCCL_SOCKET_IFNAME to the route to the master\n"
+    "  --preemption-source S       auto (default), aws, gcp, azure or none: poll the\n"
+    "                              cloud's spot/preemption notice; a notice (or SIGTERM)\n"
+    "                              checkpoints every rank and exits 143\n"
+    "  --preemption-endpoint URL   metadata base URL (IMDS proxies, tests)\n"
+    "  --preemption-poll S         seconds between polls (default 5)\n"
     "  --config FILE.yaml          options from a YAML mapping\n"
     "  --check                     run the preflight checks only\n"
     "  --print-config              print every effective option and its source\n"
@@ -308,6 +318,15 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
     c->print_config = c->val[GL_PRINT_CONFIG][0] == '1' || c->val[GL_PRINT_CONFIG][0] == 't';
     c->bind_gpus = c->val[GL_BIND_GPUS][0] == '1' || c->val[GL_BIND_GPUS][0] == 't';
     c->nccl_ifname_auto = strcmp(c->val[GL_NCCL_IFNAME_AUTO], "0") != 0;
+    c->preemption_source = gl_cloud_parse_source(c->val[GL_PREEMPTION_SOURCE]);
+    if (c->preemption_source < 0)
+        return bad(err, errlen, GL_PREEMPTION_SOURCE, c->val[GL_PREEMPTION_SOURCE]);
+    c->preemption_poll_s = strtod(c->val[GL_PREEMPTION_POLL], &end);
+    if (*end || !(c->preemption_poll_s > 0) || c->preemption_poll_s > 3600)
+        return bad(err, errlen, GL_PREEMPTION_POLL, c->val[GL_PREEMPTION_POLL]);
+    const char *pe = c->val[GL_PREEMPTION_ENDPOINT];
+    if (*pe && strncmp(pe, "http://", 7) != 0 && strncmp(pe, "https://", 8) != 0)
+        return bad(err, errlen, GL_PREEMPTION_ENDPOINT, pe);
     for (const char *r = c->val[GL_REDIRECTS]; r == c->val[GL_REDIRECTS]; r++)
         if (strspn(r, "0123:,") != strlen(r))
             return bad(err, errlen, GL_REDIRECTS, r);

@@ -39,6 +39,9 @@ enum gl_opt_id {
     GL_CHECK,
     GL_PRINT_CONFIG,
     GL_NCCL_IFNAME_AUTO,
+    GL_PREEMPTION_SOURCE,
+    GL_PREEMPTION_ENDPOINT,
+    GL_PREEMPTION_POLL,
     GL_OPT_COUNT
 };
 
@@ -59,6 +62,8 @@ typedef struct gl_config {
     uint64_t shm_min;
     uint32_t join_timeout_ms, last_call_ms, hb_timeout_ms;
     int standalone, no_python, module, check, print_config, bind_gpus, nccl_ifname_auto;
+    int preemption_source; /* GL_CLOUD_* */
+    double preemption_poll_s;
     enum { GL_MODE_STANDALONE, GL_MODE_STATIC, GL_MODE_DYNAMIC } mode;
 } gl_config;
 

@@ -228,3 +228,159 @@ Test(preempt, kill_9_while_writing_leaves_the_previous_checkpoint_loadable) {
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "resumed from the checkpoint of step ") != NULL, "%s", p.out);
 }
+
+/* ---- cloud notices from a real HTTP server answering as the cloud does ---- */
+
+static int start_fake(proc *p, const char *cloud, const char *after) {
+    char *argv[] = {"/usr/bin/env", "python3",     GPL_SOURCE_DIR "/test/fake_metadata.py",
+                    "--cloud",      (char *)cloud, "--notice-after",
+                    (char *)after,  NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+    cr_assert(proc_expect(p, "listening on 127.0.0.1:", 10000), "fake metadata: %s", p->out);
+    return (int)strtol(strstr(p->out, "127.0.0.1:") + 10, NULL, 10);
+}
+
+static void start_node_src(proc *p, int rank, int port, const char *ckdir, const char *src,
+                           const char *endpoint, const char *sleep_ms) {
+    char r[8], po[16];
+    snprintf(r, sizeof r, "%d", rank);
+    snprintf(po, sizeof po, "%d", port);
+    char *argv[] = {GL,
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--node-rank",
+                    r,
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    po,
+                    "--preemption-source",
+                    (char *)src,
+                    "--preemption-endpoint",
+                    (char *)endpoint,
+                    "--preemption-poll",
+                    "0.2",
+                    DP,
+                    "--steps",
+                    "3000",
+                    "--global-batch",
+                    "32",
+                    "--print-every",
+                    "100000",
+                    "--checkpoint-dir",
+                    (char *)ckdir,
+                    "--checkpoint-every",
+                    "100",
+                    "--step-sleep-ms",
+                    (char *)sleep_ms,
+                    NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+}
+
+static void cloud_notice_case(const char *cloud) {
+    proc fake, a, b;
+    int fport = start_fake(&fake, cloud, "1.5");
+    char ep[64], ck[128], ref[128];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", fport);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    int port = free_port();
+    /* only node 1 sees the notice */
+    start_node_src(&b, 1, port, ck, cloud, ep, "4");
+    start_node_src(&a, 0, port, ck, "none", "", "4");
+    int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
+    proc_kill(&fake, SIGTERM);
+    proc_wait(&fake, 5000);
+    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 143, "node 0 status %d: %s", sa, a.out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 143, "node 1 status %d: %s", sb, b.out);
+    long step[4];
+    for (int r = 0; r < 4; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d preempted after step ", r);
+        const char *s = strstr(r < 2 ? a.out : b.out, pat);
+        cr_assert_not_null(s, "rank %d did not checkpoint: %s %s", r, a.out, b.out);
+        step[r] = strtol(s + strlen(pat), NULL, 10);
+        cr_expect_eq(step[r], step[0], "rank %d saved step %ld, rank 0 %ld", r, step[r], step[0]);
+    }
+    cr_expect(step[0] < 3000, "the notice came too late: step %ld", step[0]);
+    char got[4][65], want[4][65];
+    /* the resumed run and an uninterrupted one agree (no sleeping: same math) */
+    proc c, d;
+    port = free_port();
+    start_node_src(&d, 1, port, ck, "none", "", "0");
+    start_node_src(&c, 0, port, ck, "none", "", "0");
+    int sc = proc_wait(&c, 90000), sd = proc_wait(&d, 90000);
+    cr_assert(WIFEXITED(sc) && WEXITSTATUS(sc) == 0 && WIFEXITED(sd) && WEXITSTATUS(sd) == 0,
+              "resume: %s %s", c.out, d.out);
+    int found = 0;
+    hashes(c.out, got, &found);
+    hashes(d.out, got, &found);
+    cr_expect(strstr(c.out, "resumed from the checkpoint of step") != NULL, "%s", c.out);
+    port = free_port();
+    start_node_src(&d, 1, port, ref, "none", "", "0");
+    start_node_src(&c, 0, port, ref, "none", "", "0");
+    proc_wait(&c, 90000);
+    proc_wait(&d, 90000);
+    int found2 = 0;
+    hashes(c.out, want, &found2);
+    hashes(d.out, want, &found2);
+    cr_assert(found == 4 && found2 == 4);
+    for (int r = 0; r < 4; r++)
+        cr_expect_str_eq(got[r], want[r], "rank %d", r);
+}
+
+Test(preempt, aws_notice_on_one_node, .timeout = 240) { cloud_notice_case("aws"); }
+Test(preempt, gcp_notice_on_one_node, .timeout = 240) { cloud_notice_case("gcp"); }
+Test(preempt, azure_notice_on_one_node, .timeout = 240) { cloud_notice_case("azure"); }
+
+/* A metadata endpoint that hangs, refuses or talks nonsense: training goes on. */
+static void bad_endpoint_case(const char *mode, const char *source) {
+    proc fake, p;
+    int fport = start_fake(&fake, mode, "0");
+    char ep[64], ck[128];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", fport);
+    snprintf(ck, sizeof ck, "%s/ck-%s", dir, mode);
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--preemption-source",
+                    (char *)source,
+                    "--preemption-endpoint",
+                    ep,
+                    "--preemption-poll",
+                    "0.2",
+                    DP,
+                    "--steps",
+                    "900",
+                    "--global-batch",
+                    "32",
+                    "--step-sleep-ms",
+                    "5",
+                    "--checkpoint-dir",
+                    ck,
+                    NULL};
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    int st = proc_wait(&p, 60000);
+    proc_kill(&fake, SIGTERM);
+    proc_wait(&fake, 5000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d: %s", mode, st, p.out);
+    const char *first = strstr(p.out, "preemption notices:");
+    if (strcmp(source, "auto") != 0) {
+        cr_expect_not_null(first, "%s: the trouble was not logged: %s", mode, p.out);
+        if (first)
+            cr_expect_null(strstr(first + 1, "preemption notices:"), "%s: logged more than once",
+                           mode);
+    }
+}
+
+Test(preempt, metadata_endpoint_that_hangs, .timeout = 120) { bad_endpoint_case("hang", "aws"); }
+Test(preempt, metadata_endpoint_that_refuses, .timeout = 120) {
+    bad_endpoint_case("refuse", "gcp");
+}
+Test(preempt, metadata_endpoint_with_garbage, .timeout = 120) {
+    bad_endpoint_case("garbage", "azure");
+}
+Test(preempt, no_cloud_is_quiet_under_auto, .timeout = 120) { bad_endpoint_case("refuse", "auto"); }
