@@ -345,11 +345,12 @@ static int step_valid(const char *stepdir, char *why, size_t whylen) {
             size_t got = df && buf ? fread(buf, 1, size, df) : 0;
             if (df)
                 fclose(df);
-            char have[65];
-            if (buf)
+            char have[65] = "";
+            int hashed = buf != NULL;
+            if (hashed)
                 sha256_hex(buf, got, have);
             free(buf);
-            if (got != size || strcmp(have, hex) != 0) {
+            if (!hashed || got != size || strcmp(have, hex) != 0) {
                 snprintf(why, whylen, "%s fails its SHA-256 check (torn write)", name);
                 fclose(f);
                 return 0;
