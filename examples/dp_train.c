@@ -196,13 +196,15 @@ static long arg_long(const char *name, const char *v, long lo, long hi) {
 static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
-    "                [--checkpoint-dir DIR] [--checkpoint-every N] [--step-sleep-ms MS]\n"
+    "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
+    "                [--step-sleep-ms MS]\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
     "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
 
 int main(int argc, char **argv) {
     long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
+    double ckpt_every_s = 0;
     const char *ckpt_dir = NULL;
     float lr = 0.05f;
     const char *dump = NULL;
@@ -235,6 +237,8 @@ int main(int argc, char **argv) {
             ckpt_dir = v;
         else if (strcmp(a, "--checkpoint-every") == 0)
             ckpt_every = arg_long(a, v, 0, 1L << 40);
+        else if (strcmp(a, "--checkpoint-every-s") == 0)
+            ckpt_every_s = strtod(v, NULL);
         else if (strcmp(a, "--step-sleep-ms") == 0)
             sleep_ms = arg_long(a, v, 0, 60000);
         else {
@@ -292,6 +296,7 @@ int main(int argc, char **argv) {
         gpl_ckpt_options co = GPL_CKPT_OPTIONS_INIT;
         co.dir = ckpt_dir;
         co.every_steps = ckpt_every;
+        co.every_seconds = ckpt_every_s;
         int64_t got = -1;
         if (gpl_ckpt_setup(comm, &co, save_cb, load_cb, &m) != GPL_OK ||
             gpl_ckpt_restore(comm, &got) != GPL_OK) {

@@ -560,3 +560,64 @@ Test(example, dp_train_4_ranks_matches_1_rank) {
     }
     cr_expect_leq(worst, 1e-5, "4 ranks differ from 1 rank by %g relative", worst);
 }
+
+Test(launcher, progress_line_then_join_timeout_names_the_missing_node) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", free_tcp_port());
+    proc p;
+    const char *a[] = {"--nnodes",
+                       "2",
+                       "--node-rank",
+                       "0",
+                       "--master-addr",
+                       "127.0.0.1",
+                       "--master-port",
+                       port,
+                       "--rdzv-conf",
+                       "join_timeout=4",
+                       "--no-python",
+                       "/bin/true",
+                       NULL};
+    int st = run(&p, a, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 200, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "waiting for the rendezvous: 1/2 nodes joined") &&
+                  strstr(p.out, "missing node ranks 1"),
+              "%s", p.out);
+    cr_expect(strstr(p.out, "timed out after 4.") && strstr(p.out, "1 of 2 nodes joined"), "%s",
+              p.out);
+}
+
+Test(launcher, tee_redirects_and_rank_filter) {
+    char logdir[128];
+    snprintf(logdir, sizeof logdir, "%s/logs", dir);
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--log-dir",
+                       logdir,
+                       "--tee",
+                       "3",
+                       "--redirects",
+                       "0:1",
+                       "--local-ranks-filter",
+                       "1",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       "echo out-$LOCAL_RANK; echo err-$LOCAL_RANK >&2",
+                       NULL};
+    int st = run(&p, a, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    /* the console shows only local rank 1 */
+    cr_expect(strstr(p.out, "[default1]:out-1") && strstr(p.out, "[default1]:err-1"), "%s", p.out);
+    cr_expect(strstr(p.out, "out-0") == NULL && strstr(p.out, "err-0") == NULL, "%s", p.out);
+    /* both ranks' streams are in their files */
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "cat %s/*/attempt_0/0/output.log | grep -qx out-0 && "
+             "cat %s/*/attempt_0/0/output.log | grep -qx err-0 && "
+             "cat %s/*/attempt_0/1/output.log | grep -qx out-1",
+             logdir, logdir, logdir);
+    cr_expect_eq(system(cmd), 0, "per-rank log files are missing lines");
+}

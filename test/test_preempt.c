@@ -384,3 +384,52 @@ Test(preempt, metadata_endpoint_with_garbage, .timeout = 120) {
     bad_endpoint_case("garbage", "azure");
 }
 Test(preempt, no_cloud_is_quiet_under_auto, .timeout = 120) { bad_endpoint_case("refuse", "auto"); }
+
+Test(preempt, periodic_by_time_and_reload_at_another_world_size, .timeout = 120) {
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    /* 4 ranks, a checkpoint every 0.4 s of rank 0's clock, about 2 s of training */
+    proc p;
+    char *a[] = {GL,
+                 "--standalone",
+                 "--nproc-per-node",
+                 "4",
+                 DP,
+                 "--steps",
+                 "400",
+                 "--global-batch",
+                 "32",
+                 "--checkpoint-dir",
+                 ck,
+                 "--checkpoint-every-s",
+                 "0.4",
+                 "--step-sleep-ms",
+                 "5",
+                 NULL};
+    cr_assert_eq(proc_start(&p, a, NULL), 0);
+    int st = proc_wait(&p, 60000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "test $(ls %s/step-*/COMPLETE | wc -l) -ge 2", ck);
+    cr_expect_eq(system(cmd), 0, "fewer than 2 time-based checkpoints");
+    snprintf(cmd, sizeof cmd, "test $(ls -d %s/step-* | wc -l) -le 3", ck);
+    cr_expect_eq(system(cmd), 0, "more than the 3 kept checkpoints");
+    /* the replicated parameters reload with 2 ranks */
+    char *b[] = {GL,
+                 "--standalone",
+                 "--nproc-per-node",
+                 "2",
+                 DP,
+                 "--steps",
+                 "500",
+                 "--global-batch",
+                 "32",
+                 "--checkpoint-dir",
+                 ck,
+                 NULL};
+    cr_assert_eq(proc_start(&p, b, NULL), 0);
+    st = proc_wait(&p, 60000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "resumed from the checkpoint of step ") != NULL, "%s", p.out);
+    cr_expect(strstr(p.out, "rank 1 params_sha256 ") != NULL, "%s", p.out);
+}
