@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +51,8 @@ enum {
     O_CONNECTTIMEOUT_MS = 156,
     O_NOSIGNAL = 99,
     O_NOPROXY = 10177,
+    O_HEADERFUNCTION = 20079,
+    O_HEADERDATA = 10029,
     I_RESPONSE_CODE = 0x200002
 };
 
@@ -67,12 +70,30 @@ struct gl_cloud {
     char why[512];
     uint64_t deadline_unix_ms;
     int error_logged;
+    char gcp_etag[128];
 };
 
 typedef struct body {
     char buf[CLOUD_BODY_MAX];
     size_t len;
+    char etag[128];  /* the ETag header of the reply, when it had one */
+    long timeout_ms; /* 0: CLOUD_TIMEOUT_MS */
 } body;
+
+static size_t on_header(char *p, size_t size, size_t n, void *ud) {
+    body *b = ud;
+    size_t len = size * n;
+    if (len > 6 && strncasecmp(p, "ETag:", 5) == 0) {
+        const char *v = p + 5;
+        while (*v == ' ' && v < p + len)
+            v++;
+        size_t vl = (size_t)(p + len - v);
+        while (vl && (v[vl - 1] == '\r' || v[vl - 1] == '\n'))
+            vl--;
+        snprintf(b->etag, sizeof b->etag, "%.*s", (int)vl, v);
+    }
+    return len;
+}
 
 static size_t on_data(char *p, size_t size, size_t n, void *ud) {
     body *b = ud;
@@ -117,12 +138,15 @@ static long http(const char *method, const char *url, const char *h1, const char
         hs = cu.slist_append(hs, h2);
     b->len = 0;
     b->buf[0] = '\0';
+    b->etag[0] = '\0';
     cu.easy_setopt(c, O_URL, url);
+    cu.easy_setopt(c, O_HEADERFUNCTION, on_header);
+    cu.easy_setopt(c, O_HEADERDATA, b);
     cu.easy_setopt(c, O_CUSTOMREQUEST, method);
     cu.easy_setopt(c, O_HTTPHEADER, hs);
     cu.easy_setopt(c, O_WRITEFUNCTION, on_data);
     cu.easy_setopt(c, O_WRITEDATA, b);
-    cu.easy_setopt(c, O_TIMEOUT_MS, (long)CLOUD_TIMEOUT_MS);
+    cu.easy_setopt(c, O_TIMEOUT_MS, b->timeout_ms ? b->timeout_ms : (long)CLOUD_TIMEOUT_MS);
     cu.easy_setopt(c, O_CONNECTTIMEOUT_MS, (long)CLOUD_CONNECT_MS);
     cu.easy_setopt(c, O_NOSIGNAL, 1L);
     cu.easy_setopt(c, O_NOPROXY, "*"); /* metadata services are never behind a proxy */
@@ -230,8 +254,19 @@ static int poll_once(gl_cloud *g, char *aws_token, size_t toklen) {
         }
         break;
     case GL_CLOUD_GCP:
-        snprintf(url, sizeof url, "%s/computeMetadata/v1/instance/preempted", g->base);
+        /* a long poll: the reply comes when the value changes, or after the
+         * poll interval; the first request learns the current ETag */
+        if (g->gcp_etag[0])
+            snprintf(url, sizeof url,
+                     "%s/computeMetadata/v1/instance/preempted?wait_for_change=true&last_etag=%s"
+                     "&timeout_sec=%d",
+                     g->base, g->gcp_etag, (int)(g->interval_s < 1 ? 1 : g->interval_s));
+        else
+            snprintf(url, sizeof url, "%s/computeMetadata/v1/instance/preempted", g->base);
+        b->timeout_ms = (long)(g->interval_s * 1000) + CLOUD_TIMEOUT_MS;
         code = http("GET", url, "Metadata-Flavor: Google", NULL, b, err, sizeof err);
+        b->timeout_ms = 0;
+        snprintf(g->gcp_etag, sizeof g->gcp_etag, "%s", code == 200 ? b->etag : "");
         if (code == 200 && strncmp(b->buf, "TRUE", 4) == 0) {
             notice(g, now_ms_wall() + GCP_AZURE_WARNING_S * 1000ull, "GCP %s",
                    "instance/preempted TRUE");
@@ -342,6 +377,9 @@ static void *poller(void *arg) {
     while (!atomic_load(&g->stop)) {
         if (poll_once(g, token, sizeof token))
             return NULL;
+        /* GCP's long poll waited already, when the service gave an ETag */
+        if (g->source == GL_CLOUD_GCP && g->gcp_etag[0])
+            continue;
         for (double t = 0; t < g->interval_s && !atomic_load(&g->stop); t += 0.05)
             usleep(50000);
     }

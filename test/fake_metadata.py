@@ -6,6 +6,7 @@ the notice once --notice-after seconds have passed. Other modes misbehave:
 import argparse
 import http.server
 import json
+import os
 import socketserver
 import sys
 import time
@@ -20,13 +21,16 @@ start = time.time()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, *a):
-        pass
+    def log_message(self, fmt, *a):
+        if os.environ.get("FAKE_METADATA_LOG"):
+            sys.stderr.write("fake metadata: " + (fmt % a) + "\n")
 
-    def reply(self, code, body, ctype="text/plain"):
+    def reply(self, code, body, ctype="text/plain", etag=None):
         data = body.encode()
         self.send_response(code)
         self.send_header("Content-Type", ctype)
+        if etag:
+            self.send_header("ETag", etag)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -62,7 +66,17 @@ class H(http.server.BaseHTTPRequestHandler):
             if self.headers.get("Metadata-Flavor") != "Google":
                 return self.reply(403, "missing Metadata-Flavor")
             if self.path.startswith("/computeMetadata/v1/instance/preempted"):
-                return self.reply(200, "TRUE" if self.notice_due() else "FALSE")
+                # a long poll waits until the value changes or its timeout passes
+                if "wait_for_change=true" in self.path and not self.notice_due():
+                    timeout = 60.0
+                    for part in self.path.split("?", 1)[1].split("&"):
+                        if part.startswith("timeout_sec="):
+                            timeout = float(part.split("=", 1)[1])
+                    end = time.time() + timeout
+                    while time.time() < end and not self.notice_due():
+                        time.sleep(0.05)
+                due = self.notice_due()
+                return self.reply(200, "TRUE" if due else "FALSE", etag="e-true" if due else "e-false")
             if self.path.startswith("/computeMetadata/v1/instance/maintenance-event"):
                 return self.reply(200, "NONE")
             return self.reply(404, "")
