@@ -210,3 +210,31 @@ int raw_connect(int port) {
     }
     return fd;
 }
+
+int free_tcp_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t l = sizeof sa;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &l) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+void tmpdir_make(char *buf, size_t len, const char *prefix) {
+    snprintf(buf, len, "/tmp/%s-XXXXXX", prefix);
+    if (mkdtemp(buf) == NULL)
+        buf[0] = '\0';
+}
+
+void tmpdir_remove(const char *dir) {
+    if (dir[0] == '\0' || strncmp(dir, "/tmp/", 5) != 0)
+        return;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}

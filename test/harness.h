@@ -49,5 +49,10 @@ int peer_join(peer *p, const char *run, const char *host, int static_rank, uint3
 
 int raw_connect(int port);
 uint64_t now_ms(void);
+/* A TCP port that was free a moment ago (for listeners started by others). */
+int free_tcp_port(void);
+/* mkdtemp under /tmp, and rm -rf of it. */
+void tmpdir_make(char *buf, size_t len, const char *prefix);
+void tmpdir_remove(const char *dir);
 
 #endif

@@ -22,16 +22,11 @@
 static char dir[64];
 
 static void mkdir_tmp(void) {
-    snprintf(dir, sizeof dir, "/tmp/gpl-launch-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    tmpdir_make(dir, sizeof dir, "gpl-launch");
+    cr_assert(dir[0]);
 }
 
-static void rm_tmp(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        cr_log_warn("could not remove %s", dir);
-}
+static void rm_tmp(void) { tmpdir_remove(dir); }
 
 TestSuite(launcher, .init = mkdir_tmp, .fini = rm_tmp, .timeout = 60);
 
@@ -44,16 +39,6 @@ static int run(proc *p, const char *const *args, int timeout_ms) {
     argv[n] = NULL;
     cr_assert_eq(proc_start(p, argv, NULL), 0);
     return proc_wait(p, timeout_ms);
-}
-
-static int free_tcp_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t l = sizeof sa;
-    bind(fd, (struct sockaddr *)&sa, sizeof sa);
-    getsockname(fd, (struct sockaddr *)&sa, &l);
-    close(fd);
-    return ntohs(sa.sin_port);
 }
 
 static char *slurp(const char *path) {

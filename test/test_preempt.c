@@ -20,28 +20,13 @@
 static char dir[64];
 
 static void setup(void) {
-    snprintf(dir, sizeof dir, "/tmp/gpl-preempt-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
+    tmpdir_make(dir, sizeof dir, "gpl-preempt");
+    cr_assert(dir[0]);
 }
 
-static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        cr_log_warn("could not remove %s", dir);
-}
+static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(preempt, .init = setup, .fini = teardown, .timeout = 120);
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t l = sizeof sa;
-    bind(fd, (struct sockaddr *)&sa, sizeof sa);
-    getsockname(fd, (struct sockaddr *)&sa, &l);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
 
 /* Starts node `rank` of a 2 x 2 job training the example into ckdir. */
 static void start_node(proc *p, int rank, int port, const char *ckdir, const char *sleep_ms) {
@@ -92,7 +77,7 @@ static void hashes(const char *out, char sha[][65], int *found) {
 
 static void run_pair(const char *ckdir, const char *sleep_ms, char sha[][65]) {
     proc a, b;
-    int port = free_port(), found = 0;
+    int port = free_tcp_port(), found = 0;
     start_node(&b, 1, port, ckdir, sleep_ms);
     start_node(&a, 0, port, ckdir, sleep_ms);
     int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
@@ -109,7 +94,7 @@ Test(preempt, sigterm_to_one_node_checkpoints_every_rank_and_resumes_bitwise) {
     snprintf(ref, sizeof ref, "%s/ref", dir);
     /* 1. interrupted run: SIGTERM to node 1's launcher mid-training */
     proc a, b;
-    int port = free_port();
+    int port = free_tcp_port();
     start_node(&b, 1, port, ck, "4");
     start_node(&a, 0, port, ck, "4");
     cr_assert(proc_expect(&b, "workers (", 10000), "%s", b.out);
@@ -286,7 +271,7 @@ static void cloud_notice_case(const char *cloud) {
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", fport);
     snprintf(ck, sizeof ck, "%s/ck", dir);
     snprintf(ref, sizeof ref, "%s/ref", dir);
-    int port = free_port();
+    int port = free_tcp_port();
     /* only node 1 sees the notice */
     start_node_src(&b, 1, port, ck, cloud, ep, "4");
     start_node_src(&a, 0, port, ck, "none", "", "4");
@@ -308,7 +293,7 @@ static void cloud_notice_case(const char *cloud) {
     char got[4][65], want[4][65];
     /* the resumed run and an uninterrupted one agree (no sleeping: same math) */
     proc c, d;
-    port = free_port();
+    port = free_tcp_port();
     start_node_src(&d, 1, port, ck, "none", "", "0");
     start_node_src(&c, 0, port, ck, "none", "", "0");
     int sc = proc_wait(&c, 90000), sd = proc_wait(&d, 90000);
@@ -318,7 +303,7 @@ static void cloud_notice_case(const char *cloud) {
     hashes(c.out, got, &found);
     hashes(d.out, got, &found);
     cr_expect(strstr(c.out, "resumed from the checkpoint of step") != NULL, "%s", c.out);
-    port = free_port();
+    port = free_tcp_port();
     start_node_src(&d, 1, port, ref, "none", "", "0");
     start_node_src(&c, 0, port, ref, "none", "", "0");
     proc_wait(&c, 90000);
