@@ -606,3 +606,72 @@ Test(launcher, tee_redirects_and_rank_filter) {
              logdir, logdir, logdir);
     cr_expect_eq(system(cmd), 0, "per-rank log files are missing lines");
 }
+
+static void start_rdzv_at(proc *p, const char *listen) {
+    char *argv[] = {GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv", "--listen", (char *)listen, NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+    cr_assert(proc_expect(p, "listening on", 5000), "server: %s", p->out);
+}
+
+Test(launcher, rendezvous_server_restart_does_not_stop_training, .timeout = 90) {
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", free_tcp_port());
+    proc srv, n0, n1;
+    start_rdzv_at(&srv, listen);
+    char *argv[] = {GL,
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    listen,
+                    "--rdzv-id",
+                    "restart",
+                    "--rdzv-conf",
+                    "last_call_timeout=10",
+                    DP,
+                    "--steps",
+                    "500",
+                    "--global-batch",
+                    "32",
+                    "--print-every",
+                    "100000",
+                    "--step-sleep-ms",
+                    "6",
+                    NULL};
+    cr_assert_eq(proc_start(&n0, argv, NULL), 0);
+    cr_assert_eq(proc_start(&n1, argv, NULL), 0);
+    cr_assert(proc_expect(&n0, "workers (", 10000), "%s", n0.out);
+    cr_assert(proc_expect(&n1, "workers (", 10000), "%s", n1.out);
+    usleep(500000);
+    kill(srv.pid, SIGKILL); /* the server dies mid-training ... */
+    proc_wait(&srv, 5000);
+    usleep(300000);
+    start_rdzv_at(&srv, listen); /* ... and comes back on the same address */
+    int s0 = proc_wait(&n0, 60000), s1 = proc_wait(&n1, 60000);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+    cr_expect(WIFEXITED(s0) && WEXITSTATUS(s0) == 0, "node 0 status %d: %s", s0, n0.out);
+    cr_expect(WIFEXITED(s1) && WEXITSTATUS(s1) == 0, "node 1 status %d: %s", s1, n1.out);
+    cr_expect(strstr(n0.out, "round 1 is over") == NULL &&
+                  strstr(n1.out, "round 1 is over") == NULL,
+              "the restart ended the round: %s %s", n0.out, n1.out);
+    char sha[4][65];
+    int found = 0;
+    for (int r = 0; r < 4; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d params_sha256 ", r);
+        const char *s = strstr(n0.out, pat);
+        if (s == NULL)
+            s = strstr(n1.out, pat);
+        if (s) {
+            snprintf(sha[r], 65, "%.64s", s + strlen(pat));
+            found++;
+        }
+    }
+    cr_assert_eq(found, 4, "%s %s", n0.out, n1.out);
+    for (int r = 1; r < 4; r++)
+        cr_expect_str_eq(sha[r], sha[0]);
+}
