@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -863,6 +864,63 @@ static int preflight(int verbose) {
     return fails;
 }
 
+/* --check: the rendezvous this node would join resolves and answers. Retries
+ * with backoff (a pod's DNS name appears late) within the join timeout, at
+ * most 10 s. Returns the number of FAILs. */
+static int check_rendezvous(void) {
+    char host[256];
+    int port;
+    if (L.cfg.mode == GL_MODE_STANDALONE || (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0))
+        return 0; /* this node hosts it */
+    if (L.cfg.mode == GL_MODE_STATIC) {
+        snprintf(host, sizeof host, "%s", L.cfg.val[GL_MASTER_ADDR]);
+        port = L.cfg.master_port;
+    } else if (rdzv_parse_endpoint(L.cfg.val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, host,
+                                   sizeof host, &port) != GPL_OK) {
+        return 1;
+    }
+    uint64_t budget = L.cfg.join_timeout_ms < 10000 ? L.cfg.join_timeout_ms : 10000;
+    uint64_t deadline = gb_now_ms() + budget;
+    unsigned backoff = 100;
+    int resolved = 0;
+    char why[256] = "";
+    for (;;) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        int g = getaddrinfo(host, ps, &hints, &res);
+        if (g == 0) {
+            resolved = 1;
+            int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+            snprintf(why, sizeof why, "%s", ok ? "" : strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            freeaddrinfo(res);
+            if (ok) {
+                printf("ok   rendezvous %s:%d resolves and answers\n", host, port);
+                return 0;
+            }
+        } else {
+            snprintf(why, sizeof why, "%s", gai_strerror(g));
+        }
+        if (gb_now_ms() + backoff > deadline)
+            break;
+        usleep(backoff * 1000);
+        backoff = backoff < 2000 ? backoff * 2 : 2000;
+    }
+    if (!resolved)
+        printf("FAIL the rendezvous host %s does not resolve (%s) after %.1f s: check "
+               "--master-addr / --rdzv-endpoint; in Kubernetes the master pod's DNS name "
+               "appears only once it is scheduled\n",
+               host, why, budget / 1000.0);
+    else
+        printf("FAIL nothing answers at %s:%d (%s) after %.1f s: is node rank 0 / the "
+               "gpulaunch-rdzv server up, and the port open?\n",
+               host, port, why, budget / 1000.0);
+    return 1;
+}
+
 /* ---- main ---- */
 
 static int free_port(void) {
@@ -896,7 +954,7 @@ int main(int argc, char **argv) {
             return 0;
     }
     if (L.cfg.check) {
-        int f = preflight(1);
+        int f = preflight(1) + check_rendezvous();
         return f ? GL_EXIT_PREFLIGHT : 0;
     }
     L.loop = uv_default_loop();

@@ -675,3 +675,33 @@ Test(launcher, rendezvous_server_restart_does_not_stop_training, .timeout = 90) 
     for (int r = 1; r < 4; r++)
         cr_expect_str_eq(sha[r], sha[0]);
 }
+
+Test(launcher, check_tries_the_rendezvous_this_node_would_join) {
+    proc p;
+    const char *a[] = {"--check",
+                       "--nnodes",
+                       "2",
+                       "--node-rank",
+                       "1",
+                       "--master-addr",
+                       "no-such-host.invalid",
+                       "--rdzv-conf",
+                       "join_timeout=1",
+                       NULL};
+    int st = run(&p, a, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL the rendezvous host no-such-host.invalid does not resolve"), "%s",
+              p.out);
+    proc srv;
+    int port;
+    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    const char *b[] = {"--check", "--nnodes",        "1:2", "--rdzv-backend",
+                       "c10d",    "--rdzv-endpoint", ep,    NULL};
+    st = run(&p, b, 20000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "resolves and answers") != NULL, "%s", p.out);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+}
