@@ -28,6 +28,8 @@ static void clean_env(void) {
                           "PET_RDZV_ENDPOINT",
                           "PET_STANDALONE",
                           "PET_CONFIG",
+                          "PET_SHM_MIN",
+                          "PET_PREEMPTION_SOURCE",
                           NULL};
     for (int i = 0; vars[i]; i++)
         unsetenv(vars[i]);
