@@ -943,6 +943,9 @@ int main(int argc, char **argv) {
             return 0;
         }
     L.t_start_ns = gb_now_ns();
+    /* a peer that closed its socket is an error to handle, not a reason to die
+     * (libuv writes with write(2); workers get SIGPIPE back to default) */
+    signal(SIGPIPE, SIG_IGN);
     char err[1024] = "";
     if (gl_config_load(&L.cfg, argc, argv, err, sizeof err) != 0) {
         fprintf(stderr, "gpulaunch: %s\n", err);

@@ -1,6 +1,7 @@
 /* gpulaunch-rdzv: the standalone rendezvous server. */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,7 @@ int main(int argc, char **argv) {
         {0, 0, 0, 0},
     };
     rdzv_server_options o = RDZV_SERVER_OPTIONS_INIT;
+    signal(SIGPIPE, SIG_IGN); /* a client that went away is handled, not fatal */
     char lhost[256] = "0.0.0.0", hhost[256] = "";
     int lport = RDZV_DEFAULT_PORT, hport = 0;
     const char *token_file = NULL;

@@ -238,3 +238,17 @@ void tmpdir_remove(const char *dir) {
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
 }
+
+int proc_ignores(pid_t pid, int sig) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    unsigned long long mask = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "SigIgn:", 7) == 0)
+            mask = strtoull(line + 7, NULL, 16);
+    fclose(f);
+    return (int)((mask >> (sig - 1)) & 1);
+}

@@ -49,6 +49,8 @@ int peer_join(peer *p, const char *run, const char *host, int static_rank, uint3
 
 int raw_connect(int port);
 uint64_t now_ms(void);
+/* Whether process pid ignores signal sig (/proc/PID/status SigIgn). */
+int proc_ignores(pid_t pid, int sig);
 /* A TCP port that was free a moment ago (for listeners started by others). */
 int free_tcp_port(void);
 /* mkdtemp under /tmp, and rm -rf of it. */

@@ -336,6 +336,17 @@ static int alive(pid_t pid) {
     return !(rp && (rp[2] == 'Z' || rp[2] == 'X'));
 }
 
+Test(launcher, hosts_the_rendezvous_without_dying_of_sigpipe) {
+    proc p;
+    char *argv[] = {GL,        "--standalone", "--nproc-per-node", "1", "--no-python",
+                    "/bin/sh", "-c",           "echo up; sleep 5", NULL};
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    cr_assert(proc_expect(&p, "[default0]:up", 5000), "%s", p.out);
+    cr_expect_eq(proc_ignores(p.pid, SIGPIPE), 1, "gpulaunch does not ignore SIGPIPE");
+    kill(p.pid, SIGINT);
+    proc_wait(&p, 10000);
+}
+
 Test(launcher, kill_9_of_gpulaunch_leaves_no_worker) {
     setenv("D", dir, 1);
     proc p;

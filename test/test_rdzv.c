@@ -59,6 +59,12 @@ Test(rdzv, static_round_heterogeneous_nproc) {
     }
 }
 
+/* A client that goes away while the server writes to it must not kill the
+ * server: libuv writes with write(2), so SIGPIPE has to be ignored. */
+Test(rdzv, server_survives_writes_to_vanished_clients) {
+    cr_expect_eq(proc_ignores(srv.pid, SIGPIPE), 1, "gpulaunch-rdzv does not ignore SIGPIPE");
+}
+
 Test(rdzv, static_duplicate_rank_names_both_nodes) {
     cr_assert_eq(peer_open(&P[0], port, NULL), 0);
     cr_assert_eq(peer_open(&P[1], port, NULL), 0);

@@ -284,6 +284,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rdzv_bench: --agents must be at least 2\n");
         return 2;
     }
+    signal(SIGPIPE, SIG_IGN);
     struct rlimit rl;
     getrlimit(RLIMIT_NOFILE, &rl);
     rl.rlim_cur = rl.rlim_max;

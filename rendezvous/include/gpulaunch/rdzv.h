@@ -48,7 +48,8 @@ typedef struct rdzv_server_options {
     }
 
 /* Starts a server on loop. On failure *out is NULL and err (errlen bytes)
- * says what failed. */
+ * says what failed. The process must ignore SIGPIPE (libuv writes with
+ * write(2)): a client that went away is then an error, not a crash. */
 gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts, rdzv_server **out,
                                char *err, size_t errlen);
 int rdzv_server_port(const rdzv_server *s);
