@@ -248,6 +248,7 @@ gpl_result_t gpl_shm_barrier(gpl_comm_t c, uint64_t deadline_ms) {
         sched_yield();
     }
     uint64_t next_check = 0;
+    int suspect = -1;
     for (;;) {
         if (atomic_load(&h->bar_gen) != gen)
             return GPL_OK;
@@ -260,18 +261,30 @@ gpl_result_t gpl_shm_barrier(gpl_comm_t c, uint64_t deadline_ms) {
             gpl_result_t rc = gpl_check_abort(c, deadline_ms, who);
             if (rc != GPL_OK)
                 return rc;
-            /* a local peer that died never arrives */
+            /* a local peer that died never arrives; it must be seen dead on two
+             * checks in a row with the barrier still closed, so that a peer
+             * that passed the barrier and exited in between is not blamed */
             for (int r = 0; r < c->local_world; r++) {
                 pid_t p = h->pid[r];
-                if (atomic_load(&h->arrived[r]) < seq && p > 0 && pid_dead(p)) {
-                    gb_seterr(&c->err, GPL_ERR_PEER_FAILED,
-                              "rank %d (node %s, local rank %d, pid %d) died before reaching %s "
-                              "#%llu",
-                              c->base_rank + r, c->hostname, r, (int)p, c->coll,
-                              (unsigned long long)c->seq);
-                    gpl_shm_abort(c, c->err.msg);
-                    return GPL_ERR_PEER_FAILED;
+                int dead = atomic_load(&h->arrived[r]) < seq && p > 0 && pid_dead(p);
+                if (!dead) {
+                    if (suspect == r)
+                        suspect = -1;
+                    continue;
                 }
+                if (suspect != r) {
+                    suspect = r;
+                    next_check = now + 20; /* look again soon */
+                    continue;
+                }
+                if (atomic_load(&h->bar_gen) != gen)
+                    return GPL_OK;
+                gb_seterr(&c->err, GPL_ERR_PEER_FAILED,
+                          "rank %d (node %s, local rank %d, pid %d) died before reaching %s #%llu",
+                          c->base_rank + r, c->hostname, r, (int)p, c->coll,
+                          (unsigned long long)c->seq);
+                gpl_shm_abort(c, c->err.msg);
+                return GPL_ERR_PEER_FAILED;
             }
             if (atomic_load(&h->abort_flag) == 2)
                 return gb_seterr(&c->err, GPL_ERR_PEER_FAILED, "rank %d: %s #%llu aborted: %s",
