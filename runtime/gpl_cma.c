@@ -74,21 +74,24 @@ gpl_result_t gpl_cma_allreduce(gpl_comm_t c, const void *s, void *r, size_t coun
     h->cma_dst[me] = (uint64_t)(uintptr_t)r;
     if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
         return rc;
-    /* reduce-scatter: my slice, in rank order, piece by piece */
+    /* reduce-scatter: my slice, accumulated in place in my own output, with
+     * the other ranks' pieces read in rank order (each element is computed
+     * once, by its slice's owner, so every rank ends with the same bits) */
     size_t per = (count + (size_t)n - 1) / (size_t)n;
     size_t lo = MIN_((size_t)me * per, count), hi = MIN_(lo + per, count);
     size_t piece = GPL_CMA_PIECE / es;
-    uint8_t *acc = c->cma_tmp, *in = c->cma_tmp + GPL_CMA_PIECE;
+    uint8_t *in = c->cma_tmp;
+    if (s != r && hi > lo)
+        memcpy((uint8_t *)r + lo * es, (const uint8_t *)s + lo * es, (hi - lo) * es);
     for (size_t off = lo; off < hi; off += piece) {
         size_t m = MIN_(piece, hi - off);
-        if ((rc = peer_read(c, 0, h->cma_src[0] + off * es, acc, m * es)) != GPL_OK)
-            return rc;
-        for (int q = 1; q < n; q++) {
+        for (int q = 0; q < n; q++) {
+            if (q == me)
+                continue;
             if ((rc = peer_read(c, q, h->cma_src[q] + off * es, in, m * es)) != GPL_OK)
                 return rc;
-            gpl_reduce_into(acc, in, m, t, op);
+            gpl_reduce_into((uint8_t *)r + off * es, in, m, t, op);
         }
-        memcpy((uint8_t *)r + off * es, acc, m * es);
     }
     if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
         return rc;

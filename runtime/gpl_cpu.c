@@ -20,6 +20,11 @@ static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_
     size_t es = gpl_dtype_size(t);
     gpl_op_t rop = op == GPL_AVG ? GPL_SUM : op;
     gpl_result_t rc = GPL_OK;
+    if (c->cma && c->nnodes == 1 && count * es >= GPL_CMA_MIN_BYTES) {
+        /* single copy: peers read s directly; no staging of r */
+        rc = gpl_cma_allreduce(c, s, r, count, t, rop, deadline);
+        goto out;
+    }
     if (s != r)
         memmove(r, s, count * es);
     if (c->local_world == 1) {
@@ -28,10 +33,6 @@ static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_
         goto out;
     }
     const int n = c->local_world, me = c->local_rank;
-    if (c->cma && c->nnodes == 1 && count * es >= GPL_CMA_MIN_BYTES) {
-        rc = gpl_cma_allreduce(c, r, r, count, t, rop, deadline);
-        goto out;
-    }
     if (count * es <= c->small_bytes && c->nnodes == 1) {
         memcpy(slot(c, me), r, count * es);
         if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)

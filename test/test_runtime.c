@@ -129,7 +129,7 @@ static int sweep(gpl_comm_t c, void *argp, char *msg, size_t len) {
                 uint8_t *s = malloc(n * es + 1), *r = malloc(n * es + 1);
                 for (size_t i = 0; i < n; i++)
                     put(s, i, (gpl_dtype_t)t, in_val(rank, i, (gpl_dtype_t)t));
-                int inplace = si % 2;
+                int inplace = (si + t) % 2; /* both forms at every size, over the dtypes */
                 if (inplace)
                     memcpy(r, s, n * es);
                 gpl_result_t rc =
