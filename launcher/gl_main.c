@@ -48,8 +48,6 @@ typedef struct worker {
     uv_pipe_t out, err;
     int local_rank, rank;
     int running, pipes_open;
-    int64_t exit_status;
-    int term_signal;
     linebuf lout, lerr;
     char tail[GL_ERR_TAIL_LINES][256];
     int tail_n;
@@ -332,8 +330,6 @@ static void on_done_timeout(uv_timer_t *t) {
 
 static void on_worker_exit(worker *w, int64_t status, int sig) {
     w->running = 0;
-    w->exit_status = status;
-    w->term_signal = sig;
     L.nrunning--;
     int failed = status != 0 || sig != 0;
     if (failed && !L.stopping && !L.exit_requested && !L.round_over) {
@@ -661,7 +657,6 @@ static void spawn_workers(void) {
             fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, strerror(-r));
             uv_close((uv_handle_t *)&w->out, on_pipe_closed);
             uv_close((uv_handle_t *)&w->err, on_pipe_closed);
-            w->exit_status = 127;
             if (!L.first.set) {
                 L.first.set = 1;
                 L.first.when = gb_wall_s();

@@ -323,7 +323,6 @@ static job *job_new(rdzv_server *s, const rdzv_msg *jm) {
             return NULL;
         }
     }
-    j->gather_start_ms = gb_now_ms();
     LIST_INSERT_HEAD(&s->jobs, j, link);
     s->njobs++;
     GB_INFO("job %s: created by %s (%u:%u nodes%s)", j->run_id, j->first_host, j->min_nodes,
@@ -407,7 +406,6 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
     j->ranks = NULL;
     j->nranks = j->nactive = j->ndone = 0;
     j->state = JOB_GATHERING;
-    j->gather_start_ms = gb_now_ms();
     j->min_reached_ms = j->npending >= j->min_nodes ? gb_now_ms() : 0;
     kv_clear(j);
 }
@@ -688,7 +686,6 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
     if (j->state == JOB_DONE) {
         /* A finished run id used again starts over. */
         j->state = JOB_GATHERING;
-        j->gather_start_ms = gb_now_ms();
     }
     m->pending = 1;
     LIST_INSERT_HEAD(&j->pending, m, plink);

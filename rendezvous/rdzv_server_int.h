@@ -60,7 +60,7 @@ struct job {
     LIST_HEAD(, member) pending;
     uint32_t npending;
     member **static_slots; /* max_nodes entries in static mode */
-    uint64_t min_reached_ms, gather_start_ms;
+    uint64_t min_reached_ms;
     /* running */
     member **ranks;
     uint32_t nranks, nactive, ndone;

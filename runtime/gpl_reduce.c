@@ -1,7 +1,7 @@
 /* Reduction kernels for every dtype and op. Half types are widened to
- * float32, combined, and rounded back once per combine, identically on every
- * rank. */
+ * float32 by the caller, reduced there, and rounded back once. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpl_int.h"
@@ -74,16 +74,13 @@ static uint16_t f2b(float x) {
     return (uint16_t)(f >> 16);
 }
 
-#define COMBINE(op, a, b)                                                                          \
-    ((op) == GPL_PROD  ? (a) * (b)                                                                 \
-     : (op) == GPL_MIN ? ((b) < (a) ? (b) : (a))                                                   \
-     : (op) == GPL_MAX ? ((b) > (a) ? (b) : (a))                                                   \
-                       : (a) + (b))
-
-#define LOOP(T, op)                                                                                \
+/* One loop per op, the switch outside it. Integers combine as unsigned
+ * (wrap-around, not undefined overflow) and compare as signed. */
+#define LOOP(T, S, op)                                                                             \
     do {                                                                                           \
         T *restrict a_ = acc;                                                                      \
         const T *restrict b_ = in;                                                                 \
+        const S *sa_ = acc, *sb_ = in;                                                             \
         switch (op) {                                                                              \
         case GPL_PROD:                                                                             \
             for (size_t i = 0; i < count; i++)                                                     \
@@ -91,133 +88,62 @@ static uint16_t f2b(float x) {
             break;                                                                                 \
         case GPL_MIN:                                                                              \
             for (size_t i = 0; i < count; i++)                                                     \
-                a_[i] = b_[i] < a_[i] ? b_[i] : a_[i];                                             \
+                a_[i] = sb_[i] < sa_[i] ? b_[i] : a_[i];                                           \
             break;                                                                                 \
         case GPL_MAX:                                                                              \
             for (size_t i = 0; i < count; i++)                                                     \
-                a_[i] = b_[i] > a_[i] ? b_[i] : a_[i];                                             \
+                a_[i] = sb_[i] > sa_[i] ? b_[i] : a_[i];                                           \
             break;                                                                                 \
-        default:                                                                                   \
+        default: /* sum; avg is a sum scaled afterwards */                                         \
             for (size_t i = 0; i < count; i++)                                                     \
                 a_[i] = a_[i] + b_[i];                                                             \
             break;                                                                                 \
         }                                                                                          \
     } while (0)
 
+/* Half types never get here: they are widened to float32 first (gpl_widen). */
 void gpl_reduce_into(void *acc, const void *in, size_t count, gpl_dtype_t t, gpl_op_t op) {
     switch (t) {
     case GPL_FLOAT32:
-        LOOP(float, op);
+        LOOP(float, float, op);
         return;
     case GPL_FLOAT64:
-        LOOP(double, op);
+        LOOP(double, double, op);
         return;
-    case GPL_INT32: {
-        /* wrap-around, not undefined overflow */
-        uint32_t *a = acc;
-        const uint32_t *b = in;
-        const int32_t *sa = acc, *sb = in;
-        for (size_t i = 0; i < count; i++) {
-            switch (op) {
-            case GPL_PROD:
-                a[i] = a[i] * b[i];
-                break;
-            case GPL_MIN:
-                a[i] = sb[i] < sa[i] ? b[i] : a[i];
-                break;
-            case GPL_MAX:
-                a[i] = sb[i] > sa[i] ? b[i] : a[i];
-                break;
-            default:
-                a[i] = a[i] + b[i];
-            }
-        }
+    case GPL_INT32:
+        LOOP(uint32_t, int32_t, op);
         return;
-    }
-    case GPL_INT64: {
-        uint64_t *a = acc;
-        const uint64_t *b = in;
-        const int64_t *sa = acc, *sb = in;
-        for (size_t i = 0; i < count; i++) {
-            switch (op) {
-            case GPL_PROD:
-                a[i] = a[i] * b[i];
-                break;
-            case GPL_MIN:
-                a[i] = sb[i] < sa[i] ? b[i] : a[i];
-                break;
-            case GPL_MAX:
-                a[i] = sb[i] > sa[i] ? b[i] : a[i];
-                break;
-            default:
-                a[i] = a[i] + b[i];
-            }
-        }
+    case GPL_INT64:
+        LOOP(uint64_t, int64_t, op);
         return;
-    }
-    case GPL_FLOAT16: {
-        uint16_t *a = acc;
-        const uint16_t *b = in;
-        for (size_t i = 0; i < count; i++) {
-            float x = h2f(a[i]), y = h2f(b[i]);
-            a[i] = f2h(COMBINE(op, x, y));
-        }
-        return;
-    }
-    case GPL_BFLOAT16: {
-        uint16_t *a = acc;
-        const uint16_t *b = in;
-        for (size_t i = 0; i < count; i++) {
-            float x = b2f(a[i]), y = b2f(b[i]);
-            a[i] = f2b(COMBINE(op, x, y));
-        }
-        return;
-    }
     default:
-        return;
+        abort(); /* a half type: a caller skipped gpl_widen */
     }
 }
 
+#define SCALE(T, D)                                                                                \
+    do {                                                                                           \
+        T *a_ = buf;                                                                               \
+        for (size_t i = 0; i < count; i++)                                                         \
+            a_[i] = a_[i] / (D);                                                                   \
+    } while (0)
+
 void gpl_scale_avg(void *buf, size_t count, gpl_dtype_t t, int n) {
     switch (t) {
-    case GPL_FLOAT32: {
-        float *a = buf;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / (float)n;
+    case GPL_FLOAT32:
+        SCALE(float, (float)n);
         return;
-    }
-    case GPL_FLOAT64: {
-        double *a = buf;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / (double)n;
+    case GPL_FLOAT64:
+        SCALE(double, (double)n);
         return;
-    }
-    case GPL_INT32: {
-        int32_t *a = buf;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / n;
+    case GPL_INT32:
+        SCALE(int32_t, n);
         return;
-    }
-    case GPL_INT64: {
-        int64_t *a = buf;
-        for (size_t i = 0; i < count; i++)
-            a[i] = a[i] / n;
+    case GPL_INT64:
+        SCALE(int64_t, n);
         return;
-    }
-    case GPL_FLOAT16: {
-        uint16_t *a = buf;
-        for (size_t i = 0; i < count; i++)
-            a[i] = f2h(h2f(a[i]) / (float)n);
-        return;
-    }
-    case GPL_BFLOAT16: {
-        uint16_t *a = buf;
-        for (size_t i = 0; i < count; i++)
-            a[i] = f2b(b2f(a[i]) / (float)n);
-        return;
-    }
     default:
-        return;
+        abort(); /* a half type: a caller skipped gpl_widen */
     }
 }
 

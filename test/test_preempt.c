@@ -28,8 +28,10 @@ static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(preempt, .init = setup, .fini = teardown, .timeout = 120);
 
-/* Starts node `rank` of a 2 x 2 job training the example into ckdir. */
-static void start_node(proc *p, int rank, int port, const char *ckdir, const char *sleep_ms) {
+/* Starts node `rank` of a 2 x 2 job training the example for `steps` into
+ * ckdir; src and endpoint choose the node's preemption source. */
+static void start_node(proc *p, int rank, int port, const char *ckdir, const char *steps,
+                       const char *sleep_ms, const char *src, const char *endpoint) {
     char r[8], po[16];
     snprintf(r, sizeof r, "%d", rank);
     snprintf(po, sizeof po, "%d", port);
@@ -46,13 +48,19 @@ static void start_node(proc *p, int rank, int port, const char *ckdir, const cha
                     po,
                     "--shutdown-timeout",
                     "20",
+                    "--preemption-source",
+                    (char *)src,
+                    "--preemption-endpoint",
+                    (char *)endpoint,
+                    "--preemption-poll",
+                    "0.2",
                     DP,
                     "--steps",
-                    "300",
+                    (char *)steps,
                     "--global-batch",
                     "32",
                     "--print-every",
-                    "1000",
+                    "100000",
                     "--checkpoint-dir",
                     (char *)ckdir,
                     "--checkpoint-every",
@@ -75,17 +83,47 @@ static void hashes(const char *out, char sha[][65], int *found) {
     }
 }
 
-static void run_pair(const char *ckdir, const char *sleep_ms, char sha[][65]) {
+/* An uninterrupted 2 x 2 run (resuming from ckdir if it holds a checkpoint). */
+static void run_pair(const char *ckdir, const char *steps, char sha[][65], int expect_resume) {
     proc a, b;
     int port = free_tcp_port(), found = 0;
-    start_node(&b, 1, port, ckdir, sleep_ms);
-    start_node(&a, 0, port, ckdir, sleep_ms);
+    start_node(&b, 1, port, ckdir, steps, "0", "none", "");
+    start_node(&a, 0, port, ckdir, steps, "0", "none", "");
     int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
     cr_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "node 0: %d %s", sa, a.out);
     cr_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "node 1: %d %s", sb, b.out);
+    if (expect_resume)
+        cr_expect(strstr(a.out, "resumed from the checkpoint of step") != NULL, "%s", a.out);
     hashes(a.out, sha, &found);
     hashes(b.out, sha, &found);
     cr_assert_eq(found, 4, "%s\n%s", a.out, b.out);
+}
+
+/* Both launchers exited 143 after every rank saved the same step: that step. */
+static long preempted_step(proc *a, proc *b, int sa, int sb, long steps) {
+    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 143, "node 0 status %d: %s", sa, a->out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 143, "node 1 status %d: %s", sb, b->out);
+    long step[4];
+    for (int r = 0; r < 4; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d preempted after step ", r);
+        const char *s = strstr(r < 2 ? a->out : b->out, pat);
+        cr_assert_not_null(s, "rank %d did not checkpoint: %s %s", r, a->out, b->out);
+        step[r] = strtol(s + strlen(pat), NULL, 10);
+        cr_expect_eq(step[r], step[0], "rank %d saved step %ld, rank 0 %ld", r, step[r], step[0]);
+    }
+    cr_expect(step[0] > 0 && step[0] < steps, "step %ld of %ld", step[0], steps);
+    return step[0];
+}
+
+/* The run resumed from ck ends bitwise where an uninterrupted run (in ref) ends. */
+static void resume_matches_uninterrupted(const char *ck, const char *ref, const char *steps) {
+    char got[4][65], want[4][65];
+    run_pair(ck, steps, got, 1);
+    run_pair(ref, steps, want, 0);
+    for (int r = 0; r < 4; r++)
+        cr_expect_str_eq(got[r], want[r], "rank %d: resumed %s, uninterrupted %s", r, got[r],
+                         want[r]);
 }
 
 Test(preempt, sigterm_to_one_node_checkpoints_every_rank_and_resumes_bitwise) {
@@ -95,47 +133,27 @@ Test(preempt, sigterm_to_one_node_checkpoints_every_rank_and_resumes_bitwise) {
     /* 1. interrupted run: SIGTERM to node 1's launcher mid-training */
     proc a, b;
     int port = free_tcp_port();
-    start_node(&b, 1, port, ck, "4");
-    start_node(&a, 0, port, ck, "4");
+    start_node(&b, 1, port, ck, "300", "4", "none", "");
+    start_node(&a, 0, port, ck, "300", "4", "none", "");
     cr_assert(proc_expect(&b, "workers (", 10000), "%s", b.out);
     usleep(600000);
     uint64_t t0 = now_ms();
     kill(b.pid, SIGTERM);
     int sa = proc_wait(&a, 30000), sb = proc_wait(&b, 30000);
-    uint64_t took = now_ms() - t0;
-    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 143, "node 0 status %d: %s", sa, a.out);
-    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 143, "node 1 status %d: %s", sb, b.out);
-    cr_log_info("notice to both launchers gone: %llu ms", (unsigned long long)took);
-    /* every rank saved the same step */
-    long step[4] = {-1, -1, -1, -1};
-    for (int r = 0; r < 4; r++) {
-        char pat[64];
-        snprintf(pat, sizeof pat, "rank %d preempted after step ", r);
-        const char *s = strstr(r < 2 ? a.out : b.out, pat);
-        cr_assert_not_null(s, "rank %d did not checkpoint: %s %s", r, a.out, b.out);
-        step[r] = strtol(s + strlen(pat), NULL, 10);
-    }
-    cr_expect(step[0] > 0 && step[0] < 300, "step %ld", step[0]);
-    for (int r = 1; r < 4; r++)
-        cr_expect_eq(step[r], step[0], "rank %d saved step %ld, rank 0 step %ld", r, step[r],
-                     step[0]);
+    cr_log_info("notice to both launchers gone: %llu ms", (unsigned long long)(now_ms() - t0));
+    long step = preempted_step(&a, &b, sa, sb, 300);
     char complete[256];
-    snprintf(complete, sizeof complete, "%s/step-%012ld/COMPLETE", ck, step[0]);
+    snprintf(complete, sizeof complete, "%s/step-%012ld/COMPLETE", ck, step);
     cr_expect(access(complete, F_OK) == 0, "no %s", complete);
     /* 2. the restart resumes there and ends where an uninterrupted run ends */
-    char got[4][65], want[4][65];
-    run_pair(ck, "0", got);
-    run_pair(ref, "0", want);
-    for (int r = 0; r < 4; r++)
-        cr_expect_str_eq(got[r], want[r], "rank %d: resumed %s, uninterrupted %s", r, got[r],
-                         want[r]);
+    resume_matches_uninterrupted(ck, ref, "300");
 }
 
 Test(preempt, torn_and_partial_checkpoints_are_skipped) {
     char ck[128];
     snprintf(ck, sizeof ck, "%s/ck", dir);
     char sha[4][65];
-    run_pair(ck, "0", sha); /* complete checkpoints at steps 100, 200, 300 */
+    run_pair(ck, "300", sha, 0); /* complete checkpoints at steps 100, 200, 300 */
     char cmd[1024];
     /* a torn newer step: COMPLETE claims it, but the data is cut short */
     snprintf(cmd, sizeof cmd,
@@ -225,45 +243,6 @@ static int start_fake(proc *p, const char *cloud, const char *after) {
     return (int)strtol(strstr(p->out, "127.0.0.1:") + 10, NULL, 10);
 }
 
-static void start_node_src(proc *p, int rank, int port, const char *ckdir, const char *src,
-                           const char *endpoint, const char *sleep_ms) {
-    char r[8], po[16];
-    snprintf(r, sizeof r, "%d", rank);
-    snprintf(po, sizeof po, "%d", port);
-    char *argv[] = {GL,
-                    "--nnodes",
-                    "2",
-                    "--nproc-per-node",
-                    "2",
-                    "--node-rank",
-                    r,
-                    "--master-addr",
-                    "127.0.0.1",
-                    "--master-port",
-                    po,
-                    "--preemption-source",
-                    (char *)src,
-                    "--preemption-endpoint",
-                    (char *)endpoint,
-                    "--preemption-poll",
-                    "0.2",
-                    DP,
-                    "--steps",
-                    "3000",
-                    "--global-batch",
-                    "32",
-                    "--print-every",
-                    "100000",
-                    "--checkpoint-dir",
-                    (char *)ckdir,
-                    "--checkpoint-every",
-                    "100",
-                    "--step-sleep-ms",
-                    (char *)sleep_ms,
-                    NULL};
-    cr_assert_eq(proc_start(p, argv, NULL), 0);
-}
-
 static void cloud_notice_case(const char *cloud) {
     proc fake, a, b;
     int fport = start_fake(&fake, cloud, "1.5");
@@ -273,47 +252,13 @@ static void cloud_notice_case(const char *cloud) {
     snprintf(ref, sizeof ref, "%s/ref", dir);
     int port = free_tcp_port();
     /* only node 1 sees the notice */
-    start_node_src(&b, 1, port, ck, cloud, ep, "4");
-    start_node_src(&a, 0, port, ck, "none", "", "4");
+    start_node(&b, 1, port, ck, "3000", "4", cloud, ep);
+    start_node(&a, 0, port, ck, "3000", "4", "none", "");
     int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
     proc_kill(&fake, SIGTERM);
     proc_wait(&fake, 5000);
-    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 143, "node 0 status %d: %s", sa, a.out);
-    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 143, "node 1 status %d: %s", sb, b.out);
-    long step[4];
-    for (int r = 0; r < 4; r++) {
-        char pat[64];
-        snprintf(pat, sizeof pat, "rank %d preempted after step ", r);
-        const char *s = strstr(r < 2 ? a.out : b.out, pat);
-        cr_assert_not_null(s, "rank %d did not checkpoint: %s %s", r, a.out, b.out);
-        step[r] = strtol(s + strlen(pat), NULL, 10);
-        cr_expect_eq(step[r], step[0], "rank %d saved step %ld, rank 0 %ld", r, step[r], step[0]);
-    }
-    cr_expect(step[0] < 3000, "the notice came too late: step %ld", step[0]);
-    char got[4][65], want[4][65];
-    /* the resumed run and an uninterrupted one agree (no sleeping: same math) */
-    proc c, d;
-    port = free_tcp_port();
-    start_node_src(&d, 1, port, ck, "none", "", "0");
-    start_node_src(&c, 0, port, ck, "none", "", "0");
-    int sc = proc_wait(&c, 90000), sd = proc_wait(&d, 90000);
-    cr_assert(WIFEXITED(sc) && WEXITSTATUS(sc) == 0 && WIFEXITED(sd) && WEXITSTATUS(sd) == 0,
-              "resume: %s %s", c.out, d.out);
-    int found = 0;
-    hashes(c.out, got, &found);
-    hashes(d.out, got, &found);
-    cr_expect(strstr(c.out, "resumed from the checkpoint of step") != NULL, "%s", c.out);
-    port = free_tcp_port();
-    start_node_src(&d, 1, port, ref, "none", "", "0");
-    start_node_src(&c, 0, port, ref, "none", "", "0");
-    proc_wait(&c, 90000);
-    proc_wait(&d, 90000);
-    int found2 = 0;
-    hashes(c.out, want, &found2);
-    hashes(d.out, want, &found2);
-    cr_assert(found == 4 && found2 == 4);
-    for (int r = 0; r < 4; r++)
-        cr_expect_str_eq(got[r], want[r], "rank %d", r);
+    preempted_step(&a, &b, sa, sb, 3000);
+    resume_matches_uninterrupted(ck, ref, "3000");
 }
 
 Test(preempt, aws_notice_on_one_node, .timeout = 240) { cloud_notice_case("aws"); }

@@ -554,3 +554,69 @@ Test(rdzv_bad, hostile_clients_are_dropped, .timeout = 60) {
             close(fds[i]);
     stop();
 }
+
+Test(rdzv_limits, every_limit_is_enforced_with_a_message, .timeout = 30) {
+    P = calloc(8, sizeof *P);
+    const char *extra[] = {
+        "--max-jobs",        "1", "--max-nodes", "2", "--max-job-kv-bytes", "4096",
+        "--max-connections", "6", NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0);
+    /* nodes per job */
+    cr_assert_eq(peer_open(&P[0], port, NULL), 0);
+    peer_join(&P[0], "big", "b0", 0, 1, 3, 3, 0);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ERROR, 2000), 0);
+    cr_expect_eq(P[0].last.u.error.code, GPL_ERR_LIMIT);
+    cr_expect(strstr(P[0].last.u.error.message, "allows at most 2") != NULL, "%s",
+              P[0].last.u.error.message);
+    /* jobs held at once */
+    cr_assert_eq(peer_open(&P[1], port, NULL), 0);
+    peer_join(&P[1], "j1", "a0", 0, 1, 1, 1, 0);
+    cr_assert_eq(peer_recv_type(&P[1], RDZV_ASSIGNED, 2000), 0);
+    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
+    peer_join(&P[2], "j2", "c0", 0, 1, 1, 1, 0);
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_ERROR, 2000), 0);
+    cr_expect(strstr(P[2].last.u.error.message, "maximum of 1 jobs") != NULL, "%s",
+              P[2].last.u.error.message);
+    /* key-value bytes per job */
+    rdzv_bclient *kv;
+    char err[256];
+    cr_assert_eq(rdzv_bclient_connect("127.0.0.1", port, NULL, 0, 2000, &kv, err, sizeof err),
+                 GPL_OK);
+    cr_assert_eq(rdzv_bclient_attach(kv, "j1", 1), GPL_OK);
+    static char val[3000];
+    cr_expect_eq(rdzv_bclient_set(kv, "a", val, sizeof val), GPL_OK);
+    cr_expect_eq(rdzv_bclient_set(kv, "b", val, sizeof val), GPL_ERR_LIMIT);
+    cr_expect(strstr(rdzv_bclient_error(kv), "key-value store is full") != NULL, "%s",
+              rdzv_bclient_error(kv));
+    cr_expect_eq(rdzv_bclient_set(kv, "a", val, 100), GPL_OK, "replacing a value frees its bytes");
+    /* connections: 4 open so far; the 7th is refused */
+    int fds[3];
+    for (int i = 0; i < 3; i++)
+        fds[i] = raw_connect(port);
+    cr_expect(closed_within(fds[2], 3000), "the connection over --max-connections stayed open");
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    rdzv_bclient_close(kv);
+    stop();
+}
+
+Test(rdzv_limits, oversized_token_file_is_refused) {
+    char path[] = "/tmp/gpl-bigtoken-XXXXXX";
+    int fd = mkstemp(path);
+    static char big[RDZV_MAX_TOKEN + 10];
+    memset(big, 'x', sizeof big);
+    cr_assert(write(fd, big, sizeof big) == (ssize_t)sizeof big);
+    close(fd);
+    proc p;
+    char *argv[] = {GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--token-file",
+                    path,
+                    NULL};
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    int st = proc_wait(&p, 5000);
+    unlink(path);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "over the 4096-byte limit") != NULL, "%s", p.out);
+}
