@@ -1,6 +1,9 @@
 /* The asynchronous rendezvous client, on the launcher's libuv loop: connect
  * with backoff and jitter, handshake, join, heartbeats, pushed messages, and
  * after a server restart a reconnect that re-registers the running round. */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,6 +320,16 @@ static void on_connect(uv_connect_t *req, int status) {
         return;
     }
     uv_tcp_nodelay(c->tcp, 1);
+    /* A path that goes silent (a cut link, a server host that vanished without
+     * closing anything) must not look alive for the 15 minutes of TCP's
+     * retransmissions: once the heartbeats sent on it stay unacknowledged for
+     * the heartbeat timeout, the connection fails and the client reconnects
+     * (a RESUME of a round that ended meanwhile comes back as round over). */
+    uv_os_fd_t fd;
+    unsigned ut = c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms
+                                             : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+    if (uv_fileno((uv_handle_t *)c->tcp, &fd) == 0)
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
     c->state = CS_HANDSHAKE;
     uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read); /* the server speaks first */
 }
