@@ -326,8 +326,8 @@ static void on_connect(uv_connect_t *req, int status) {
      * the heartbeat timeout, the connection fails and the client reconnects
      * (a RESUME of a round that ended meanwhile comes back as round over). */
     uv_os_fd_t fd;
-    unsigned ut = c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms
-                                             : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+    unsigned ut =
+        c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
     if (uv_fileno((uv_handle_t *)c->tcp, &fd) == 0)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
     c->state = CS_HANDSHAKE;

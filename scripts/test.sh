@@ -42,6 +42,14 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   run_suite asan+ubsan build/asan -DGPULAUNCH_SANITIZE=address,undefined || failed_suites+=(asan+ubsan)
 
+echo "== fault matrix self-check: scenario 2 must fail against a server without heartbeats"
+if [ "$(id -u)" = 0 ]; then
+  scripts/fault_selftest.sh >build/fault_selftest.log 2>&1 || { tail -n 30 build/fault_selftest.log; failed_suites+=(fault-selftest); }
+  tail -n 1 build/fault_selftest.log
+else
+  echo "   [SKIP] not root: the test bed needs network namespaces"
+fi
+
 echo "== fuzz: the rendezvous codec, 30 s (libFuzzer + ASan + UBSan)"
 fuzz_ok=1
 CC=clang cmake -S . -B build/fuzz -DGPULAUNCH_FUZZ=ON -DGPULAUNCH_WERROR=ON >build/fuzz.configure.log 2>&1 &&

@@ -1,0 +1,51 @@
+/* The multi-node test bed: K hosts on this machine, each a network namespace
+ * with its own address (10.77.0.<10+i>) and host name (host<i>), joined by
+ * veth pairs to a bridge that lives in a namespace of its own (the machine's
+ * own network is never touched), or, for a slow lossy fabric, by TUN devices
+ * and the netbed_link forwarder.
+ *
+ * Every namespace and device is named after the test process
+ * ("gplt<pid>..."); netbed_down removes them, and netbed_reap_stale removes
+ * those of test processes that died without doing so (a timed-out or
+ * interrupted test). Requires root (CI runs as root). */
+#ifndef GPULAUNCH_TEST_NETBED_H
+#define GPULAUNCH_TEST_NETBED_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#define NETBED_MAX_HOSTS 16
+#define NETBED_HOST_BASE 10 /* host i is 10.77.0.(NETBED_HOST_BASE + i) */
+#define NETBED_SUBNET "10.77.0."
+
+#ifndef NETBED_LINK_ONLY
+#include "harness.h"
+
+typedef struct netbed {
+    char prefix[24]; /* "gplt<pid>": names every namespace */
+    int nhosts;
+    pid_t link_pid; /* netbed_link, in delay mode */
+    char dir[160];  /* logs go here */
+} netbed;
+
+/* 1 when the bed can be built here (root, ip, veth, bridge); else 0 and why. */
+int netbed_available(char *why, size_t len);
+/* Builds nhosts hosts; delay_ms/loss_pct > 0 selects the TUN fabric. */
+int netbed_up(netbed *b, int nhosts, int delay_ms, int loss_pct, const char *dir);
+/* Kills every process in the bed and removes it. Idempotent. */
+void netbed_down(netbed *b);
+void netbed_reap_stale(void);
+void netbed_addr(int host, char *buf, size_t len);
+/* Starts argv[0] (a path) inside host's namespace with its host name. */
+int netbed_spawn(netbed *b, int host, proc *p, char *const argv[]);
+/* Cuts / restores host's link at the bridge: no packet in or out, no error
+ * seen by the host's processes. */
+int netbed_cut(netbed *b, int host);
+int netbed_restore(netbed *b, int host);
+/* SIGKILLs every process in host's namespace; returns how many. */
+int netbed_kill_host(netbed *b, int host);
+/* Writes a process's captured output to <dir>/<name>.log. */
+void netbed_save_log(netbed *b, const char *name, const proc *p);
+#endif
+
+#endif

@@ -1,0 +1,646 @@
+/* The fault matrix: 4 nodes x 2 workers training the example with
+ * checkpoints, on hosts that are network namespaces (netbed.h), against a
+ * gpulaunch-rdzv on a host of its own. Each scenario injects one fault,
+ * checks the outcome and logs its recovery time; per-node logs land in
+ * <build>/test/fault-logs/<scenario>/. docs/reliability.md has the table. */
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <dirent.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "netbed.h"
+
+#define GL GPL_BUILD_DIR "/launcher/gpulaunch"
+#define DP GPL_BUILD_DIR "/examples/dp_train"
+#define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
+#define HOSTILE GPL_BUILD_DIR "/test/netbed_hostile"
+#define NODES 4
+#define RDZV_HOST 0
+#define HOSTILE_HOST (NODES + 1)
+#define RDZV_PORT "29400"
+#define HB_TIMEOUT_S 5 /* the default heartbeat timeout */
+
+static netbed bed;
+static char dir[64], logdir[256], token_file[128], endpoint[64];
+static proc server, nodes[NODES + 1];
+
+/* Removes namespaces left by test processes that died (a timed-out test). */
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+    (void)stats;
+    netbed_reap_stale();
+}
+
+static void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct) {
+    char why[256];
+    if (!netbed_available(why, sizeof why))
+        cr_skip_test("%s", why);
+    tmpdir_make(dir, sizeof dir, "gpl-faults");
+    snprintf(logdir, sizeof logdir, GPL_BUILD_DIR "/test/fault-logs/%s", name);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", logdir, logdir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(token_file, sizeof token_file, "%s/token", dir);
+    FILE *f = fopen(token_file, "w");
+    cr_assert_not_null(f);
+    fputs("fault-matrix-token\n", f);
+    fclose(f);
+    cr_assert_eq(netbed_up(&bed, nhosts, delay_ms, loss_pct, logdir), 0, "the test bed failed");
+    char a[32];
+    netbed_addr(RDZV_HOST, a, sizeof a);
+    snprintf(endpoint, sizeof endpoint, "%s:%s", a, RDZV_PORT);
+}
+
+static void start_server(int verbose) {
+    char listen[64];
+    snprintf(listen, sizeof listen, "%s", endpoint);
+    char *argv[] = {RDZV, "--listen", listen, "--token-file", token_file, NULL};
+    if (verbose) /* the server's log then names every join and resume */
+        setenv("GPULAUNCH_LOG_LEVEL", "info", 1);
+    cr_assert_eq(netbed_spawn(&bed, RDZV_HOST, &server, argv), 0);
+    unsetenv("GPULAUNCH_LOG_LEVEL");
+    cr_assert(proc_expect(&server, "listening on", 5000), "server: %s", server.out);
+}
+
+static void teardown(void) {
+    netbed_down(&bed);
+    if (dir[0])
+        tmpdir_remove(dir);
+}
+
+TestSuite(faults, .fini = teardown, .timeout = 150);
+
+typedef struct job_args {
+    const char *nnodes;     /* "4" or "3:4" */
+    const char *steps;      /* training steps */
+    const char *sleep_ms;   /* --step-sleep-ms */
+    const char *ck_every;   /* --checkpoint-every */
+    const char *preempt_ep; /* a metadata endpoint on the node, or NULL */
+    const char *ckdir;      /* default <dir>/ck */
+    const char *dump;       /* --dump-params file, or NULL */
+} job_args;
+
+static void start_node(int host, const job_args *ja) {
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    char *argv[64];
+    int n = 0;
+    argv[n++] = GL;
+    argv[n++] = "--nnodes";
+    argv[n++] = (char *)ja->nnodes;
+    argv[n++] = "--nproc-per-node";
+    argv[n++] = "2";
+    argv[n++] = "--rdzv-backend";
+    argv[n++] = "c10d";
+    argv[n++] = "--rdzv-endpoint";
+    argv[n++] = endpoint;
+    argv[n++] = "--rdzv-id";
+    argv[n++] = "matrix";
+    argv[n++] = "--rdzv-token-file";
+    argv[n++] = token_file;
+    argv[n++] = "--rdzv-conf";
+    argv[n++] = "last_call_timeout=1";
+    argv[n++] = "--max-restarts";
+    argv[n++] = "3";
+    argv[n++] = "--shutdown-timeout";
+    argv[n++] = "5";
+    if (ja->preempt_ep) {
+        argv[n++] = "--preemption-source";
+        argv[n++] = "aws";
+        argv[n++] = "--preemption-endpoint";
+        argv[n++] = (char *)ja->preempt_ep;
+        argv[n++] = "--preemption-poll";
+        argv[n++] = "0.2";
+    }
+    argv[n++] = DP;
+    argv[n++] = "--steps";
+    argv[n++] = (char *)ja->steps;
+    argv[n++] = "--global-batch";
+    argv[n++] = "48";
+    argv[n++] = "--seed";
+    argv[n++] = "7";
+    argv[n++] = "--print-every";
+    argv[n++] = "100000";
+    argv[n++] = "--checkpoint-dir";
+    argv[n++] = ja->ckdir ? (char *)ja->ckdir : ck;
+    argv[n++] = "--checkpoint-every";
+    argv[n++] = ja->ck_every ? (char *)ja->ck_every : "25";
+    argv[n++] = "--step-sleep-ms";
+    argv[n++] = ja->sleep_ms ? (char *)ja->sleep_ms : "0";
+    if (ja->dump) {
+        argv[n++] = "--dump-params";
+        argv[n++] = (char *)ja->dump;
+    }
+    argv[n] = NULL;
+    cr_assert_eq(netbed_spawn(&bed, host, &nodes[host], argv), 0);
+}
+
+static void save_logs(const char *tag) {
+    char name[64];
+    for (int i = 1; i <= NODES; i++) {
+        snprintf(name, sizeof name, "%s-host%d", tag, i);
+        netbed_save_log(&bed, name, &nodes[i]);
+    }
+    snprintf(name, sizeof name, "%s-rdzv", tag);
+    netbed_save_log(&bed, name, &server);
+}
+
+/* Waits until each listed node's output shows needle; ms[i] is when, after t0. */
+static int expect_all(const int *hosts, int n, const char *needle, uint64_t t0, int timeout_ms,
+                      uint64_t *ms) {
+    int seen = 0, done[NODES + 1] = {0};
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    while (seen < n && now_ms() < deadline) {
+        if (server.pid > 0)
+            proc_expect(&server, "\x01never\x01", 1);
+        for (int i = 0; i < n; i++) {
+            if (done[i])
+                continue;
+            if (proc_expect(&nodes[hosts[i]], needle, 10)) {
+                done[i] = 1;
+                ms[i] = now_ms() - t0;
+                seen++;
+            }
+        }
+    }
+    return seen;
+}
+
+/* Reads what every process of the bed has written so far: nobody blocks on a
+ * full pipe while the test waits for someone else. */
+static void drain_all(void) {
+    if (server.pid > 0)
+        proc_expect(&server, "\x01never\x01", 1);
+    for (int i = 1; i <= NODES; i++)
+        if (nodes[i].pid > 0)
+            proc_expect(&nodes[i], "\x01never\x01", 1);
+}
+
+/* Waits for the listed nodes to exit; fails the test unless each exits with code. */
+static void expect_exit(const int *hosts, int n, int code, int timeout_ms) {
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    int left = n, st[NODES + 1], done[NODES + 1] = {0};
+    while (left > 0 && now_ms() < deadline) {
+        drain_all();
+        for (int i = 0; i < n; i++) {
+            proc *p = &nodes[hosts[i]];
+            if (!done[i] && waitpid(p->pid, &st[i], WNOHANG) == p->pid) {
+                proc_expect(p, "\x01never\x01", 50);
+                close(p->out_fd);
+                p->pid = 0;
+                done[i] = 1;
+                left--;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const proc *p = &nodes[hosts[i]];
+        if (!done[i]) {
+            st[i] = proc_wait(&nodes[hosts[i]], 0); /* kills it */
+        }
+        cr_expect(done[i] && WIFEXITED(st[i]) && WEXITSTATUS(st[i]) == code,
+                  "host%d: status %d, wanted exit %d; its output ends:\n%s", hosts[i],
+                  done[i] ? st[i] : -1, code,
+                  p->out_len > 3000 ? p->out + p->out_len - 3000 : p->out);
+    }
+}
+
+/* The final parameter hashes of ranks 0..world-1: all present and equal. */
+static void expect_same_params(const int *hosts, int n, int world, char out[65]) {
+    char sha[16][65];
+    for (int r = 0; r < world; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d params_sha256 ", r);
+        const char *s = NULL;
+        for (int i = 0; i < n && s == NULL; i++)
+            s = strstr(nodes[hosts[i]].out, pat);
+        cr_assert_not_null(s, "no final parameters from rank %d", r);
+        snprintf(sha[r], 65, "%.64s", s + strlen(pat));
+        cr_expect_str_eq(sha[r], sha[0], "rank %d's parameters differ from rank 0's", r);
+    }
+    if (out)
+        snprintf(out, 65, "%s", sha[0]);
+}
+
+static const int all_nodes[NODES] = {1, 2, 3, 4};
+
+/* The example's rank 0 (on whichever node holds it) resumed from a checkpoint. */
+static void expect_resumed(const int *hosts, int n) {
+    int resumed = 0;
+    for (int i = 0; i < n; i++)
+        resumed += strstr(nodes[hosts[i]].out, "resumed from the checkpoint of step") != NULL;
+    cr_expect_geq(resumed, 1, "the new round did not resume from a checkpoint: %s",
+                  nodes[hosts[0]].out);
+}
+
+/* Starts the four nodes and waits for round 1 everywhere. */
+static void start_job(const job_args *ja) {
+    for (int i = 1; i <= NODES; i++)
+        start_node(i, ja);
+    uint64_t ms[NODES];
+    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", now_ms(), 30000, ms), NODES,
+                 "round 1 did not form: %s", nodes[1].out);
+}
+
+static int read_params(const char *path, float *x, int max) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -1;
+    int n = (int)fread(x, sizeof *x, (size_t)max, f);
+    fclose(f);
+    return n;
+}
+
+/* 1. clean run, compared with one rank training the same global batch */
+Test(faults, clean_run_matches_one_node) {
+    setup_bed("1-clean", NODES + 1, 0, 0);
+    start_server(0);
+    char f8[128], f1[128];
+    snprintf(f8, sizeof f8, "%s/p8", dir);
+    snprintf(f1, sizeof f1, "%s/p1", dir);
+    job_args ja = {.nnodes = "4", .steps = "60", .dump = f8};
+    uint64_t t0 = now_ms();
+    start_job(&ja);
+    expect_exit(all_nodes, NODES, 0, 60000);
+    cr_log_info("scenario 1: 4 x 2 ranks trained 60 steps in %llu ms",
+                (unsigned long long)(now_ms() - t0));
+    save_logs("run");
+    expect_same_params(all_nodes, NODES, 8, NULL);
+    proc one;
+    char *a1[] = {GL,
+                  "--standalone",
+                  "--nproc-per-node",
+                  "1",
+                  DP,
+                  "--steps",
+                  "60",
+                  "--global-batch",
+                  "48",
+                  "--seed",
+                  "7",
+                  "--dump-params",
+                  f1,
+                  NULL};
+    cr_assert_eq(proc_start(&one, a1, NULL), 0);
+    int st = proc_wait(&one, 60000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "1 rank: %d %s", st, one.out);
+    static float x1[1 << 16], x8[1 << 16];
+    int n1 = read_params(f1, x1, 1 << 16), n8 = read_params(f8, x8, 1 << 16);
+    cr_assert(n1 > 100 && n1 == n8, "%d vs %d parameters", n1, n8);
+    double worst = 0;
+    for (int i = 0; i < n1; i++) {
+        double rel = fabs((double)x1[i] - x8[i]) / (fabs((double)x1[i]) + 1e-3);
+        if (rel > worst)
+            worst = rel;
+    }
+    cr_log_info("scenario 1: 8 ranks vs 1 rank: worst relative difference %.2g", worst);
+    cr_expect_leq(worst, 1e-5, "8 ranks differ from 1 rank by %g relative", worst);
+}
+
+/* A node vanishes: its link goes first (nothing it held says goodbye), then
+ * every process on it is SIGKILLed. Survivors learn it from the heartbeats. */
+static uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault) {
+    int k = 0;
+    for (int i = 1; i <= NODES; i++)
+        if (i != host)
+            survivors[k++] = i;
+    *t_fault = now_ms();
+    cr_assert_eq(netbed_cut(&bed, host), 0);
+    cr_assert(netbed_kill_host(&bed, host) >= 3, "host%d had no launcher and workers", host);
+    proc_wait(&nodes[host], 5000);
+    uint64_t told[NODES - 1], worst = 0;
+    int seen = expect_all(survivors, NODES - 1, "round 1 is over", *t_fault,
+                          (HB_TIMEOUT_S + 5) * 1000, told);
+    cr_assert_eq(seen, NODES - 1, "not every survivor was told: %s", nodes[survivors[0]].out);
+    for (int i = 0; i < NODES - 1; i++)
+        worst = told[i] > worst ? told[i] : worst;
+    cr_expect_leq(worst, (HB_TIMEOUT_S + 1) * 1000ull,
+                  "the last survivor was told %llu ms after the node died",
+                  (unsigned long long)worst);
+    return worst;
+}
+
+/* 2a. kill -9 of a node with --nnodes 3:4: the job goes on with 3 nodes */
+Test(faults, node_killed_elastic_continues_on_three) {
+    setup_bed("2a-kill-elastic", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "3:4", .steps = "400", .sleep_ms = "10"};
+    start_job(&ja);
+    usleep(1500000);
+    int surv[NODES - 1];
+    uint64_t t_fault;
+    uint64_t told = node_dies(4, surv, &t_fault);
+    uint64_t back[NODES - 1];
+    int seen = expect_all(surv, NODES - 1, "round 2: node rank", t_fault, 30000, back);
+    cr_expect_eq(seen, NODES - 1, "round 2 did not form: %s", nodes[1].out);
+    uint64_t worst = 0;
+    for (int i = 0; i < NODES - 1; i++)
+        worst = back[i] > worst ? back[i] : worst;
+    expect_exit(surv, NODES - 1, 0, 90000);
+    save_logs("run");
+    cr_log_info("scenario 2 (3:4): survivors told in %llu ms, training again on 3 nodes after "
+                "%llu ms",
+                (unsigned long long)told, (unsigned long long)worst);
+    for (int i = 0; i < NODES - 1; i++)
+        cr_expect(strstr(nodes[surv[i]].out, "of 3, ranks") != NULL, "host%d: %s", surv[i],
+                  nodes[surv[i]].out);
+    expect_resumed(surv, NODES - 1);
+    expect_same_params(surv, NODES - 1, 6, NULL);
+}
+
+/* 2b. kill -9 of a node with --nnodes 4: the job waits; a restarted node
+ * rejoins and the job completes. */
+Test(faults, node_killed_fixed_waits_for_replacement) {
+    setup_bed("2b-kill-fixed", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "4", .steps = "400", .sleep_ms = "10"};
+    start_job(&ja);
+    usleep(1500000);
+    int surv[NODES - 1];
+    uint64_t t_fault;
+    uint64_t told = node_dies(4, surv, &t_fault);
+    usleep(1000000);
+    for (int i = 0; i < NODES - 1; i++)
+        cr_expect(strstr(nodes[surv[i]].out, "round 2: node rank") == NULL,
+                  "round 2 formed without the fourth node");
+    netbed_save_log(&bed, "run-host4-killed", &nodes[4]);
+    cr_assert_eq(netbed_restore(&bed, 4), 0);
+    uint64_t t_back = now_ms();
+    start_node(4, &ja);
+    uint64_t back[NODES];
+    int seen = expect_all(all_nodes, NODES, "round 2: node rank", t_back, 30000, back);
+    cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[4].out);
+    uint64_t worst = 0;
+    for (int i = 0; i < NODES; i++)
+        worst = back[i] > worst ? back[i] : worst;
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    cr_log_info("scenario 2 (4): survivors told in %llu ms; the replacement joined and "
+                "training resumed %llu ms after it started",
+                (unsigned long long)told, (unsigned long long)worst);
+    expect_resumed(all_nodes, NODES);
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}
+
+/* 3. a node's link is cut, then restored: the others are told, the cut node
+ * finds out on its own, and it rejoins once the link is back. */
+Test(faults, link_cut_and_restored_node_rejoins) {
+    setup_bed("3-link-cut", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "4", .steps = "400", .sleep_ms = "10"};
+    start_job(&ja);
+    usleep(1500000);
+    int surv[NODES - 1] = {1, 2, 3};
+    uint64_t t_fault = now_ms();
+    cr_assert_eq(netbed_cut(&bed, 4), 0);
+    uint64_t told[NODES - 1], worst_told = 0;
+    int seen =
+        expect_all(surv, NODES - 1, "round 1 is over", t_fault, (HB_TIMEOUT_S + 5) * 1000, told);
+    cr_assert_eq(seen, NODES - 1, "not every survivor was told: %s", nodes[1].out);
+    for (int i = 0; i < NODES - 1; i++)
+        worst_told = told[i] > worst_told ? told[i] : worst_told;
+    cr_expect_leq(worst_told, (HB_TIMEOUT_S + 1) * 1000ull, "told after %llu ms",
+                  (unsigned long long)worst_told);
+    usleep(3000000); /* the cut lasts 8 s or more */
+    cr_assert_eq(netbed_restore(&bed, 4), 0);
+    uint64_t t_back = now_ms(), back[NODES], worst = 0;
+    seen = expect_all(all_nodes, NODES, "round 2: node rank", t_back, 40000, back);
+    cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[4].out);
+    for (int i = 0; i < NODES; i++)
+        worst = back[i] > worst ? back[i] : worst;
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    cr_log_info("scenario 3: survivors told in %llu ms; after the link came back, training "
+                "resumed on 4 nodes in %llu ms",
+                (unsigned long long)worst_told, (unsigned long long)worst);
+    expect_resumed(all_nodes, NODES);
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}
+
+/* 4. 200 ms of delay and 5% loss on every packet between hosts */
+Test(faults, slow_lossy_fabric_completes, .timeout = 240) {
+    setup_bed("4-delay-loss", NODES + 1, 200, 5);
+    start_server(0);
+    job_args ja = {.nnodes = "4", .steps = "4", .ck_every = "2"};
+    uint64_t t0 = now_ms();
+    for (int i = 1; i <= NODES; i++)
+        start_node(i, &ja);
+    uint64_t ms[NODES], worst = 0;
+    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", t0, 60000, ms), NODES,
+                 "round 1 did not form: %s", nodes[1].out);
+    for (int i = 0; i < NODES; i++)
+        worst = ms[i] > worst ? ms[i] : worst;
+    expect_exit(all_nodes, NODES, 0, 180000);
+    save_logs("run");
+    cr_log_info("scenario 4: rendezvous in %llu ms, 4 steps done in %llu ms over 400 ms "
+                "round trips with 5%% loss",
+                (unsigned long long)worst, (unsigned long long)(now_ms() - t0));
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}
+
+/* 5. the rendezvous server is killed and restarted mid-run; then a worker
+ * failure makes a new round, which the restarted server forms. */
+Test(faults, server_restart_mid_run) {
+    setup_bed("5-server-restart", NODES + 1, 0, 0);
+    start_server(1);
+    job_args ja = {.nnodes = "4", .steps = "1200", .sleep_ms = "10"};
+    start_job(&ja);
+    usleep(1000000);
+    uint64_t t_fault = now_ms();
+    kill(server.pid, SIGKILL);
+    proc_wait(&server, 5000);
+    netbed_save_log(&bed, "run-rdzv-killed", &server);
+    usleep(1000000);
+    start_server(1);
+    /* every node re-registers its running round with the new server */
+    int seen = 0;
+    uint64_t worst = 0;
+    while (seen < NODES && now_ms() - t_fault < 20000) {
+        proc_expect(&server, "\x01never\x01", 20);
+        for (int i = 1; i <= NODES; i++)
+            proc_expect(&nodes[i], "\x01never\x01", 1); /* keep their pipes drained */
+        seen = 0;
+        for (const char *q = server.out; (q = strstr(q, "resumed node rank")) != NULL; q++)
+            seen++;
+        worst = now_ms() - t_fault;
+    }
+    cr_expect_eq(seen, NODES, "not every node re-registered: %s", server.out);
+    for (int i = 1; i <= NODES; i++)
+        cr_expect(strstr(nodes[i].out, "round 1 is over") == NULL, "host%d: %s", i, nodes[i].out);
+    /* the next round: one worker on host 2 fails */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "ip netns pids %sh2 | while read p; do "
+             "[ \"$(cat /proc/$p/comm)\" = dp_train ] && echo $p; done | head -1",
+             bed.prefix);
+    FILE *f = popen(cmd, "r");
+    long wpid = 0;
+    cr_assert(f && fscanf(f, "%ld", &wpid) == 1, "no worker on host2");
+    pclose(f);
+    kill((pid_t)wpid, SIGKILL);
+    uint64_t t2 = now_ms(), r2[NODES], worst2 = 0;
+    seen = expect_all(all_nodes, NODES, "round 2: node rank", t2, 30000, r2);
+    cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[2].out);
+    for (int i = 0; i < NODES; i++)
+        worst2 = r2[i] > worst2 ? r2[i] : worst2;
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    cr_log_info("scenario 5: every node re-registered with the restarted server %llu ms after "
+                "the kill (1 s of it down); after a worker failure round 2 formed in %llu ms",
+                (unsigned long long)worst, (unsigned long long)worst2);
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}
+
+static long vm_hwm_kib(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* 6. hostile clients from another host while a job trains */
+Test(faults, hostile_clients_do_not_stop_the_job, .timeout = 200) {
+    setup_bed("6-hostile", NODES + 2, 0, 0);
+    start_server(0);
+    proc hostile;
+    char a[32];
+    netbed_addr(RDZV_HOST, a, sizeof a);
+    char *hargv[] = {HOSTILE, a, RDZV_PORT, "10000", NULL};
+    cr_assert_eq(netbed_spawn(&bed, HOSTILE_HOST, &hostile, hargv), 0);
+    cr_assert(proc_expect(&hostile, "idle connections open", 30000), "%s", hostile.out);
+    job_args ja = {.nnodes = "4", .steps = "800", .sleep_ms = "10"};
+    uint64_t t0 = now_ms();
+    start_job(&ja);
+    expect_exit(all_nodes, NODES, 0, 120000);
+    uint64_t took = now_ms() - t0;
+    long hwm = vm_hwm_kib(server.pid);
+    proc_kill(&hostile, SIGTERM);
+    proc_wait(&hostile, 30000);
+    netbed_save_log(&bed, "run-hostile", &hostile);
+    save_logs("run");
+    const char *sum = strstr(hostile.out, "hostile: idle");
+    cr_assert_not_null(sum, "%s", hostile.out);
+    long idle = 0, closed = 0, wrong = 0;
+    sscanf(sum,
+           "hostile: idle %ld random %*d oversized %*d wrong_token %ld slow %*d "
+           "closed_by_server %ld",
+           &idle, &wrong, &closed);
+    cr_log_info("scenario 6: the job trained 800 steps in %llu ms beside %ld idle connections, "
+                "%ld wrong tokens and garbage; server peak RSS %.1f MiB",
+                (unsigned long long)took, idle, wrong, hwm / 1024.0);
+    cr_expect_geq(idle, 10000, "%s", sum);
+    cr_expect(hwm > 0 && hwm < 128 * 1024, "server peak RSS %ld KiB", hwm);
+    cr_expect(strstr(server.out, "wrong or missing rendezvous token") != NULL,
+              "refusals are not logged: %s", server.out);
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}
+
+static int start_fake_metadata(int host, proc *p) {
+    char *argv[] = {"/usr/bin/env", "python3", GPL_SOURCE_DIR "/test/fake_metadata.py",
+                    "--cloud",      "aws",     "--notice-after",
+                    "2.5",          NULL};
+    cr_assert_eq(netbed_spawn(&bed, host, p, argv), 0);
+    cr_assert(proc_expect(p, "listening on 127.0.0.1:", 10000), "fake metadata: %s", p->out);
+    return (int)strtol(strstr(p->out, "127.0.0.1:") + 10, NULL, 10);
+}
+
+/* Every rank saved the same step and every launcher exited 143; that step. */
+static long preempted_everywhere(void) {
+    expect_exit(all_nodes, NODES, 143, 60000);
+    long step0 = -1;
+    for (int r = 0; r < 2 * NODES; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d preempted after step ", r);
+        const char *s = NULL;
+        for (int i = 1; i <= NODES && s == NULL; i++)
+            s = strstr(nodes[i].out, pat);
+        cr_assert_not_null(s, "rank %d did not checkpoint", r);
+        long st = strtol(s + strlen(pat), NULL, 10);
+        if (step0 < 0)
+            step0 = st;
+        cr_expect_eq(st, step0, "rank %d saved step %ld, rank 0 %ld", r, st, step0);
+    }
+    return step0;
+}
+
+/* Runs the job from ckdir to the end; the parameters' hash. */
+static void run_to_end(const char *ckdir, const char *steps, int expect_resume, char sha[65]) {
+    job_args ja = {.nnodes = "4", .steps = steps, .ckdir = ckdir, .ck_every = "1000000"};
+    start_job(&ja);
+    expect_exit(all_nodes, NODES, 0, 90000);
+    if (expect_resume)
+        expect_resumed(all_nodes, NODES);
+    expect_same_params(all_nodes, NODES, 8, sha);
+}
+
+static void preemption_case(const char *name, int notice) {
+    setup_bed(name, NODES + 1, 0, 0);
+    start_server(0);
+    char ck[128], ref[128];
+    snprintf(ck, sizeof ck, "%s/ck-preempt", dir);
+    snprintf(ref, sizeof ref, "%s/ck-ref", dir);
+    proc fake = {0};
+    char ep[64] = "";
+    uint64_t t_notice = 0;
+    if (notice) {
+        snprintf(ep, sizeof ep, "http://127.0.0.1:%d", start_fake_metadata(1, &fake));
+        t_notice = now_ms() + 2500; /* --notice-after 2.5 */
+    }
+    job_args ja = {.nnodes = "4",
+                   .steps = "3000",
+                   .sleep_ms = "3",
+                   .ckdir = ck,
+                   .ck_every = "1000000",
+                   .preempt_ep = notice ? ep : NULL};
+    start_job(&ja);
+    uint64_t t0 = t_notice;
+    if (!notice) {
+        usleep(1500000);
+        t0 = now_ms();
+        for (int i = 1; i <= NODES; i++)
+            kill(nodes[i].pid, SIGTERM); /* the whole job is evicted at once */
+    }
+    long step = preempted_everywhere();
+    uint64_t stopped = now_ms() - t0;
+    save_logs("interrupted");
+    if (notice) {
+        proc_kill(&fake, SIGTERM);
+        proc_wait(&fake, 5000);
+    }
+    char complete[256];
+    snprintf(complete, sizeof complete, "%s/step-%012ld/COMPLETE", ck, step);
+    cr_expect(access(complete, F_OK) == 0, "no %s", complete);
+    char got[65], want[65];
+    uint64_t t1 = now_ms();
+    run_to_end(ck, "3000", 1, got);
+    uint64_t resumed = now_ms() - t1;
+    save_logs("resumed");
+    run_to_end(ref, "3000", 0, want);
+    save_logs("uninterrupted");
+    cr_expect_str_eq(got, want, "resumed run %s, uninterrupted run %s", got, want);
+    cr_log_info("%s: all 8 ranks saved step %ld; every launcher exited 143 %llu ms after the %s; "
+                "the restart ran to the end in %llu ms, bitwise equal to an uninterrupted run",
+                name, step, (unsigned long long)stopped, notice ? "notice" : "SIGTERM",
+                (unsigned long long)resumed);
+}
+
+/* 7. a cloud preemption notice on one node */
+Test(faults, preemption_notice_on_one_node, .timeout = 200) {
+    preemption_case("7-preempt-notice", 1);
+}
+
+/* 8. SIGTERM to every node at once */
+Test(faults, sigterm_to_every_node, .timeout = 200) { preemption_case("8-sigterm-all", 0); }
