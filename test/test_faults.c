@@ -152,6 +152,13 @@ static void save_logs(const char *tag) {
     netbed_save_log(&bed, name, &server);
 }
 
+static uint64_t max_ms(const uint64_t *v, int n) {
+    uint64_t m = 0;
+    for (int i = 0; i < n; i++)
+        m = v[i] > m ? v[i] : m;
+    return m;
+}
+
 /* Waits until each listed node's output shows needle; ms[i] is when, after t0. */
 static int expect_all(const int *hosts, int n, const char *needle, uint64_t t0, int timeout_ms,
                       uint64_t *ms) {
@@ -319,8 +326,7 @@ static uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault)
     int seen = expect_all(survivors, NODES - 1, "round 1 is over", *t_fault,
                           (HB_TIMEOUT_S + 5) * 1000, told);
     cr_assert_eq(seen, NODES - 1, "not every survivor was told: %s", nodes[survivors[0]].out);
-    for (int i = 0; i < NODES - 1; i++)
-        worst = told[i] > worst ? told[i] : worst;
+    worst = max_ms(told, NODES - 1);
     cr_expect_leq(worst, (HB_TIMEOUT_S + 1) * 1000ull,
                   "the last survivor was told %llu ms after the node died",
                   (unsigned long long)worst);
@@ -341,8 +347,7 @@ Test(faults, node_killed_elastic_continues_on_three) {
     int seen = expect_all(surv, NODES - 1, "round 2: node rank", t_fault, 30000, back);
     cr_expect_eq(seen, NODES - 1, "round 2 did not form: %s", nodes[1].out);
     uint64_t worst = 0;
-    for (int i = 0; i < NODES - 1; i++)
-        worst = back[i] > worst ? back[i] : worst;
+    worst = max_ms(back, NODES - 1);
     expect_exit(surv, NODES - 1, 0, 90000);
     save_logs("run");
     cr_log_info("scenario 2 (3:4): survivors told in %llu ms, training again on 3 nodes after "
@@ -378,8 +383,7 @@ Test(faults, node_killed_fixed_waits_for_replacement) {
     int seen = expect_all(all_nodes, NODES, "round 2: node rank", t_back, 30000, back);
     cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[4].out);
     uint64_t worst = 0;
-    for (int i = 0; i < NODES; i++)
-        worst = back[i] > worst ? back[i] : worst;
+    worst = max_ms(back, NODES);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
     cr_log_info("scenario 2 (4): survivors told in %llu ms; the replacement joined and "
@@ -404,8 +408,7 @@ Test(faults, link_cut_and_restored_node_rejoins) {
     int seen =
         expect_all(surv, NODES - 1, "round 1 is over", t_fault, (HB_TIMEOUT_S + 5) * 1000, told);
     cr_assert_eq(seen, NODES - 1, "not every survivor was told: %s", nodes[1].out);
-    for (int i = 0; i < NODES - 1; i++)
-        worst_told = told[i] > worst_told ? told[i] : worst_told;
+    worst_told = max_ms(told, NODES - 1);
     cr_expect_leq(worst_told, (HB_TIMEOUT_S + 1) * 1000ull, "told after %llu ms",
                   (unsigned long long)worst_told);
     usleep(3000000); /* the cut lasts 8 s or more */
@@ -413,8 +416,7 @@ Test(faults, link_cut_and_restored_node_rejoins) {
     uint64_t t_back = now_ms(), back[NODES], worst = 0;
     seen = expect_all(all_nodes, NODES, "round 2: node rank", t_back, 40000, back);
     cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[4].out);
-    for (int i = 0; i < NODES; i++)
-        worst = back[i] > worst ? back[i] : worst;
+    worst = max_ms(back, NODES);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
     cr_log_info("scenario 3: survivors told in %llu ms; after the link came back, training "
@@ -435,8 +437,7 @@ Test(faults, slow_lossy_fabric_completes, .timeout = 240) {
     uint64_t ms[NODES], worst = 0;
     cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", t0, 60000, ms), NODES,
                  "round 1 did not form: %s", nodes[1].out);
-    for (int i = 0; i < NODES; i++)
-        worst = ms[i] > worst ? ms[i] : worst;
+    worst = max_ms(ms, NODES);
     expect_exit(all_nodes, NODES, 0, 180000);
     save_logs("run");
     cr_log_info("scenario 4: rendezvous in %llu ms, 4 steps done in %llu ms over 400 ms "
@@ -488,8 +489,7 @@ Test(faults, server_restart_mid_run) {
     uint64_t t2 = now_ms(), r2[NODES], worst2 = 0;
     seen = expect_all(all_nodes, NODES, "round 2: node rank", t2, 30000, r2);
     cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[2].out);
-    for (int i = 0; i < NODES; i++)
-        worst2 = r2[i] > worst2 ? r2[i] : worst2;
+    worst2 = max_ms(r2, NODES);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
     cr_log_info("scenario 5: every node re-registered with the restarted server %llu ms after "
