@@ -200,6 +200,7 @@ int main(int argc, char **argv) {
                      "--no_python",
                      "/bin/true",
                      NULL};
+        rss_max = 0;
         for (int i = 0; i < runs; i++) {
             long rss;
             int st;
@@ -208,8 +209,11 @@ int main(int argc, char **argv) {
                 rss_max = rss;
         }
         qsort(wall, (size_t)runs, sizeof *wall, cmp_double);
-        printf("launch_bench torchrun nproc=%d runs=%d median_wall_ms=%.1f\n", nproc, runs,
-               wall[runs / 2] * 1e3);
+        printf("launch_bench torchrun nproc=%d runs=%d median_wall_ms=%.1f p90_wall_ms=%.1f "
+               "peak_rss_mib=%.1f\n",
+               nproc, runs, wall[runs / 2] * 1e3,
+               wall[(runs * 9) / 10 < runs ? (runs * 9) / 10 : runs - 1] * 1e3,
+               (double)rss_max / 1024.0);
     }
     free(wall);
     return 0;
