@@ -5,11 +5,43 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "gb_log.h"
 #include "gpulaunch/rdzv.h"
 
 #define GB_COMPONENT "rdzv"
+
+/* files the server needs besides its connections: listeners, the loop's own
+ * descriptors, the HTTP port, logs */
+#define RDZV_FD_RESERVE 64
+
+/* As redis does for maxclients: raise the open-file limit to what
+ * --max-connections needs (up to the hard limit, or past it when privileged),
+ * and say so at start when it stays lower, instead of failing accepts later. */
+static void fit_nofile(uint32_t max_connections) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    rlim_t want = (rlim_t)max_connections + RDZV_FD_RESERVE;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        struct rlimit both = {want, rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? rl.rlim_max
+                                                                                       : want};
+        struct rlimit soft = {
+            rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &both) != 0)
+            (void)setrlimit(RLIMIT_NOFILE, &soft);
+        (void)getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+        GB_WARN(
+            "the open-file limit is %llu, so at most about %llu connections will be served "
+            "(--max-connections %u); raise it (ulimit -n, systemd LimitNOFILE=, the "
+            "container's nofile ulimit) or lower --max-connections",
+            (unsigned long long)rl.rlim_cur,
+            (unsigned long long)(rl.rlim_cur > RDZV_FD_RESERVE ? rl.rlim_cur - RDZV_FD_RESERVE : 0),
+            max_connections);
+}
 
 static const char usage[] =
     "usage: gpulaunch-rdzv [options]\n"
@@ -185,6 +217,7 @@ int main(int argc, char **argv) {
     o.listen_port = lport;
     o.token = token;
     o.token_len = token_len;
+    fit_nofile(o.max_connections);
     uv_loop_t *loop = uv_default_loop();
     if (rdzv_server_start(loop, &o, &server, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch-rdzv: %s\n", err);

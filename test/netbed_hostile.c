@@ -113,9 +113,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? (rlim_t)idle + 64 : rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (rlim_t)idle + 64) {
+        struct rlimit want = {(rlim_t)idle + 64, (rlim_t)idle + 64}; /* root may raise both */
+        if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want.rlim_max)
+            want.rlim_max = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &want) != 0) {
+            rl.rlim_cur = rl.rlim_max;
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
     }
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
         (long)rl.rlim_cur < idle + 64)
