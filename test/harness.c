@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -251,4 +252,28 @@ int proc_ignores(pid_t pid, int sig) {
             mask = strtoull(line + 7, NULL, 16);
     fclose(f);
     return (int)((mask >> (sig - 1)) & 1);
+}
+
+static int read_floats(const char *path, float *out, int max) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return -1;
+    int n = (int)fread(out, sizeof(float), (size_t)max, f);
+    fclose(f);
+    return n;
+}
+
+double params_worst_rel_diff(const char *a, const char *b, int *n) {
+    static float xa[1 << 16], xb[1 << 16];
+    int na = read_floats(a, xa, 1 << 16), nb = read_floats(b, xb, 1 << 16);
+    *n = na;
+    if (na < 100 || na != nb)
+        return -1;
+    double worst = 0;
+    for (int i = 0; i < na; i++) {
+        double rel = fabs((double)xa[i] - xb[i]) / (fabs((double)xa[i]) + 1e-3);
+        if (rel > worst)
+            worst = rel;
+    }
+    return worst;
 }

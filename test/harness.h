@@ -53,6 +53,10 @@ uint64_t now_ms(void);
 int proc_ignores(pid_t pid, int sig);
 /* A TCP port that was free a moment ago (for listeners started by others). */
 int free_tcp_port(void);
+/* The largest relative difference between two float32 parameter dumps
+ * (dp_train --dump-params), |a-b| / (|a| + 1e-3); -1 when either cannot be
+ * read, holds under 100 values, or their sizes differ (*n says how many). */
+double params_worst_rel_diff(const char *a, const char *b, int *n);
 /* mkdtemp under /tmp, and rm -rf of it. */
 void tmpdir_make(char *buf, size_t len, const char *prefix);
 void tmpdir_remove(const char *dir);
