@@ -75,6 +75,8 @@ static struct launcher {
     int stopping;       /* SIGTERM sent to the group */
     int group_failed;   /* a local worker failed this round */
     int round_over;     /* the rendezvous ended the round */
+    int scale_up;       /* ... to take in waiting nodes: not a failure */
+    int assigned;       /* holds an assignment of the current round */
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
@@ -305,6 +307,15 @@ static void maybe_finish_round(void) {
         }
         return;
     }
+    /* A membership change (the round ended to take in waiting nodes) is not
+     * a failure: like torchelastic, it does not use up --max-restarts. */
+    if (L.scale_up && !L.group_failed) {
+        fprintf(stderr, "gpulaunch: re-rendezvous to take in waiting nodes (not counted as a "
+                        "restart)\n");
+        L.round_over = L.scale_up = L.stopping = 0;
+        rdzv_client_rejoin(L.cli);
+        return;
+    }
     if (L.restarts >= L.cfg.max_restarts) {
         if (L.first.set) {
             if (L.first.signal)
@@ -318,7 +329,7 @@ static void maybe_finish_round(void) {
     L.restarts++;
     GB_WARN("restarting the worker group (restart %d of %d)", L.restarts, L.cfg.max_restarts);
     fprintf(stderr, "gpulaunch: restarting workers (%d/%d)\n", L.restarts, L.cfg.max_restarts);
-    L.group_failed = L.round_over = L.stopping = 0;
+    L.group_failed = L.round_over = L.scale_up = L.stopping = 0;
     rdzv_client_rejoin(L.cli);
 }
 
@@ -701,6 +712,7 @@ static void choose_ifname(const char *master) {
 
 static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     L.a = *a;
+    L.assigned = 1;
     choose_ifname(a->master_addr);
     if (L.cloud == NULL && L.cfg.preemption_source != GL_CLOUD_NONE)
         uv_timer_start(&L.cloud_timer, on_cloud_timer, 1000, 0);
@@ -718,6 +730,8 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
                           const char *host, const char *msg) {
     fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
     L.round_over = 1;
+    L.assigned = 0;
+    L.scale_up = reason == RDZV_REASON_SCALE_UP;
     if (L.nrunning)
         stop_group(SIGTERM);
     else
@@ -737,6 +751,12 @@ static void on_waiting(rdzv_client *c, uint32_t waiting, uint32_t members) {
 static void on_job_done(rdzv_client *c) {
     if (L.nrunning == 0 && L.done_sent)
         finish(0);
+    if (L.nrunning == 0 && !L.assigned) {
+        fprintf(stderr, "gpulaunch: job %s finished while this node waited to join it; nothing "
+                        "left to do\n",
+                L.run_id);
+        finish(0);
+    }
 }
 
 static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {

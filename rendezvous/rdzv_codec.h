@@ -59,14 +59,7 @@ enum rdzv_type {
         RDZV_TYPE_MAX_
 };
 
-/* Why a round ended (RDZV_ROUND_OVER.reason). */
-enum rdzv_reason {
-    RDZV_REASON_DISCONNECT = 1, /* the node's connection dropped */
-    RDZV_REASON_HEARTBEAT = 2,  /* the node's heartbeats stopped */
-    RDZV_REASON_FAILED = 3,     /* the node reported a failed worker */
-    RDZV_REASON_LEFT = 4,       /* the node left */
-    RDZV_REASON_SCALE_UP = 5,   /* nodes waiting and room to grow: re-rendezvous */
-};
+/* Why a round ended (RDZV_ROUND_OVER.reason): enum rdzv_reason in gpulaunch/rdzv.h. */
 const char *rdzv_reason_name(uint32_t reason);
 
 /* Job events (RDZV_EVENT.kind): enum rdzv_event_kind in gpulaunch/rdzv.h. */

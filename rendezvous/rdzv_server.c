@@ -698,6 +698,15 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
         w.u.waiting.waiting = j->npending;
         w.u.waiting.members = j->nranks;
         push_to_job(j, &w);
+        /* An elastic job grows as torchelastic's do: a node waiting while the
+         * round has room ends the round, and the next one takes it in (the
+         * workers resume from their last checkpoint). Not once nodes have
+         * started to finish, and never in static mode (its ranks are fixed). */
+        if (!j->is_static && j->nranks < j->max_nodes && j->ndone == 0)
+            end_round(j, NULL, RDZV_REASON_SCALE_UP,
+                      "node %s (%s) is waiting and job %s has room for %u more node(s): "
+                      "re-rendezvous to take it in",
+                      m->hostname, m->addr, j->run_id, j->max_nodes - j->nranks);
         return;
     }
     maybe_complete(j, gb_now_ms());
@@ -937,6 +946,11 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
                 GB_INFO("job %s: every node finished round %u", j->run_id, j->round);
                 rdzv_msg d = {.type = RDZV_JOB_DONE};
                 push_to_job(j, &d);
+                /* nodes still waiting to join will not be needed */
+                member *p;
+                LIST_FOREACH(p, &j->pending, plink)
+                if (p->c)
+                    send_msg(p->c, &d);
                 j->state = JOB_DONE;
                 c->s->m.jobs_done++;
             }

@@ -379,36 +379,65 @@ Test(faults, node_killed_fixed_waits_for_replacement) {
 }
 
 /* 3. a node's link is cut, then restored: the others are told, the cut node
- * finds out on its own, and it rejoins once the link is back. */
-Test(faults, link_cut_and_restored_node_rejoins) {
-    setup_bed("3-link-cut", NODES + 1, 0, 0);
+ * finds out on its own, and it rejoins once the link is back. With a fixed
+ * count the others wait for it; with 3:4 they go on with 3 and the job grows
+ * back to 4 when it returns. */
+static void link_cut_case(const char *name, const char *nnodes) {
+    int elastic = strchr(nnodes, ':') != NULL;
+    setup_bed(name, NODES + 1, 0, 0);
     start_server(0);
-    job_args ja = {.nnodes = "4", .steps = "400", .sleep_ms = "10"};
+    job_args ja = {.nnodes = nnodes, .steps = elastic ? "1500" : "400", .sleep_ms = "10"};
     start_job(&ja);
     usleep(1500000);
     int surv[NODES - 1] = {1, 2, 3};
     uint64_t t_fault = now_ms();
     cr_assert_eq(netbed_cut(&bed, 4), 0);
-    uint64_t told[NODES - 1], worst_told = 0;
+    uint64_t told[NODES - 1], worst_told;
     int seen =
         expect_all(surv, NODES - 1, "round 1 is over", t_fault, (HB_TIMEOUT_S + 5) * 1000, told);
     cr_assert_eq(seen, NODES - 1, "not every survivor was told: %s", nodes[1].out);
     worst_told = max_ms(told, NODES - 1);
     cr_expect_leq(worst_told, (HB_TIMEOUT_S + 1) * 1000ull, "told after %llu ms",
                   (unsigned long long)worst_told);
-    usleep(3000000); /* the cut lasts 8 s or more */
+    uint64_t on3 = 0, r3[NODES - 1];
+    if (elastic) { /* the survivors go on without it */
+        seen = expect_all(surv, NODES - 1, "round 2: node rank", t_fault, 30000, r3);
+        cr_assert_eq(seen, NODES - 1, "round 2 did not form on 3 nodes: %s", nodes[1].out);
+        on3 = max_ms(r3, NODES - 1);
+        for (int i = 0; i < NODES - 1; i++)
+            cr_expect(strstr(nodes[surv[i]].out, "of 3, ranks") != NULL, "host%d: %s", surv[i],
+                      nodes[surv[i]].out);
+    }
+    usleep(elastic ? 1000000 : 3000000); /* the cut lasts 8 s or more */
     cr_assert_eq(netbed_restore(&bed, 4), 0);
-    uint64_t t_back = now_ms(), back[NODES], worst = 0;
-    seen = expect_all(all_nodes, NODES, "round 2: node rank", t_back, 40000, back);
-    cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[4].out);
+    /* fixed: round 2 waited for it; 3:4: it waits, and round 3 takes it in */
+    const char *next = elastic ? "round 3: node rank" : "round 2: node rank";
+    uint64_t t_back = now_ms(), back[NODES], worst;
+    seen = expect_all(all_nodes, NODES, next, t_back, 40000, back);
+    cr_expect_eq(seen, NODES, "'%s' did not form on 4 nodes: %s", next, nodes[4].out);
     worst = max_ms(back, NODES);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
-    cr_log_info("scenario 3: survivors told in %llu ms; after the link came back, training "
-                "resumed on 4 nodes in %llu ms",
-                (unsigned long long)worst_told, (unsigned long long)worst);
+    for (int i = 1; i <= NODES; i++)
+        cr_expect(strstr(nodes[i].out, elastic ? "of 4, ranks" : "round 2: node rank") != NULL,
+                  "host%d: %s", i, nodes[i].out);
+    if (elastic)
+        cr_log_info("scenario 3 (3:4): survivors told in %llu ms, training on 3 nodes %llu ms "
+                    "after the cut; after the link came back the job grew to 4 nodes in %llu ms",
+                    (unsigned long long)worst_told, (unsigned long long)on3,
+                    (unsigned long long)worst);
+    else
+        cr_log_info("scenario 3 (4): survivors told in %llu ms; after the link came back, "
+                    "training resumed on 4 nodes in %llu ms",
+                    (unsigned long long)worst_told, (unsigned long long)worst);
     expect_resumed(all_nodes, NODES);
     expect_same_params(all_nodes, NODES, 8, NULL);
+}
+
+Test(faults, link_cut_and_restored_node_rejoins) { link_cut_case("3a-link-cut-fixed", "4"); }
+
+Test(faults, link_cut_elastic_goes_on_with_three_then_grows_back) {
+    link_cut_case("3b-link-cut-elastic", "3:4");
 }
 
 /* 4. 200 ms of delay and 5% loss on every packet between hosts */

@@ -107,6 +107,45 @@ Test(rdzv, elastic_round_completes_after_last_call) {
     peer_join(&P[2], "el", "e2", -1, 2, 2, 4, 400);
     cr_assert_eq(peer_recv_type(&P[0], RDZV_WAITING, 3000), 0);
     cr_expect_eq(P[0].last.u.waiting.waiting, 1);
+    /* 2 of 4 nodes: room to grow, so the round ends and the next takes it in */
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(peer_recv_type(&P[i], RDZV_ROUND_OVER, 3000), 0);
+        cr_expect_eq(P[i].last.u.round_over.reason, RDZV_REASON_SCALE_UP);
+        cr_expect(strstr(P[i].last.u.round_over.message, "e2") != NULL, "%s",
+                  P[i].last.u.round_over.message);
+    }
+    for (int i = 0; i < 2; i++) {
+        char h[8];
+        snprintf(h, sizeof h, "e%d", i);
+        peer_join(&P[i], "el", h, -1, 2, 2, 4, 400);
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
+        cr_expect_eq(P[i].last.u.assigned.round, 2);
+        cr_expect_eq(P[i].last.u.assigned.nnodes, 3);
+        cr_expect_eq(P[i].last.u.assigned.node_rank, (uint32_t)i, "members keep their ranks");
+    }
+}
+
+Test(rdzv, full_round_keeps_running_and_a_waiting_node_hears_job_done) {
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+        char h[8];
+        snprintf(h, sizeof h, "f%d", i);
+        peer_join(&P[i], "full", h, -1, 1, 1, 2, 400);
+    }
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
+    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
+    peer_join(&P[2], "full", "f2", -1, 1, 1, 2, 400);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_WAITING, 3000), 0);
+    /* no room (2 of 2): nobody is interrupted */
+    cr_expect_neq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 500), 0, "a full round was ended");
+    for (int i = 0; i < 2; i++) {
+        rdzv_msg d = {.type = RDZV_DONE, .req_id = 50};
+        cr_assert_eq(peer_send(&P[i], &d), 0);
+    }
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_JOB_DONE, 3000), 0, "the waiting node was not told");
 }
 
 Test(rdzv, elastic_round_completes_at_max_without_waiting) {

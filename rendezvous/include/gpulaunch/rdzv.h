@@ -15,6 +15,15 @@
 #define RDZV_DEFAULT_LAST_CALL_MS 30000
 #define RDZV_DEFAULT_JOIN_TIMEOUT_MS 600000
 
+/* Why a round ended (the reason of a round-over callback). */
+enum rdzv_reason {
+    RDZV_REASON_DISCONNECT = 1, /* the node's connection dropped */
+    RDZV_REASON_HEARTBEAT = 2,  /* the node's heartbeats stopped */
+    RDZV_REASON_FAILED = 3,     /* the node reported a failed worker */
+    RDZV_REASON_LEFT = 4,       /* the node left */
+    RDZV_REASON_SCALE_UP = 5,   /* nodes waiting and room to grow: re-rendezvous */
+};
+
 /* Job events broadcast to every node and attached worker. */
 enum rdzv_event_kind {
     RDZV_EVENT_CHECKPOINT = 1, /* checkpoint now: a node is being preempted */
