@@ -752,8 +752,9 @@ static void on_job_done(rdzv_client *c) {
     if (L.nrunning == 0 && L.done_sent)
         finish(0);
     if (L.nrunning == 0 && !L.assigned) {
-        fprintf(stderr, "gpulaunch: job %s finished while this node waited to join it; nothing "
-                        "left to do\n",
+        fprintf(stderr,
+                "gpulaunch: job %s finished while this node waited to join it; nothing "
+                "left to do\n",
                 L.run_id);
         finish(0);
     }
