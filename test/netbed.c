@@ -47,6 +47,10 @@ int netbed_available(char *why, size_t len) {
         snprintf(why, len, "'ip netns' does not work here (iproute2 missing?)");
         return 0;
     }
+    if (system("unshare --uts true >/dev/null 2>&1") != 0) {
+        snprintf(why, len, "'unshare --uts' does not work here (util-linux missing?)");
+        return 0;
+    }
     return 1;
 }
 

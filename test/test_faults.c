@@ -42,6 +42,8 @@ static void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct) 
     char why[256];
     if (!netbed_available(why, sizeof why))
         cr_skip_test("%s", why);
+    if ((delay_ms > 0 || loss_pct > 0) && access("/dev/net/tun", R_OK | W_OK) != 0)
+        cr_skip_test("no /dev/net/tun here: the slow, lossy fabric needs TUN devices");
     tmpdir_make(dir, sizeof dir, "gpl-faults");
     snprintf(logdir, sizeof logdir, GPL_BUILD_DIR "/test/fault-logs/%s", name);
     char cmd[512];
