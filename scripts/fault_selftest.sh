@@ -9,8 +9,14 @@ dir=build/broken-heartbeats
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPULAUNCH_BREAK_HEARTBEATS=ON -DGPULAUNCH_WERROR=ON \
   -DGPULAUNCH_CUDA=OFF >/dev/null
 cmake --build "$dir" -j"$(nproc)" --target test_faults >/dev/null
-if (cd "$dir/test" && PET_SHM_MIN=16m PET_PREEMPTION_SOURCE=none \
-    ./test_faults --jobs 1 --filter 'faults/node_killed_elastic*'); then
+out=$(cd "$dir/test" && PET_SHM_MIN=16m PET_PREEMPTION_SOURCE=none \
+  ./test_faults --jobs 1 --verbose --filter 'faults/node_killed_elastic*' 2>&1) && rc=0 || rc=$?
+echo "$out" | grep -v "Test is disabled" | tail -n 8
+if echo "$out" | grep -q '^\[SKIP\] faults::node_killed_elastic'; then
+  echo "fault_selftest: skipped: the test bed cannot be built here"
+  exit 0
+fi
+if [ "$rc" -eq 0 ]; then
   echo "fault_selftest: scenario 2 PASSED against a server without heartbeats: the matrix cannot catch it" >&2
   exit 1
 fi
