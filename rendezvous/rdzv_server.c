@@ -412,7 +412,7 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
 
 static int cmp_join_order(const void *a, const void *b) {
     const member *x = *(member *const *)a, *y = *(member *const *)b;
-    return x->joined_ms < y->joined_ms ? -1 : x->joined_ms > y->joined_ms;
+    return x->join_seq < y->join_seq ? -1 : x->join_seq > y->join_seq;
 }
 
 /* The round is complete: assign ranks and push them to every member at once. */
@@ -642,6 +642,7 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
     m->static_rank = jn->static_rank;
     m->join_req = msg->req_id;
     m->joined_ms = gb_now_ms();
+    m->join_seq = ++s->join_seq;
     m->next_progress_ms = m->joined_ms + PROGRESS_AFTER_MS;
     s->m.joins++;
 

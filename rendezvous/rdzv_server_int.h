@@ -26,6 +26,7 @@ struct member {
     int32_t static_rank;
     uint32_t join_req;
     uint64_t joined_ms, next_progress_ms;
+    uint64_t join_seq; /* arrival order (joined_ms ties within a millisecond) */
     int pending, active, done;
     uint32_t node_rank;
     int64_t prev_rank; /* rank in the last round this member was in, -1 none */
@@ -82,6 +83,7 @@ typedef struct rdzv_metrics {
 
 struct rdzv_server {
     uv_loop_t *loop;
+    uint64_t join_seq; /* JOINs seen: orders members by arrival */
     rdzv_server_options o;
     char *token;
     uv_tcp_t listener;

@@ -102,6 +102,9 @@ Test(rdzv, elastic_round_completes_after_last_call) {
                   (unsigned long long)waited);
     cr_expect_eq(P[0].last.u.assigned.nnodes, 2);
     cr_expect_eq(P[0].last.u.assigned.world_size, 4);
+    uint32_t rank1[2];
+    for (int i = 0; i < 2; i++)
+        rank1[i] = P[i].last.u.assigned.node_rank;
     /* a third node arriving while the round runs waits, and members hear of it */
     cr_assert_eq(peer_open(&P[2], port, NULL), 0);
     peer_join(&P[2], "el", "e2", -1, 2, 2, 4, 400);
@@ -123,7 +126,8 @@ Test(rdzv, elastic_round_completes_after_last_call) {
         cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
         cr_expect_eq(P[i].last.u.assigned.round, 2);
         cr_expect_eq(P[i].last.u.assigned.nnodes, 3);
-        cr_expect_eq(P[i].last.u.assigned.node_rank, (uint32_t)i, "members keep their ranks");
+        cr_expect_eq(P[i].last.u.assigned.node_rank, i < 2 ? rank1[i] : 2u,
+                     "node %d: members keep their ranks, the newcomer takes the next", i);
     }
 }
 
