@@ -47,6 +47,7 @@ struct gpl_dp {
 
 static void *comm_thread(void *arg) {
     gpl_dp_t dp = arg;
+    gpl_nccl_bind_thread(dp->comm); /* NCCL calls from here go to the comm's device */
     pthread_mutex_lock(&dp->mu);
     for (;;) {
         while (!dp->stop && dp->next_done >= dp->next_launch)
@@ -200,19 +201,41 @@ gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
                              "gpl_dp_wait: gradient #%d (%zu elements) was never marked ready "
                              "this step; every rank must mark every gradient",
                              i, dp->g[i].count);
+    /* Each bucket's gradients go back as soon as its all-reduce is done, while
+     * the thread reduces the next buckets. Device gradients are copied on the
+     * device (a host memcpy of device memory would fault). */
+    gpl_result_t rc = GPL_OK;
+    for (int k = 0; k < dp->nb; k++) {
+        pthread_mutex_lock(&dp->mu);
+        while (dp->next_done <= k)
+            pthread_cond_wait(&dp->cv, &dp->mu);
+        rc = dp->rc;
+        pthread_mutex_unlock(&dp->mu);
+        if (rc != GPL_OK)
+            break;
+        for (int i = 0; i < dp->ng; i++) {
+            dp_grad *g = &dp->g[i];
+            if (g->bucket != k)
+                continue;
+            size_t bytes = g->count * gpl_dtype_size(g->dtype);
+            const uint8_t *src = dp->b[k].flat + g->offset;
+            if (!g->on_device)
+                memcpy(g->ptr, src, bytes);
+            else if (gpl_dev_copy(g->ptr, src, bytes) != 0)
+                rc = gb_seterr(&dp->comm->err, GPL_ERR_CUDA,
+                               "copying gradient #%d back from its bucket: CUDA error", i);
+        }
+    }
     pthread_mutex_lock(&dp->mu);
     while (dp->next_done < dp->nb)
         pthread_cond_wait(&dp->cv, &dp->mu);
-    gpl_result_t rc = dp->rc;
+    if (rc == GPL_OK)
+        rc = dp->rc;
     dp->rc = GPL_OK;
     dp->next_launch = dp->next_done = 0;
     pthread_mutex_unlock(&dp->mu);
-    for (int i = 0; i < dp->ng; i++) {
-        dp_grad *g = &dp->g[i];
-        if (rc == GPL_OK)
-            memcpy(g->ptr, dp->b[g->bucket].flat + g->offset, g->count * gpl_dtype_size(g->dtype));
-        g->ready = 0;
-    }
+    for (int i = 0; i < dp->ng; i++)
+        dp->g[i].ready = 0;
     for (int i = 0; i < dp->nb; i++)
         dp->b[i].nready = 0;
     return rc;

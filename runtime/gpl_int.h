@@ -120,6 +120,8 @@ gpl_result_t gpl_cpu_barrier(gpl_comm_t c);
 gpl_result_t gpl_nccl_init(gpl_comm_t c, int device);
 void gpl_nccl_finalize(gpl_comm_t c);
 int gpl_nccl_is_device_ptr(const void *p);
+/* Makes the comm's GPU current on the calling thread (a helper thread). */
+void gpl_nccl_bind_thread(gpl_comm_t c);
 gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
                                 gpl_op_t op, void *stream);
 gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
