@@ -25,10 +25,10 @@ static void fit_nofile(uint32_t max_connections) {
         return;
     rlim_t want = (rlim_t)max_connections + RDZV_FD_RESERVE;
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
-        struct rlimit both = {want, rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? rl.rlim_max
-                                                                                       : want};
-        struct rlimit soft = {
-            rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max, rl.rlim_max};
+        /* the soft limit up to the hard one; past it only when privileged */
+        int room = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want;
+        struct rlimit both = {want, room ? rl.rlim_max : want};
+        struct rlimit soft = {room ? want : rl.rlim_max, rl.rlim_max};
         if (setrlimit(RLIMIT_NOFILE, &both) != 0)
             (void)setrlimit(RLIMIT_NOFILE, &soft);
         (void)getrlimit(RLIMIT_NOFILE, &rl);
@@ -53,7 +53,8 @@ static const char usage[] =
     "  --listen ADDR:PORT          where nodes connect (default 0.0.0.0:29400)\n"
     "  --http ADDR:PORT            /metrics, /status and /healthz (default: off)\n"
     "  --token-file FILE           shared token; also GPULAUNCH_RDZV_TOKEN\n"
-    "  --max-connections N         open connections (default 65536)\n"
+    "  --max-connections N         open connections (default 65536; the open-file\n"
+    "                              limit is raised to fit, with a warning if it cannot be)\n"
     "  --max-jobs N                jobs held at once (default 1024)\n"
     "  --max-nodes N               nodes in one job (default 65536)\n"
     "  --max-job-kv-bytes N        key-value bytes per job (default 268435456)\n"

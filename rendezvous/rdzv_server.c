@@ -390,7 +390,8 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
     vsnprintf(m.u.round_over.message, sizeof m.u.round_over.message, fmt, ap);
     va_end(ap);
     GB_WARN("job %s: round %u over: %s", j->run_id, j->round, m.u.round_over.message);
-    if (reason < sizeof j->s->m.failures / sizeof j->s->m.failures[0])
+    if (reason != RDZV_REASON_SCALE_UP && /* growing is not a failure */
+        reason < sizeof j->s->m.failures / sizeof j->s->m.failures[0])
         j->s->m.failures[reason]++;
     push_to_job(j, &m);
     waiters_fail(j, GPL_ERR_ROUND_OVER, m.u.round_over.message);

@@ -54,25 +54,27 @@ int netbed_available(char *why, size_t len) {
     return 1;
 }
 
-/* Kills what runs in a namespace, then deletes it. */
-static void ns_remove(const char *ns) {
-    char cmd[256];
+/* SIGKILLs every process in namespace ns; returns how many. */
+static int kill_ns_pids(const char *ns) {
+    char cmd[128];
     snprintf(cmd, sizeof cmd, "ip netns pids %s 2>/dev/null", ns);
-    for (int round = 0; round < 20; round++) {
-        FILE *f = popen(cmd, "r");
-        int n = 0;
-        if (f) {
-            long pid;
-            while (fscanf(f, "%ld", &pid) == 1) {
-                kill((pid_t)pid, SIGKILL);
+    FILE *f = popen(cmd, "r");
+    int n = 0;
+    if (f) {
+        long pid;
+        while (fscanf(f, "%ld", &pid) == 1)
+            if (kill((pid_t)pid, SIGKILL) == 0)
                 n++;
-            }
-            pclose(f);
-        }
-        if (n == 0)
-            break;
-        usleep(20000);
+        pclose(f);
     }
+    return n;
+}
+
+/* Kills what runs in a namespace (until nothing is left), then deletes it. */
+static void ns_remove(const char *ns) {
+    for (int round = 0; round < 20 && kill_ns_pids(ns) > 0; round++)
+        usleep(20000);
+    char cmd[256];
     snprintf(cmd, sizeof cmd, "ip netns del %s 2>/dev/null; rm -rf /etc/netns/%s", ns, ns);
     if (system(cmd) != 0) { /* already gone */
     }
@@ -246,19 +248,9 @@ int netbed_restore(netbed *b, int host) {
 }
 
 int netbed_kill_host(netbed *b, int host) {
-    char ns[40], cmd[128];
+    char ns[40];
     ns_name(b, host, ns, sizeof ns);
-    snprintf(cmd, sizeof cmd, "ip netns pids %s 2>/dev/null", ns);
-    FILE *f = popen(cmd, "r");
-    int n = 0;
-    if (f) {
-        long pid;
-        while (fscanf(f, "%ld", &pid) == 1)
-            if (kill((pid_t)pid, SIGKILL) == 0)
-                n++;
-        pclose(f);
-    }
-    return n;
+    return kill_ns_pids(ns);
 }
 
 void netbed_save_log(netbed *b, const char *name, const proc *p) {

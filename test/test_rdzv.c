@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
 #include "harness.h"
 
 static proc srv;
@@ -596,6 +598,42 @@ Test(rdzv_bad, hostile_clients_are_dropped, .timeout = 60) {
         if (fds[i] >= 0)
             close(fds[i]);
     stop();
+}
+
+/* The soft open-file limit of a running process, from /proc. */
+static long nofile_soft(pid_t pid) {
+    char path[64], line[256];
+    long v = -1;
+    snprintf(path, sizeof path, "/proc/%d/limits", (int)pid);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Max open files %ld", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+Test(rdzv_limits, open_file_limit_fits_max_connections_or_is_warned, .timeout = 30) {
+    /* this test process, and so the servers it starts, begins at 64 / 256 */
+    struct rlimit rl = {64, 256};
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    const char *fits[] = {"--max-connections", "100", NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, fits), 0, "%s", srv.out);
+    cr_expect_geq(nofile_soft(srv.pid), 164, "the soft limit was not raised to fit 100 + 64");
+    cr_expect(strstr(srv.out, "open-file limit") == NULL, "%s", srv.out);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+    /* 1000 connections do not fit under 256 unless the server may raise the hard limit */
+    const char *over[] = {"--max-connections", "1000", NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, over), 0, "%s", srv.out);
+    long soft = nofile_soft(srv.pid);
+    int warned = strstr(srv.out, "the open-file limit is 256") != NULL;
+    cr_expect(soft >= 1064 ? !warned : warned,
+              "limit %ld: a server that cannot fit --max-connections must say so: %s", soft,
+              srv.out);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
 }
 
 Test(rdzv_limits, every_limit_is_enforced_with_a_message, .timeout = 30) {

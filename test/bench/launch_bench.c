@@ -102,6 +102,33 @@ static double read_stamp(const char *dir, int rank) {
     return t;
 }
 
+/* Runs argv `runs` times; prints "launch_bench NAME nproc= runs= median p90 peak RSS".
+ * Returns -1 when a run fails. */
+static int measure(const char *name, char *const argv[], int runs, int nproc) {
+    double *wall = calloc((size_t)runs, sizeof *wall);
+    long rss_max = 0;
+    if (wall == NULL)
+        return -1;
+    for (int i = 0; i < runs; i++) {
+        long rss;
+        int st;
+        wall[i] = run(argv, &rss, &st, 1);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "launch_bench: %s failed (status %d)\n", name, st);
+            free(wall);
+            return -1;
+        }
+        if (rss > rss_max)
+            rss_max = rss;
+    }
+    qsort(wall, (size_t)runs, sizeof *wall, cmp_double);
+    int p90 = (runs * 9) / 10 < runs ? (runs * 9) / 10 : runs - 1;
+    printf("launch_bench %s nproc=%d runs=%d median_wall_ms=%.1f p90_wall_ms=%.1f "
+           "peak_rss_mib=%.1f\n",
+           name, nproc, runs, wall[runs / 2] * 1e3, wall[p90] * 1e3, (double)rss_max / 1024.0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--worker") == 0)
         return worker(argv[2]);
@@ -128,27 +155,10 @@ int main(int argc, char **argv) {
     }
     char np[16];
     snprintf(np, sizeof np, "%d", nproc);
-    double *wall = calloc((size_t)runs, sizeof *wall);
-    long rss_max = 0;
     char *a[] = {
         (char *)launcher, "--standalone", "--nproc-per-node", np, "--no-python", "/bin/true", NULL};
-    for (int i = 0; i < runs; i++) {
-        long rss;
-        int st;
-        wall[i] = run(a, &rss, &st, 1);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "launch_bench: gpulaunch failed (status %d)\n", st);
-            return 1;
-        }
-        if (rss > rss_max)
-            rss_max = rss;
-    }
-    qsort(wall, (size_t)runs, sizeof *wall, cmp_double);
-    printf("launch_bench gpulaunch nproc=%d runs=%d median_wall_ms=%.1f p90_wall_ms=%.1f "
-           "peak_rss_mib=%.1f\n",
-           nproc, runs, wall[runs / 2] * 1e3,
-           wall[(runs * 9) / 10 < runs ? (runs * 9) / 10 : runs - 1] * 1e3,
-           (double)rss_max / 1024.0);
+    if (measure("gpulaunch", a, runs, nproc) != 0)
+        return 1;
 
     /* crash probe */
     char dir[] = "/tmp/launch-bench-XXXXXX";
@@ -200,21 +210,8 @@ int main(int argc, char **argv) {
                      "--no_python",
                      "/bin/true",
                      NULL};
-        rss_max = 0;
-        for (int i = 0; i < runs; i++) {
-            long rss;
-            int st;
-            wall[i] = run(t, &rss, &st, 1);
-            if (rss > rss_max)
-                rss_max = rss;
-        }
-        qsort(wall, (size_t)runs, sizeof *wall, cmp_double);
-        printf("launch_bench torchrun nproc=%d runs=%d median_wall_ms=%.1f p90_wall_ms=%.1f "
-               "peak_rss_mib=%.1f\n",
-               nproc, runs, wall[runs / 2] * 1e3,
-               wall[(runs * 9) / 10 < runs ? (runs * 9) / 10 : runs - 1] * 1e3,
-               (double)rss_max / 1024.0);
+        if (measure("torchrun", t, runs, nproc) != 0)
+            return 1;
     }
-    free(wall);
     return 0;
 }
