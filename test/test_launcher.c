@@ -701,3 +701,69 @@ Test(launcher, check_tries_the_rendezvous_this_node_would_join) {
     proc_kill(&srv, SIGTERM);
     proc_wait(&srv, 5000);
 }
+
+/* A dynamic node of job `id` with --nnodes nn and no restarts to spend. */
+static void start_elastic(proc *p, const char *ep, const char *id, const char *nn,
+                          const char *steps) {
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/ck-%s", dir, id);
+    char *argv[] = {GL,
+                    "--nnodes",
+                    (char *)nn,
+                    "--nproc-per-node",
+                    "1",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    (char *)ep,
+                    "--rdzv-id",
+                    (char *)id,
+                    "--rdzv-conf",
+                    "last_call_timeout=1",
+                    "--max-restarts",
+                    "0",
+                    DP,
+                    "--steps",
+                    (char *)steps,
+                    "--global-batch",
+                    "32",
+                    "--print-every",
+                    "100000",
+                    "--step-sleep-ms",
+                    "5",
+                    "--checkpoint-dir",
+                    ck,
+                    "--checkpoint-every",
+                    "50",
+                    NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+}
+
+Test(launcher, scale_up_spends_no_restart_and_a_node_left_waiting_exits_0, .timeout = 90) {
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", free_tcp_port());
+    proc srv, a, b;
+    start_rdzv_at(&srv, ep);
+    /* 1:2 nodes: a trains alone, b arrives, the round ends to take it in */
+    start_elastic(&a, ep, "grow", "1:2", "800");
+    cr_assert(proc_expect(&a, "round 1: node rank 0 of 1", 10000), "%s", a.out);
+    start_elastic(&b, ep, "grow", "1:2", "800");
+    int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
+    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "a: status %d: %s", sa, a.out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "b: status %d: %s", sb, b.out);
+    cr_expect(strstr(a.out, "not counted as a restart") != NULL, "%s", a.out);
+    cr_expect(strstr(a.out, "round 2: node rank") != NULL && strstr(a.out, "of 2, ranks"), "%s",
+              a.out);
+    /* 1:1 node: the round is full, so a newcomer waits, and is told when the job is done */
+    start_elastic(&a, ep, "full", "1:1", "300");
+    cr_assert(proc_expect(&a, "round 1: node rank 0 of 1", 10000), "%s", a.out);
+    start_elastic(&b, ep, "full", "1:1", "300");
+    sa = proc_wait(&a, 60000);
+    sb = proc_wait(&b, 10000);
+    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "a: status %d: %s", sa, a.out);
+    cr_expect(strstr(a.out, "round 1 is over") == NULL, "a full round was ended: %s", a.out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "b: status %d: %s", sb, b.out);
+    cr_expect(strstr(b.out, "finished while this node waited") != NULL, "%s", b.out);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+}
