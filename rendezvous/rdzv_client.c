@@ -225,6 +225,12 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         }
         return;
     case RDZV_ROUND_OVER:
+        if (!c->assigned || m->u.round_over.round != c->a.round) {
+            /* the end of a round this node already left (it failed locally and
+             * re-joined before the server's notice arrived): not news */
+            GB_DEBUG("ignoring the end of round %u: this node is past it", m->u.round_over.round);
+            return;
+        }
         c->assigned = 0;
         if (c->cb.on_round_over)
             c->cb.on_round_over(c, m->u.round_over.round, m->u.round_over.reason,
