@@ -7,6 +7,7 @@
 #include <openssl/params.h>
 #include <openssl/rand.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,7 @@ int rdzv_auth_mac(const char *token, size_t token_len, const uint8_t nonce[RDZV_
     EVP_MAC_CTX *ctx = base ? EVP_MAC_CTX_dup(base) : NULL;
     size_t len = 0;
     int ok = ctx && EVP_MAC_update(ctx, nonce, RDZV_NONCE_LEN) &&
-             EVP_MAC_update(ctx, (const unsigned char *)auth_label, sizeof auth_label) &&
+             EVP_MAC_update(ctx, (const unsigned char *)auth_label, sizeof auth_label - 1) &&
              EVP_MAC_final(ctx, mac, &len, RDZV_MAC_LEN) && len == RDZV_MAC_LEN;
     EVP_MAC_CTX_free(ctx);
     return ok ? 0 : -1;
@@ -67,8 +68,33 @@ int rdzv_auth_check(const char *token, size_t token_len, const uint8_t nonce[RDZ
     return CRYPTO_memcmp(want, mac, RDZV_MAC_LEN) == 0;
 }
 
+/* Nonces come from a pool that one RAND_bytes call fills for 128
+ * connections: per call, OpenSSL's generator costs more than the 32 bytes
+ * (locks and a fork check). The pool is per thread and emptied in a forked
+ * child, so no two processes hand out the same bytes. */
+#define NONCE_POOL (128 * RDZV_NONCE_LEN)
+static __thread uint8_t pool[NONCE_POOL];
+static __thread size_t pool_left;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void pool_forget(void) {
+    OPENSSL_cleanse(pool, sizeof pool);
+    pool_left = 0;
+}
+
+static void pool_register(void) { pthread_atfork(NULL, NULL, pool_forget); }
+
 int rdzv_auth_nonce(uint8_t nonce[RDZV_NONCE_LEN]) {
-    return RAND_bytes(nonce, RDZV_NONCE_LEN) == 1 ? 0 : -1;
+    pthread_once(&atfork_once, pool_register);
+    if (pool_left < RDZV_NONCE_LEN) {
+        if (RAND_bytes(pool, NONCE_POOL) != 1)
+            return -1;
+        pool_left = NONCE_POOL;
+    }
+    pool_left -= RDZV_NONCE_LEN;
+    memcpy(nonce, pool + pool_left, RDZV_NONCE_LEN);
+    OPENSSL_cleanse(pool + pool_left, RDZV_NONCE_LEN);
+    return 0;
 }
 
 gpl_result_t rdzv_load_token(const char *file, char **tok, size_t *len, char *err, size_t errlen) {

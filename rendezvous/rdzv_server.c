@@ -27,6 +27,8 @@ struct conn {
     uv_tcp_t tcp;
     rdzv_server *s;
     LIST_ENTRY(conn) link, alink;
+    TAILQ_ENTRY(conn) hlink; /* s->handshaking, in accept order, until C_READY */
+    int in_handshake;
     int state, closing;
     uint8_t nonce[RDZV_NONCE_LEN];
     rdzv_buf in;
@@ -85,50 +87,59 @@ static void on_written(uv_write_t *req, int status) {
     free(w);
 }
 
-static void send_msg(conn *c, const rdzv_msg *m) {
+/* Sends one encoded frame: written at once when the socket takes it,
+ * otherwise the rest is copied into the connection's bounded output queue. */
+static void send_frame(conn *c, const uint8_t *data, size_t len) {
     if (c->closing)
         return;
-    rdzv_buf b;
-    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
-    if (rdzv_encode(m, &b) != GPL_OK) {
-        GB_ERROR("cannot encode %s for %s", rdzv_type_name(m->type), peer_of(c));
-        rdzv_buf_free(&b);
-        return;
-    }
     size_t off = 0;
     if (c->outq == 0) {
-        uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
+        uv_buf_t ub = uv_buf_init((char *)data, (unsigned)len);
         int n = uv_try_write((uv_stream_t *)&c->tcp, &ub, 1);
         if (n > 0)
             off = (size_t)n;
     }
-    if (off == b.len) {
-        rdzv_buf_free(&b);
+    if (off == len)
         return;
-    }
-    size_t left = b.len - off;
+    size_t left = len - off;
     if (c->outq + left > c->s->o.max_outq_bytes) {
-        rdzv_buf_free(&b);
         conn_close(c, "output queue over its limit: the client does not read its replies");
         return;
     }
     wreq *w = malloc(sizeof *w);
-    if (w == NULL) {
-        rdzv_buf_free(&b);
+    uint8_t *copy = malloc(left);
+    if (w == NULL || copy == NULL) {
+        free(w);
+        free(copy);
         conn_close(c, "out of memory");
         return;
     }
+    memcpy(copy, data + off, left);
     w->c = c;
     w->len = left;
-    w->data = b.data;
-    uv_buf_t ub = uv_buf_init((char *)b.data + off, (unsigned)left);
+    w->data = copy;
+    uv_buf_t ub = uv_buf_init((char *)copy, (unsigned)left);
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, on_written) != 0) {
-        free(w->data);
+        free(copy);
         free(w);
         conn_close(c, "write failed");
         return;
     }
     c->outq += left;
+}
+
+/* Encodes into the server's one scratch buffer (no allocation per message);
+ * send_frame does not read it after anything that could send again. */
+static void send_msg(conn *c, const rdzv_msg *m) {
+    if (c->closing)
+        return;
+    rdzv_buf *b = &c->s->scratch;
+    b->len = 0;
+    if (rdzv_encode(m, b) != GPL_OK) {
+        GB_ERROR("cannot encode %s for %s", rdzv_type_name(m->type), peer_of(c));
+        return;
+    }
+    send_frame(c, b->data, b->len);
 }
 
 static void send_error(conn *c, uint32_t req, gpl_result_t code, const char *fmt, ...)
@@ -290,6 +301,12 @@ static void waiters_fail(job *j, gpl_result_t code, const char *msg) {
 
 /* ---- jobs ---- */
 
+/* When a waiting node next needs the sweep: a progress push or its join timeout. */
+static uint64_t pending_due(const job *j, const member *m) {
+    uint64_t timeout = m->joined_ms + j->join_timeout_ms;
+    return m->next_progress_ms < timeout ? m->next_progress_ms : timeout;
+}
+
 static job *job_find(rdzv_server *s, const char *run_id) {
     job *j;
     LIST_FOREACH(j, &s->jobs, link)
@@ -367,13 +384,21 @@ static void member_unpend(member *m) {
         j->min_reached_ms = 0;
 }
 
+/* One encoding for every member and attached worker connection. */
 static void push_to_job(job *j, const rdzv_msg *msg) {
+    rdzv_buf b;
+    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+    if (rdzv_encode(msg, &b) != GPL_OK) {
+        GB_ERROR("cannot encode %s for job %s", rdzv_type_name(msg->type), j->run_id);
+        return;
+    }
     for (uint32_t i = 0; i < j->nranks; i++)
         if (j->ranks[i] && j->ranks[i]->c)
-            send_msg(j->ranks[i]->c, msg);
+            send_frame(j->ranks[i]->c, b.data, b.len);
     conn *c;
     LIST_FOREACH(c, &j->attached, alink)
-    send_msg(c, msg);
+    send_frame(c, b.data, b.len);
+    rdzv_buf_free(&b);
 }
 
 static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt, ...) {
@@ -645,6 +670,8 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
     m->joined_ms = gb_now_ms();
     m->join_seq = ++s->join_seq;
     m->next_progress_ms = m->joined_ms + PROGRESS_AFTER_MS;
+    if (pending_due(j, m) < j->pending_due_ms)
+        j->pending_due_ms = pending_due(j, m);
     s->m.joins++;
 
     if (msg->flags & RDZV_JOIN_RESUME) {
@@ -968,6 +995,15 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
     }
 }
 
+/* Connections that have not finished the handshake are kept in accept order,
+ * so the sweep looks only at the ones whose deadline has passed. */
+static void handshake_done(conn *c) {
+    if (c->in_handshake) {
+        TAILQ_REMOVE(&c->s->handshaking, c, hlink);
+        c->in_handshake = 0;
+    }
+}
+
 static void handle_frame(conn *c, const uint8_t *p, size_t n) {
     rdzv_server *s = c->s;
     rdzv_msg msg;
@@ -1014,6 +1050,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
             return;
         }
         c->state = C_READY;
+        handshake_done(c);
         if (!(msg.flags & RDZV_AUTH_QUIET)) {
             rdzv_msg w = {.type = RDZV_WELCOME, .req_id = msg.req_id};
             w.u.welcome.server_epoch = s->epoch;
@@ -1030,6 +1067,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
 
 static void server_unref(rdzv_server *s) {
     if (--s->open_handles == 0) {
+        rdzv_buf_free(&s->scratch);
         free(s->token);
         free(s);
     }
@@ -1049,6 +1087,7 @@ static void conn_close(conn *c, const char *why) {
     c->closing = 1;
     rdzv_server *s = c->s;
     GB_DEBUG("closing %s: %s", peer_of(c), why);
+    handshake_done(c);
     waiter *w;
     while ((w = LIST_FIRST(&c->waiters)) != NULL)
         waiter_free(w);
@@ -1176,6 +1215,8 @@ static void on_connection(uv_stream_t *ls, int status) {
     LIST_INIT(&c->waiters);
     c->accepted_ms = c->last_rx_ms = gb_now_ms();
     LIST_INSERT_HEAD(&s->conns, c, link);
+    TAILQ_INSERT_TAIL(&s->handshaking, c, hlink);
+    c->in_handshake = 1;
     s->m.connections_total++;
     s->m.connections_open++;
     if (s->m.connections_open > s->o.max_connections || s->closing) {
@@ -1204,8 +1245,9 @@ static void on_connection(uv_stream_t *ls, int status) {
 static void sweep_job(job *j, uint64_t now, int hb_scan) {
     if (j->state == JOB_GATHERING) {
         maybe_complete(j, now);
-        if (j->state != JOB_GATHERING)
-            return;
+        if (j->state != JOB_GATHERING || now < j->pending_due_ms)
+            return; /* no waiting node is due for a progress push or its timeout */
+        uint64_t due = UINT64_MAX;
         /* the missing-node text is O(nodes): built at most once per sweep */
         char missing[RDZV_MAX_MSG + 1];
         int have_missing = 0;
@@ -1214,8 +1256,11 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
             n = LIST_NEXT(m, plink);
             uint64_t waited = now - m->joined_ms;
             int timed_out = waited >= j->join_timeout_ms;
-            if (!timed_out && now < m->next_progress_ms)
+            if (!timed_out && now < m->next_progress_ms) {
+                if (pending_due(j, m) < due)
+                    due = pending_due(j, m);
                 continue;
+            }
             if (!have_missing) {
                 describe_missing(j, missing, sizeof missing);
                 have_missing = 1;
@@ -1230,6 +1275,8 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
                 continue;
             }
             m->next_progress_ms = now + PROGRESS_MS;
+            if (pending_due(j, m) < due)
+                due = pending_due(j, m);
             rdzv_msg p = {.type = RDZV_PROGRESS, .req_id = 0};
             p.u.progress.joined = j->npending;
             p.u.progress.expected = j->is_static ? j->max_nodes : j->min_nodes;
@@ -1237,6 +1284,7 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
             memcpy(p.u.progress.missing, missing, sizeof p.u.progress.missing);
             send_msg(m->c, &p);
         }
+        j->pending_due_ms = due;
         return;
     }
     if (j->state != JOB_RUNNING)
@@ -1291,13 +1339,11 @@ static void on_sweep(uv_timer_t *t) {
     int hb = now - s->last_hb_scan_ms >= HB_SCAN_MS;
     if (hb)
         s->last_hb_scan_ms = now;
-    conn *c = LIST_FIRST(&s->conns), *cn;
-    for (; c; c = cn) {
-        cn = LIST_NEXT(c, link);
-        if (c->state != C_READY && now - c->accepted_ms > s->o.handshake_timeout_ms) {
-            GB_INFO("closing %s: no handshake within %u ms", peer_of(c), s->o.handshake_timeout_ms);
-            conn_close(c, "handshake timeout");
-        }
+    conn *c;
+    while ((c = TAILQ_FIRST(&s->handshaking)) != NULL &&
+           now - c->accepted_ms > s->o.handshake_timeout_ms) {
+        GB_INFO("closing %s: no handshake within %u ms", peer_of(c), s->o.handshake_timeout_ms);
+        conn_close(c, "handshake timeout");
     }
     job *j = LIST_FIRST(&s->jobs), *jn;
     for (; j; j = jn) {
@@ -1328,7 +1374,9 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
     s->loop = loop;
     s->o = *opts;
     LIST_INIT(&s->conns);
+    TAILQ_INIT(&s->handshaking);
     LIST_INIT(&s->jobs);
+    rdzv_buf_init(&s->scratch, RDZV_MAX_FRAME + 4);
     if (opts->token && opts->token_len) {
         s->token = malloc(opts->token_len);
         if (s->token == NULL) {

@@ -62,6 +62,7 @@ struct job {
     uint32_t npending;
     member **static_slots; /* max_nodes entries in static mode */
     uint64_t min_reached_ms;
+    uint64_t pending_due_ms; /* no waiting node is due before this (sweep skips them) */
     /* running */
     member **ranks;
     uint32_t nranks, nactive, ndone;
@@ -91,6 +92,8 @@ struct rdzv_server {
     int port;
     uint64_t epoch;
     LIST_HEAD(, conn) conns;
+    TAILQ_HEAD(, conn) handshaking; /* accept order: the handshake deadline sweep */
+    rdzv_buf scratch;               /* send_msg's encoding, reused */
     LIST_HEAD(, job) jobs;
     uint32_t njobs;
     uint64_t last_hb_scan_ms;

@@ -3,7 +3,10 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "rdzv_auth.h"
 #include "rdzv_codec.h"
 
 static rdzv_buf keylist_buf, values_buf;
@@ -314,4 +317,53 @@ Test(codec, encode_refuses_over_limit_fields) {
     free(v);
     rdzv_buf_free(&b);
     rdzv_buf_free(&small);
+}
+
+/* Challenge nonces come from a pool: no two are equal, across refills and
+ * between a process and the child it forks (the child must not replay the
+ * parent's pool), and the HMAC is the one RFC 4231 fixes for HMAC-SHA256. */
+Test(auth, nonces_are_unique_across_refills_and_fork) {
+    enum { N = 1000 };
+    static uint8_t seen[N][RDZV_NONCE_LEN];
+    int repeats = 0, failed = 0;
+    for (int i = 0; i < N; i++) {
+        failed += rdzv_auth_nonce(seen[i]) != 0;
+        for (int k = 0; k < i; k++)
+            repeats += memcmp(seen[i], seen[k], RDZV_NONCE_LEN) == 0;
+    }
+    cr_assert_eq(failed, 0);
+    cr_assert_eq(repeats, 0, "%d of %d nonces repeat an earlier one", repeats, N);
+    uint8_t parent[RDZV_NONCE_LEN], child[RDZV_NONCE_LEN];
+    rdzv_auth_nonce(parent); /* the pool now holds the parent's next nonces */
+    int pfd[2];
+    cr_assert_eq(pipe(pfd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint8_t n[RDZV_NONCE_LEN];
+        _exit(rdzv_auth_nonce(n) == 0 && write(pfd[1], n, sizeof n) == (ssize_t)sizeof n ? 0 : 1);
+    }
+    close(pfd[1]);
+    cr_assert_eq(read(pfd[0], child, sizeof child), (ssize_t)sizeof child);
+    int st;
+    waitpid(pid, &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    rdzv_auth_nonce(parent);
+    cr_assert_neq(memcmp(parent, child, RDZV_NONCE_LEN), 0,
+                  "the forked child handed out the parent's next nonce");
+    close(pfd[0]);
+}
+
+Test(auth, hmac_matches_a_reference_value) {
+    /* HMAC-SHA256(key "k", 32 zero bytes || "gpulaunch-rdzv-auth-v1"), as
+     * computed by `openssl dgst -sha256 -hmac k`. */
+    uint8_t nonce[RDZV_NONCE_LEN] = {0}, mac[RDZV_MAC_LEN], again[RDZV_MAC_LEN];
+    cr_assert_eq(rdzv_auth_mac("k", 1, nonce, mac), 0);
+    cr_assert_eq(rdzv_auth_mac("k", 1, nonce, again), 0);
+    cr_assert_eq(memcmp(mac, again, sizeof mac), 0);
+    cr_assert(rdzv_auth_check("k", 1, nonce, mac));
+    cr_assert_not(rdzv_auth_check("K", 1, nonce, mac));
+    char hex[2 * RDZV_MAC_LEN + 1];
+    for (int i = 0; i < RDZV_MAC_LEN; i++)
+        snprintf(hex + 2 * i, 3, "%02x", mac[i]);
+    cr_assert_str_eq(hex, "788875a205c058d0c48f897a35f1c2709d071cb673ccaaacdecadb5365dab6cc");
 }
