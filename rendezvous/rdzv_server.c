@@ -11,6 +11,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "rdzv_auth.h"
+#include "rdzv_fanout.h"
 #include "rdzv_server_int.h"
 
 #define GB_COMPONENT "rdzv"
@@ -384,21 +385,79 @@ static void member_unpend(member *m) {
         j->min_reached_ms = 0;
 }
 
+/* One push to many connections: the frames are laid out in one buffer and
+ * written by rdzv_fanout (with helper threads past RDZV_FANOUT_PARALLEL_MIN);
+ * what a socket does not take at once, and connections that already have
+ * queued output, go through send_frame's queue afterwards, on this thread. */
+typedef struct push {
+    rdzv_fan_item *items;
+    conn **conns;
+    size_t n, cap;
+    rdzv_buf data;
+} push;
+
+static int push_init(push *p, size_t cap) {
+    memset(p, 0, sizeof *p);
+    rdzv_buf_init(&p->data, SIZE_MAX);
+    p->cap = cap ? cap : 1;
+    p->items = malloc(p->cap * sizeof *p->items);
+    p->conns = malloc(p->cap * sizeof *p->conns);
+    if (p->items == NULL || p->conns == NULL) {
+        free(p->items);
+        free(p->conns);
+        return -1;
+    }
+    return 0;
+}
+
+/* Adds c with the frame at [off, off + len) of p->data (frames may be shared). */
+static void push_add(push *p, conn *c, size_t off, size_t len) {
+    if (p->n == p->cap || c == NULL || c->closing)
+        return;
+    p->items[p->n] = (rdzv_fan_item){.fd = -1, .off = (uint32_t)off, .len = (uint32_t)len};
+    p->conns[p->n++] = c;
+}
+
+static void push_send(rdzv_server *s, push *p) {
+    for (size_t i = 0; i < p->n; i++) {
+        conn *c = p->conns[i];
+        uv_os_fd_t fd;
+        if (!c->closing && c->outq == 0 && uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+            p->items[i].fd = fd;
+    }
+    rdzv_fanout_run(s->fan, p->items, p->n, p->data.data);
+    for (size_t i = 0; i < p->n; i++) {
+        rdzv_fan_item *it = &p->items[i];
+        if (it->sent < it->len)
+            send_frame(p->conns[i], p->data.data + it->off + it->sent, it->len - it->sent);
+    }
+    free(p->items);
+    free(p->conns);
+    rdzv_buf_free(&p->data);
+}
+
 /* One encoding for every member and attached worker connection. */
 static void push_to_job(job *j, const rdzv_msg *msg) {
-    rdzv_buf b;
-    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
-    if (rdzv_encode(msg, &b) != GPL_OK) {
+    size_t n = j->nranks;
+    conn *c;
+    LIST_FOREACH(c, &j->attached, alink)
+    n++;
+    push p;
+    if (push_init(&p, n) != 0) {
+        GB_ERROR("cannot send %s to job %s: out of memory", rdzv_type_name(msg->type), j->run_id);
+        return;
+    }
+    if (rdzv_encode(msg, &p.data) != GPL_OK) {
         GB_ERROR("cannot encode %s for job %s", rdzv_type_name(msg->type), j->run_id);
+        push_send(j->s, &p);
         return;
     }
     for (uint32_t i = 0; i < j->nranks; i++)
-        if (j->ranks[i] && j->ranks[i]->c)
-            send_frame(j->ranks[i]->c, b.data, b.len);
-    conn *c;
+        if (j->ranks[i])
+            push_add(&p, j->ranks[i]->c, 0, p.data.len);
     LIST_FOREACH(c, &j->attached, alink)
-    send_frame(c, b.data, b.len);
-    rdzv_buf_free(&b);
+    push_add(&p, c, 0, p.data.len);
+    push_send(j->s, &p);
 }
 
 static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt, ...) {
@@ -501,6 +560,8 @@ static void complete_round(job *j) {
     a.u.assigned.master_port = ranks[0]->master_port;
     memcpy(a.u.assigned.master_addr, ranks[0]->addr, sizeof a.u.assigned.master_addr);
     uint32_t base = 0;
+    push p;
+    int pushing = push_init(&p, n) == 0;
     for (uint32_t i = 0; i < n; i++) {
         m = ranks[i];
         member_unpend(m);
@@ -511,8 +572,14 @@ static void complete_round(job *j) {
         a.u.assigned.node_rank = i;
         a.u.assigned.base_rank = base;
         base += m->nproc;
-        send_msg(m->c, &a);
+        size_t off = p.data.len;
+        if (pushing && rdzv_encode(&a, &p.data) == GPL_OK)
+            push_add(&p, m->c, off, p.data.len - off);
+        else
+            send_msg(m->c, &a);
     }
+    if (pushing)
+        push_send(j->s, &p);
     j->s->m.rounds++;
     GB_INFO("job %s: round %u assigned: %u nodes, world size %u, master %s:%u", j->run_id, j->round,
             n, world, a.u.assigned.master_addr, a.u.assigned.master_port);
@@ -1068,6 +1135,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
 static void server_unref(rdzv_server *s) {
     if (--s->open_handles == 0) {
         rdzv_buf_free(&s->scratch);
+        rdzv_fanout_free(s->fan);
         free(s->token);
         free(s);
     }
@@ -1426,6 +1494,7 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&bound, &blen);
     s->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    s->fan = rdzv_fanout_new(); /* NULL: every push from this thread */
     uv_timer_init(loop, &s->sweep);
     s->sweep.data = s;
     s->open_handles++;

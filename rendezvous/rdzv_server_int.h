@@ -94,6 +94,7 @@ struct rdzv_server {
     LIST_HEAD(, conn) conns;
     TAILQ_HEAD(, conn) handshaking; /* accept order: the handshake deadline sweep */
     rdzv_buf scratch;               /* send_msg's encoding, reused */
+    struct rdzv_fanout *fan;        /* pushes to many connections */
     LIST_HEAD(, job) jobs;
     uint32_t njobs;
     uint64_t last_hb_scan_ms;

@@ -14,6 +14,7 @@
 #include <sys/resource.h>
 
 #include "harness.h"
+#include "rdzv_fanout.h"
 
 static proc srv;
 static int port;
@@ -219,6 +220,150 @@ Test(rdzv, node_drop_tells_every_survivor) {
     }
     cr_expect_lt(now_ms() - t0, 500, "survivors told in %llu ms",
                  (unsigned long long)(now_ms() - t0));
+}
+
+/* A node reduced to its socket, for rounds of hundreds (peer's buffer is 2 MiB). */
+static int read_exact(int fd, uint8_t *p, size_t n, uint64_t deadline) {
+    size_t got = 0;
+    while (got < n) {
+        uint64_t now = now_ms();
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (now >= deadline || poll(&pfd, 1, (int)(deadline - now)) <= 0)
+            return -1;
+        ssize_t r = recv(fd, p + got, n - got, 0);
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static int small_recv_type(int fd, uint16_t type, rdzv_msg *m, int timeout_ms) {
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    static uint8_t buf[RDZV_MAX_FRAME + 4];
+    for (;;) {
+        if (read_exact(fd, buf, 4, deadline) != 0)
+            return -1;
+        size_t len = (size_t)buf[0] << 24 | (size_t)buf[1] << 16 | (size_t)buf[2] << 8 | buf[3];
+        if (len > RDZV_MAX_FRAME || read_exact(fd, buf + 4, len, deadline) != 0 ||
+            rdzv_decode(buf, len + 4, m, NULL, 0) != GPL_OK)
+            return -1;
+        if (m->type == type)
+            return 0;
+    }
+}
+
+/* Past RDZV_FANOUT_PARALLEL_MIN members the assignments and the round-over
+ * notice are written by the fan-out's helper threads: every node still gets
+ * exactly its own frame, at once. */
+Test(rdzv, a_round_of_600_nodes_is_pushed_to_every_node, .timeout = 60) {
+    enum { N = 600, DROP = 311 };
+    static rdzv_bclient *bc[N];
+    static uint32_t nproc[N];
+    char err[256];
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(
+            rdzv_bclient_connect("127.0.0.1", port, NULL, 0, 5000, &bc[i], err, sizeof err), GPL_OK,
+            "node %d: %s", i, err);
+        nproc[i] = 1 + (uint32_t)(i % 3);
+        rdzv_msg m = {.type = RDZV_JOIN, .req_id = 1000 + (uint32_t)i};
+        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "big");
+        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "big-%d", i);
+        snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.1.%d.%d", i / 250, i % 250);
+        m.u.join.nproc = nproc[i];
+        m.u.join.static_rank = N - 1 - i; /* ranks in the reverse of join order */
+        m.u.join.min_nodes = m.u.join.max_nodes = N;
+        m.u.join.master_port = 31000;
+        m.u.join.heartbeat_timeout_ms = 60000;
+        rdzv_buf b;
+        rdzv_buf_init(&b, 4096);
+        cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+        cr_assert_eq(send(rdzv_bclient_fd(bc[i]), b.data, b.len, MSG_NOSIGNAL), (ssize_t)b.len);
+        rdzv_buf_free(&b);
+    }
+    /* node rank r is the node that joined as N-1-r: base ranks are its prefix sums */
+    uint32_t base[N + 1], world = 0;
+    for (int r = 0; r < N; r++) {
+        base[r] = world;
+        world += nproc[N - 1 - r];
+    }
+    int wrong = 0;
+    for (int i = 0; i < N; i++) {
+        rdzv_msg m;
+        cr_assert_eq(small_recv_type(rdzv_bclient_fd(bc[i]), RDZV_ASSIGNED, &m, 10000), 0,
+                     "node %d was not assigned", i);
+        uint32_t r = (uint32_t)(N - 1 - i);
+        wrong += m.req_id != 1000 + (uint32_t)i || m.u.assigned.node_rank != r ||
+                 m.u.assigned.base_rank != base[r] || m.u.assigned.world_size != world ||
+                 m.u.assigned.nnodes != N || m.u.assigned.master_port != 31000 ||
+                 strcmp(m.u.assigned.master_addr, "10.1.2.99") != 0;
+    }
+    cr_assert_eq(wrong, 0, "%d of %d nodes got someone else's assignment", wrong, N);
+    uint64_t t0 = now_ms();
+    rdzv_bclient_close(bc[DROP]);
+    for (int i = 0; i < N; i++) {
+        if (i == DROP)
+            continue;
+        rdzv_msg m;
+        cr_assert_eq(small_recv_type(rdzv_bclient_fd(bc[i]), RDZV_ROUND_OVER, &m, 10000), 0,
+                     "node %d was not told", i);
+        wrong += m.u.round_over.node_rank != (uint32_t)(N - 1 - DROP) ||
+                 strcmp(m.u.round_over.hostname, "big-311") != 0;
+    }
+    cr_expect_eq(wrong, 0, "%d survivors were told of another node", wrong);
+    cr_expect_lt(now_ms() - t0, 2000, "%d survivors told in %llu ms", N - 1,
+                 (unsigned long long)(now_ms() - t0));
+    for (int i = 0; i < N; i++)
+        if (i != DROP)
+            rdzv_bclient_close(bc[i]);
+}
+
+/* The fan-out on its own, over socket pairs. */
+Test(fanout, each_socket_gets_its_own_frame_and_what_it_did_not_take_is_reported) {
+    enum { N = 300, SKIP = 7, CLOSED = 11 };
+    static int sv[N][2];
+    static rdzv_fan_item items[N];
+    static uint8_t data[N * 32];
+    size_t off = 0;
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv[i]), 0);
+        int len = snprintf((char *)data + off, 32, "frame %d for socket %d|", i, i);
+        items[i] = (rdzv_fan_item){.fd = sv[i][0], .off = (uint32_t)off, .len = (uint32_t)len};
+        off += (size_t)len;
+    }
+    items[SKIP].fd = -1;
+    close(sv[CLOSED][1]); /* the peer is gone: EPIPE, and no SIGPIPE */
+    rdzv_fanout *f = rdzv_fanout_new();
+    cr_assert_not_null(f);
+    rdzv_fanout_run(f, items, 10, data); /* below the threshold: no helper starts */
+    cr_expect_eq(rdzv_fanout_helpers(f), 0);
+    for (int round = 0; round < 3; round++) { /* the helpers serve run after run */
+        rdzv_fanout_run(f, items, N, data);
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        int want = cpus - 1 < RDZV_FANOUT_MAX_HELPERS ? (int)cpus - 1 : RDZV_FANOUT_MAX_HELPERS;
+        cr_expect_eq(rdzv_fanout_helpers(f), want);
+        cr_expect_eq(items[SKIP].sent, 0);
+        cr_expect_eq(items[CLOSED].sent, 0);
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            if (i == SKIP || i == CLOSED)
+                continue;
+            char got[32];
+            if (items[i].sent != items[i].len ||
+                read_exact(sv[i][1], (uint8_t *)got, items[i].len, now_ms() + 2000) != 0 ||
+                memcmp(got, data + items[i].off, items[i].len) != 0)
+                bad++;
+            if (round == 0 && i < 10) /* the run under the threshold sent these once */
+                read_exact(sv[i][1], (uint8_t *)got, items[i].len, now_ms() + 2000);
+        }
+        cr_expect_eq(bad, 0, "%d sockets did not get exactly their frame (run %d)", bad, round);
+    }
+    rdzv_fanout_free(f);
+    for (int i = 0; i < N; i++) {
+        close(sv[i][0]);
+        if (i != CLOSED)
+            close(sv[i][1]);
+    }
 }
 
 Test(rdzv, heartbeat_timeout_ends_the_round) {

@@ -1,21 +1,20 @@
 /* rdzv_bench: N simulated node agents on N real TCP connections, from one
- * process and one libuv loop, against a real gpulaunch-rdzv process (started
+ * process, against a real gpulaunch-rdzv process (started
  * here with a token, or --server ADDR:PORT). Each agent does the handshake,
  * the HMAC auth and a JOIN, and waits for its assignment. Then one agent
  * drops and the bench times how long until every survivor is told.
  *
- * The loop polls without sleeping (--sleep: it blocks in epoll like a real
- * client). 16k real nodes each have their own CPU, so no write of the
- * server's ever has to wake one of them; one process standing in for all of
- * them on loopback would otherwise charge every such wake-up, and its own
- * sleeping, to the machine both share.
+ * The agents are shared out over --threads loops (2 by default): one thread
+ * alone is slower at making connections than the server is at taking them.
  *
- *   rdzv_bench --agents 16384 [--server HOST:PORT --token-file F] [--sleep] [--kv]
+ *   rdzv_bench --agents 16384 [--server HOST:PORT --token-file F] [--threads T] [--kv]
  *
  * Last line: rdzv_bench agents=N join_to_assigned_s=X server_peak_rss_mib=Y */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,58 +31,80 @@
 #include "rdzv_auth.h"
 #include "rdzv_codec.h"
 
+typedef struct worker worker;
+
 typedef struct agent {
     uv_tcp_t tcp;
+    worker *w;
     int id;
     int state; /* 1 connecting, 3 joined, 4 assigned, 5 told */
     rdzv_buf in;
 } agent;
 
-#define CONNECT_WINDOW 4000 /* connects in flight: past the accept backlog, SYNs are dropped */
+/* Agents are split over worker threads, each with its own loop (one thread
+ * alone cannot make 16k connections as fast as the server takes them on 2
+ * cores: the connect system call carries both ends of the TCP handshake). */
+struct worker {
+    uv_loop_t loop;
+    uv_async_t wake; /* stop, from another worker */
+    pthread_t th;
+    int lo, hi, next_connect, welcomed;
+    rdzv_buf out; /* one encode buffer, reused */
+    char slab[65536];
+};
 
-static int nagents, assigned, told, failed, next_connect, welcomed;
+#define CONNECT_WINDOW 4000 /* connects in flight: past the accept backlog, SYNs are dropped */
+#define MAX_THREADS 16
+
+static int nagents, nworkers = 2;
+static atomic_int assigned, told, failed, welcomed, stopped;
 static agent *agents;
+static worker workers[MAX_THREADS];
 static const char *token = "bench-token";
 static struct sockaddr_in server_addr;
 static uint64_t t_start, t_all_welcomed, t_all_assigned, t_drop, t_all_told;
-static uv_loop_t *loop;
 static int dropped = -1;
 static char run_id[64];
-
-static void start_connects(void);
-static int stopped;
 static double cpu_at_assigned[2];
 static pid_t server_pid;
+
 static double cpu_s(pid_t pid);
-static int sleep_loop;
+static void start_connects(worker *w);
+
 static void bench_stop(void) {
-    stopped = 1;
-    uv_stop(loop);
+    atomic_store(&stopped, 1);
+    for (int i = 0; i < nworkers; i++)
+        uv_async_send(&workers[i].wake);
 }
 
-static rdzv_buf out; /* one encode buffer, reused */
+static void on_wake(uv_async_t *h) {
+    if (atomic_load(&stopped))
+        uv_stop(h->loop);
+}
 
 static void send_msgs(agent *a, rdzv_msg *m, int n) {
-    out.len = 0;
+    rdzv_buf *out = &a->w->out;
+    out->len = 0;
     for (int i = 0; i < n; i++)
-        if (rdzv_encode(&m[i], &out) != GPL_OK)
+        if (rdzv_encode(&m[i], out) != GPL_OK)
             return;
-    uv_buf_t ub = uv_buf_init((char *)out.data, (unsigned)out.len);
+    uv_buf_t ub = uv_buf_init((char *)out->data, (unsigned)out->len);
     int w = uv_try_write((uv_stream_t *)&a->tcp, &ub, 1);
-    if (w != (int)out.len) {
-        fprintf(stderr, "agent %d: short write (%d of %zu)\n", a->id, w, out.len);
-        failed++;
+    if (w != (int)out->len) {
+        fprintf(stderr, "agent %d: short write (%d of %zu)\n", a->id, w, out->len);
+        atomic_fetch_add(&failed, 1);
     }
 }
 
 static void on_alloc(uv_handle_t *h, size_t s, uv_buf_t *b) {
-    static char slab[65536];
-    b->base = slab;
-    b->len = sizeof slab;
+    agent *a = h->data;
+    b->base = a->w->slab;
+    b->len = sizeof a->w->slab;
 }
 
-static void drop_one(void) {
-    dropped = nagents / 2;
+/* The last agent assigned drops one of its own worker's agents. */
+static void drop_one(worker *w) {
+    dropped = w->lo + (w->hi - w->lo) / 2;
     t_drop = gb_now_ns();
     uv_close((uv_handle_t *)&agents[dropped].tcp, NULL);
 }
@@ -113,9 +134,10 @@ static void handle(agent *a, const rdzv_msg *m) {
         rdzv_msg all[3] = {h, r, j};
         send_msgs(a, all, 3);
         a->state = 3;
-        if (++welcomed == nagents)
+        a->w->welcomed++;
+        if (atomic_fetch_add(&welcomed, 1) + 1 == nagents)
             t_all_welcomed = gb_now_ns();
-        start_connects();
+        start_connects(a->w);
         return;
     }
     case RDZV_ASSIGNED:
@@ -123,19 +145,19 @@ static void handle(agent *a, const rdzv_msg *m) {
         if (m->u.assigned.world_size != (uint32_t)nagents * 8 ||
             m->u.assigned.base_rank != (uint32_t)a->id * 8) {
             fprintf(stderr, "agent %d: wrong assignment\n", a->id);
-            failed++;
+            atomic_fetch_add(&failed, 1);
         }
-        if (++assigned == nagents) {
+        if (atomic_fetch_add(&assigned, 1) + 1 == nagents) {
             t_all_assigned = gb_now_ns();
             cpu_at_assigned[0] = cpu_s(server_pid);
             cpu_at_assigned[1] = cpu_s(getpid());
-            drop_one();
+            drop_one(a->w);
         }
         return;
     case RDZV_ROUND_OVER:
         if (a->state != 5) {
             a->state = 5;
-            if (++told == nagents - 1) {
+            if (atomic_fetch_add(&told, 1) + 1 == nagents - 1) {
                 t_all_told = gb_now_ns();
                 bench_stop();
             }
@@ -143,7 +165,7 @@ static void handle(agent *a, const rdzv_msg *m) {
         return;
     case RDZV_ERROR:
         fprintf(stderr, "agent %d: %s\n", a->id, m->u.error.message);
-        failed++;
+        atomic_fetch_add(&failed, 1);
         bench_stop();
         return;
     default:
@@ -155,7 +177,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     agent *a = s->data;
     if (n < 0) {
         if (a->id != dropped) {
-            if (failed++ < 5)
+            if (atomic_fetch_add(&failed, 1) < 5)
                 fprintf(stderr, "agent %d (state %d): connection lost after %.2f s: %s\n", a->id,
                         a->state, (double)(gb_now_ns() - t_start) / 1e9, uv_strerror((int)n));
             bench_stop();
@@ -183,17 +205,29 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
         rdzv_buf_append(&a->in, p + off, len - off);
 }
 
-/* CPU seconds the process has run (user and system, in nanoseconds) */
+/* CPU seconds a process has run, all its threads (nanosecond counters). */
 static double cpu_s(pid_t pid) {
     char path[64];
-    snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
         return -1;
-    unsigned long long ns = 0;
-    int ok = fscanf(f, "%llu", &ns) == 1;
-    fclose(f);
-    return ok ? (double)ns / 1e9 : -1;
+    unsigned long long total = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char f[320];
+        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+        FILE *fp = fopen(f, "r");
+        unsigned long long ns = 0;
+        if (fp && fscanf(fp, "%llu", &ns) == 1)
+            total += ns;
+        if (fp)
+            fclose(fp);
+    }
+    closedir(d);
+    return (double)total / 1e9;
 }
 
 static int atoi_checked(const char *s) {
@@ -257,25 +291,34 @@ static void *kv_worker(void *p) {
     return NULL;
 }
 
-/* Keeps at most CONNECT_WINDOW agents between connect and their handshake.
- * The connect is the plain non-blocking system call: the server speaks first,
- * so an agent only waits for its socket to become readable (a refused or
- * failed connect shows up there as a read error). */
-static void start_connects(void) {
-    while (next_connect < nagents && next_connect - welcomed < CONNECT_WINDOW) {
-        agent *a = &agents[next_connect++];
+/* Keeps at most CONNECT_WINDOW agents (shared out over the workers) between
+ * connect and their handshake. The connect is the plain non-blocking system
+ * call: the server speaks first, so an agent only waits for its socket to
+ * become readable (a refused or failed connect shows up there as a read
+ * error). */
+static void start_connects(worker *w) {
+    int window = CONNECT_WINDOW / nworkers;
+    while (w->next_connect < w->hi && w->next_connect - w->lo - w->welcomed < window) {
+        agent *a = &agents[w->next_connect++];
         uv_os_fd_t fd;
         if (uv_fileno((uv_handle_t *)&a->tcp, &fd) != 0 ||
             (connect(fd, (struct sockaddr *)&server_addr, sizeof server_addr) != 0 &&
              errno != EINPROGRESS)) {
             fprintf(stderr, "agent %d: connect: %s\n", a->id, strerror(errno));
-            failed++;
+            atomic_fetch_add(&failed, 1);
             bench_stop();
             return;
         }
         uv_read_start((uv_stream_t *)&a->tcp, on_alloc, on_read);
         a->state = 1;
     }
+}
+
+static void *worker_main(void *p) {
+    worker *w = p;
+    start_connects(w);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -291,15 +334,15 @@ int main(int argc, char **argv) {
             rdzv_bin = argv[++i];
         else if (strcmp(argv[i], "--token-file") == 0 && i + 1 < argc)
             token_file = argv[++i];
-        else if (strcmp(argv[i], "--sleep") == 0)
-            sleep_loop = 1;
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            nworkers = atoi_checked(argv[++i]);
         else if (strcmp(argv[i], "--kv") == 0)
             kv = 1;
         else if (strcmp(argv[i], "--kv-clients") == 0 && i + 1 < argc)
             kv_clients = atoi_checked(argv[++i]);
         else {
             fprintf(stderr, "usage: rdzv_bench --agents N [--server HOST:PORT --token-file F] "
-                            "[--rdzv PATH] [--sleep] [--kv [--kv-clients C]]\n");
+                            "[--rdzv PATH] [--threads T] [--kv [--kv-clients C]]\n");
             return 2;
         }
     }
@@ -369,15 +412,30 @@ int main(int argc, char **argv) {
     uv_ip4_addr(host, port, &server_addr);
     server_pid = spid;
     double cpu0 = spid ? cpu_s(spid) : 0, self0 = cpu_s(getpid());
-    loop = uv_default_loop();
+    if (nworkers > MAX_THREADS)
+        nworkers = MAX_THREADS;
+    if (nworkers > nagents)
+        nworkers = nagents;
     agents = calloc((size_t)nagents, sizeof *agents);
-    rdzv_buf_init(&out, RDZV_MAX_FRAME + 4);
+    for (int t = 0; t < nworkers; t++) {
+        worker *w = &workers[t];
+        uv_loop_init(&w->loop);
+        uv_async_init(&w->loop, &w->wake, on_wake);
+        rdzv_buf_init(&w->out, RDZV_MAX_FRAME + 4);
+        w->lo = (int)((long)nagents * t / nworkers);
+        w->hi = (int)((long)nagents * (t + 1) / nworkers);
+        w->next_connect = w->lo;
+    }
     /* Each simulated node has its socket before the clock starts, as a real
      * node would: creating 16k sockets is the bench's set-up, not the service's
      * work (it takes one core about 0.1 s here). */
     uint64_t t_setup = gb_now_ns();
     for (int i = 0; i < nagents; i++) {
         agent *a = &agents[i];
+        int t = 0;
+        while (i >= workers[t].hi)
+            t++;
+        a->w = &workers[t];
         a->id = i;
         rdzv_buf_init(&a->in, RDZV_MAX_FRAME + 65536);
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
@@ -400,27 +458,25 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-        uv_tcp_init(loop, &a->tcp);
+        uv_tcp_init(&a->w->loop, &a->tcp);
         uv_tcp_open(&a->tcp, fd);
         a->tcp.data = a;
     }
+    fprintf(stderr, "rdzv_bench: %d sockets created in %.3f s (not timed), %d threads\n", nagents,
+            (double)(gb_now_ns() - t_setup) / 1e9, nworkers);
     t_start = gb_now_ns();
-    fprintf(stderr, "rdzv_bench: %d sockets created in %.3f s (not timed)\n", nagents,
-            (double)(t_start - t_setup) / 1e9);
-    start_connects();
-    if (sleep_loop)
-        uv_run(loop, UV_RUN_DEFAULT);
-    else
-        while (!stopped)
-            uv_run(loop, UV_RUN_NOWAIT);
+    for (int t = 0; t < nworkers; t++)
+        pthread_create(&workers[t].th, NULL, worker_main, &workers[t]);
+    for (int t = 0; t < nworkers; t++)
+        pthread_join(workers[t].th, NULL);
     double join_s = (double)(t_all_assigned - t_start) / 1e9;
     double server_cpu = spid ? cpu_at_assigned[0] - cpu0 : -1,
            self_cpu = cpu_at_assigned[1] - self0;
     double told_ms = told == nagents - 1 ? (double)(t_all_told - t_drop) / 1e6 : -1;
     printf("rdzv_bench agents=%d challenged=%d assigned=%d survivors_told=%d of %d in %.1f ms "
            "(all handshakes sent after %.3f s)\n",
-           nagents, welcomed, assigned, told, nagents - 1, told_ms,
-           (double)(t_all_welcomed - t_start) / 1e9);
+           nagents, atomic_load(&welcomed), atomic_load(&assigned), atomic_load(&told), nagents - 1,
+           told_ms, (double)(t_all_welcomed - t_start) / 1e9);
     printf(
         "rdzv_bench cpu until assigned: server %.3f s, the simulated agents %.3f s, on %ld cores\n",
         server_cpu, self_cpu, sysconf(_SC_NPROCESSORS_ONLN));
@@ -474,7 +530,11 @@ int main(int argc, char **argv) {
             setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
         uv_close((uv_handle_t *)&agents[i].tcp, NULL);
     }
-    uv_run(loop, UV_RUN_DEFAULT);
+    for (int t = 0; t < nworkers; t++) {
+        uv_close((uv_handle_t *)&workers[t].wake, NULL);
+        uv_run(&workers[t].loop, UV_RUN_DEFAULT);
+        uv_loop_close(&workers[t].loop);
+    }
     if (spid) {
         kill(spid, SIGTERM);
         waitpid(spid, NULL, 0);
@@ -482,5 +542,5 @@ int main(int argc, char **argv) {
     printf("rdzv_bench agents=%d join_to_assigned_s=%.3f server_peak_rss_mib=%.1f\n", nagents,
            join_s, rss);
     free(tok);
-    return failed || assigned != nagents ? 1 : 0;
+    return atomic_load(&failed) || atomic_load(&assigned) != nagents ? 1 : 0;
 }
