@@ -24,7 +24,7 @@ static gpl_comm_t ckpt_comm;
 typedef struct model {
     int hidden;
     float *w1, *b1, *w2, *b2;     /* w1: hidden x IN, w2: hidden */
-    float *gw1, *gb1, *gw2, *gb2; /* gradients */
+    float *gw1, *gb1, *gw2, *gb2; /* gradients, back to back in one allocation */
     size_t n_w1, n_b1, n_w2, n_b2;
 } model;
 
@@ -61,13 +61,21 @@ static int model_init(model *m, int hidden, uint64_t seed) {
     m->n_b1 = (size_t)hidden;
     m->n_w2 = (size_t)hidden;
     m->n_b2 = 1;
-    float **p[8] = {&m->w1, &m->b1, &m->w2, &m->b2, &m->gw1, &m->gb1, &m->gw2, &m->gb2};
+    float **p[4] = {&m->w1, &m->b1, &m->w2, &m->b2};
     size_t n[4] = {m->n_w1, m->n_b1, m->n_w2, m->n_b2};
-    for (int i = 0; i < 8; i++) {
-        *p[i] = calloc(n[i % 4], sizeof(float));
+    for (int i = 0; i < 4; i++) {
+        *p[i] = calloc(n[i], sizeof(float));
         if (*p[i] == NULL)
             return -1;
     }
+    /* One allocation for every gradient: gpl_dp then reduces them where they
+     * are, with no copies through its buckets. */
+    m->gw1 = calloc(n[0] + n[1] + n[2] + n[3], sizeof(float));
+    if (m->gw1 == NULL)
+        return -1;
+    m->gb1 = m->gw1 + n[0];
+    m->gw2 = m->gb1 + n[1];
+    m->gb2 = m->gw2 + n[2];
     uint64_t s = seed * 104729 + 3;
     float scale1 = 1.0f / sqrtf((float)IN), scale2 = 1.0f / sqrtf((float)hidden);
     for (size_t i = 0; i < m->n_w1; i++)
@@ -78,8 +86,8 @@ static int model_init(model *m, int hidden, uint64_t seed) {
 }
 
 static void model_free(model *m) {
-    float *p[8] = {m->w1, m->b1, m->w2, m->b2, m->gw1, m->gb1, m->gw2, m->gb2};
-    for (int i = 0; i < 8; i++)
+    float *p[5] = {m->w1, m->b1, m->w2, m->b2, m->gw1};
+    for (int i = 0; i < 5; i++)
         free(p[i]);
 }
 

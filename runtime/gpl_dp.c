@@ -2,7 +2,10 @@
  * registration order, the first bucket smaller), and a bucket is averaged on
  * a communication thread as soon as it and every bucket before it are full,
  * while the caller's backward pass goes on. Buckets are always reduced in
- * the same order on every rank, whatever order gradients become ready in. */
+ * the same order on every rank, whatever order gradients become ready in.
+ * A bucket whose gradients tile one contiguous range of memory (a model that
+ * keeps its gradients in one allocation) is reduced in place: no copy in, no
+ * copy out (an element-wise reduction does not care about their order). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +28,7 @@ typedef struct dp_bucket {
     uint8_t *flat;
     int ngrads, nready;
     int on_device; /* the flat buffer lives on the GPU (NCCL path) */
+    int in_place;  /* flat is the caller's memory: its gradients tile it */
 } dp_bucket;
 
 struct gpl_dp {
@@ -118,6 +122,42 @@ gpl_result_t gpl_dp_register(gpl_dp_t dp, void *grad, size_t count, gpl_dtype_t 
     return GPL_OK;
 }
 
+static int by_address(const void *a, const void *b) {
+    const dp_grad *x = *(dp_grad *const *)a, *y = *(dp_grad *const *)b;
+    return (uintptr_t)x->ptr < (uintptr_t)y->ptr ? -1 : (uintptr_t)x->ptr > (uintptr_t)y->ptr;
+}
+
+/* Whether bucket k's gradients, sorted by address, follow each other with no
+ * gap and no overlap; if so the bucket is their range and each gradient's
+ * offset is its place in it. */
+static int tile_in_place(gpl_dp_t dp, int k) {
+    dp_bucket *b = &dp->b[k];
+    if (b->bytes == 0)
+        return 0;
+    dp_grad **v = malloc((size_t)b->ngrads * sizeof *v);
+    if (v == NULL)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < dp->ng; i++)
+        if (dp->g[i].bucket == k && dp->g[i].count)
+            v[n++] = &dp->g[i];
+    qsort(v, (size_t)n, sizeof *v, by_address);
+    uint8_t *start = v[0]->ptr, *end = start;
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = (uint8_t *)v[i]->ptr == end;
+        end += v[i]->count * gpl_dtype_size(v[i]->dtype);
+    }
+    if (ok) {
+        for (int i = 0; i < n; i++)
+            v[i]->offset = (size_t)((uint8_t *)v[i]->ptr - start);
+        b->flat = start;
+        b->in_place = 1;
+    }
+    free(v);
+    return ok;
+}
+
 static gpl_result_t build(gpl_dp_t dp) {
     dp->b = calloc((size_t)dp->ng + 1, sizeof *dp->b);
     if (dp->b == NULL)
@@ -140,6 +180,8 @@ static gpl_result_t build(gpl_dp_t dp) {
     }
     dp->nb = nb + 1;
     for (int i = 0; i < dp->nb; i++) {
+        if (tile_in_place(dp, i))
+            continue;
         size_t bytes = dp->b[i].bytes ? dp->b[i].bytes : 1;
         dp->b[i].flat = dp->b[i].on_device ? gpl_dev_alloc(bytes) : malloc(bytes);
         if (dp->b[i].flat == NULL)
@@ -175,7 +217,9 @@ gpl_result_t gpl_dp_ready(gpl_dp_t dp, int index) {
     g->ready = 1;
     dp_bucket *b = &dp->b[g->bucket];
     size_t bytes = g->count * gpl_dtype_size(g->dtype);
-    if (g->on_device) {
+    if (b->in_place) {
+        /* reduced where it is */
+    } else if (g->on_device) {
         if (gpl_dev_copy(b->flat + g->offset, g->ptr, bytes) != 0)
             return gb_seterr(&dp->comm->err, GPL_ERR_CUDA, "copying gradient #%d: CUDA error",
                              index);
@@ -213,6 +257,8 @@ gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
         pthread_mutex_unlock(&dp->mu);
         if (rc != GPL_OK)
             break;
+        if (dp->b[k].in_place)
+            continue;
         for (int i = 0; i < dp->ng; i++) {
             dp_grad *g = &dp->g[i];
             if (g->bucket != k)
@@ -250,6 +296,8 @@ void gpl_dp_destroy(gpl_dp_t dp) {
     pthread_mutex_unlock(&dp->mu);
     pthread_join(dp->th, NULL);
     for (int i = 0; i < dp->nb; i++) {
+        if (dp->b[i].in_place)
+            continue;
         if (dp->b[i].on_device)
             gpl_dev_free(dp->b[i].flat);
         else
@@ -260,4 +308,22 @@ void gpl_dp_destroy(gpl_dp_t dp) {
     pthread_mutex_destroy(&dp->mu);
     pthread_cond_destroy(&dp->cv);
     free(dp);
+}
+
+gpl_result_t gpl_dp_info(gpl_dp_t dp, int *buckets, int *in_place) {
+    if (dp == NULL)
+        return GPL_ERR_INVALID_ARG;
+    if (!dp->built) {
+        gpl_result_t rc = build(dp);
+        if (rc != GPL_OK)
+            return rc;
+    }
+    int n = 0;
+    for (int i = 0; i < dp->nb; i++)
+        n += dp->b[i].in_place;
+    if (buckets)
+        *buckets = dp->nb;
+    if (in_place)
+        *in_place = n;
+    return GPL_OK;
 }

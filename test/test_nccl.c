@@ -78,6 +78,38 @@ Test(nccl, gradient_buckets_on_device) {
         cudaFree(d[i]);
 }
 
+/* Gradients back to back in one device allocation: every bucket is reduced
+ * where it is, no device copies. */
+Test(nccl, gradients_in_one_device_allocation_are_reduced_in_place) {
+    gpl_dp_t dp;
+    cr_assert_eq(gpl_dp_create(comm, NULL, &dp), GPL_OK);
+    size_t counts[3] = {1000, 300000, 7}, total = 301007;
+    float *arena, *h = malloc(total * 4);
+    cr_assert_eq(cudaMalloc((void **)&arena, total * 4), cudaSuccess);
+    for (size_t k = 0; k < total; k++)
+        h[k] = (float)(k % 13) * 0.5f;
+    cudaMemcpy(arena, h, total * 4, cudaMemcpyHostToDevice);
+    int idx[3];
+    for (int i = 0, off = 0; i < 3; off += (int)counts[i], i++)
+        gpl_dp_register(dp, arena + off, counts[i], GPL_FLOAT32, &idx[i]);
+    int nb = 0, in_place = 0;
+    cr_assert_eq(gpl_dp_info(dp, &nb, &in_place), GPL_OK);
+    cr_expect_eq(in_place, nb, "%d of %d buckets in place", in_place, nb);
+    for (int step = 0; step < 2; step++) {
+        for (int i = 2; i >= 0; i--)
+            cr_assert_eq(gpl_dp_ready(dp, idx[i]), GPL_OK, "%s", gpl_last_error(comm));
+        cr_assert_eq(gpl_dp_wait(dp), GPL_OK, "%s", gpl_last_error(comm));
+    }
+    cudaMemcpy(h, arena, total * 4, cudaMemcpyDeviceToHost);
+    int bad = 0;
+    for (size_t k = 0; k < total; k++)
+        bad += h[k] != (float)(k % 13) * 0.5f;
+    cr_expect_eq(bad, 0, "%d values changed by an average over one rank", bad);
+    free(h);
+    gpl_dp_destroy(dp);
+    cudaFree(arena);
+}
+
 Test(nccl, host_buffers_still_take_the_cpu_path) {
     float x[4] = {1, 2, 3, 4};
     cr_expect_eq(gpl_allreduce(comm, x, x, 4, GPL_FLOAT32, GPL_AVG, NULL), GPL_OK);

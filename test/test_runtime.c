@@ -252,15 +252,26 @@ Test(collectives, broadcast_allgather_barrier_two_nodes, .timeout = 60) {
     check_all(2, 2, &res, rt_run(2, 2, bcast_gather, NULL, NULL, &res, 50000));
 }
 
-/* Gradient sync: buckets and ready-order permutations give the unbucketed result. */
+/* Gradient sync: buckets and ready-order permutations give the unbucketed
+ * result, with the gradients in allocations of their own (copied through the
+ * buckets), back to back in one allocation (every bucket reduced in place),
+ * or in one allocation with a gap (the bucket across the gap is copied). */
+enum { LAYOUT_SEPARATE, LAYOUT_ONE_ALLOCATION, LAYOUT_GAP };
+
 static int dp_check(gpl_comm_t c, void *arg, char *msg, size_t len) {
-    int rank = gpl_rank(c);
-    enum { NG = 23 };
-    size_t counts[NG];
-    float *g[NG], *ref[NG];
+    int rank = gpl_rank(c), layout = arg ? *(int *)arg : LAYOUT_SEPARATE;
+    enum { NG = 23, GAP_AFTER = 11 };
+    size_t counts[NG], total = 0;
+    float *g[NG], *ref[NG], *arena = NULL;
     for (int i = 0; i < NG; i++) {
         counts[i] = (size_t)(1 + (i * 7919) % 40000);
-        g[i] = malloc(counts[i] * 4);
+        total += counts[i] + (i == GAP_AFTER);
+    }
+    if (layout != LAYOUT_SEPARATE)
+        arena = malloc(total * 4);
+    for (int i = 0, off = 0; i < NG; i++) {
+        g[i] = arena ? arena + off : malloc(counts[i] * 4);
+        off += (int)counts[i] + (layout == LAYOUT_GAP && i == GAP_AFTER);
         ref[i] = malloc(counts[i] * 4);
     }
     gpl_dp_options o = GPL_DP_OPTIONS_INIT;
@@ -272,6 +283,13 @@ static int dp_check(gpl_comm_t c, void *arg, char *msg, size_t len) {
     int idx[NG];
     for (int i = 0; i < NG; i++)
         gpl_dp_register(dp, g[i], counts[i], GPL_FLOAT32, &idx[i]);
+    int nb = 0, in_place = 0;
+    gpl_dp_info(dp, &nb, &in_place);
+    if (nb < 4 || (layout == LAYOUT_ONE_ALLOCATION && in_place != nb) ||
+        (layout == LAYOUT_GAP && (in_place == 0 || in_place != nb - 1))) {
+        snprintf(msg, len, "layout %d: %d of %d buckets in place", layout, in_place, nb);
+        return 7;
+    }
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < NG; i++)
             for (size_t k = 0; k < counts[i]; k++) {
@@ -318,15 +336,29 @@ static int dp_check(gpl_comm_t c, void *arg, char *msg, size_t len) {
     }
     gpl_dp_destroy(dp);
     for (int i = 0; i < NG; i++) {
-        free(g[i]);
+        if (arena == NULL)
+            free(g[i]);
         free(ref[i]);
     }
+    free(arena);
     return 0;
 }
 
 Test(gradsync, buckets_and_ready_orders_match_unbucketed, .timeout = 60) {
     rt_result res;
     check_all(1, 3, &res, rt_run(1, 3, dp_check, NULL, NULL, &res, 50000));
+}
+
+Test(gradsync, one_allocation_is_reduced_in_place_with_the_same_result, .timeout = 60) {
+    static int layout = LAYOUT_ONE_ALLOCATION;
+    rt_result res;
+    check_all(2, 2, &res, rt_run(2, 2, dp_check, &layout, NULL, &res, 50000));
+}
+
+Test(gradsync, a_gap_in_the_allocation_copies_only_its_bucket, .timeout = 60) {
+    static int layout = LAYOUT_GAP;
+    rt_result res;
+    check_all(1, 3, &res, rt_run(1, 3, dp_check, &layout, NULL, &res, 50000));
 }
 
 /* Rank 1 never arrives: the others time out naming it. */

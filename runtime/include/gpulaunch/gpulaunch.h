@@ -129,13 +129,19 @@ typedef struct gpl_dp_options {
 GPL_API gpl_result_t gpl_dp_create(gpl_comm_t comm, const gpl_dp_options *opts, gpl_dp_t *dp);
 /* Registers one gradient buffer; buffers are bucketed in registration order
  * reversed (backward produces the last layer's gradient first). *index
- * names it in gpl_dp_ready. Register all buffers before the first step. */
+ * names it in gpl_dp_ready. Register all buffers before the first step.
+ * Gradients that lie back to back in one allocation are reduced in place (no
+ * copies): between gpl_dp_ready and gpl_dp_wait a gradient must not be
+ * written. */
 GPL_API gpl_result_t gpl_dp_register(gpl_dp_t dp, void *grad, size_t count, gpl_dtype_t dtype,
                                      int *index);
 /* Marks a gradient as produced for this step; a full bucket is reduced at once. */
 GPL_API gpl_result_t gpl_dp_ready(gpl_dp_t dp, int index);
 /* Finishes the step: every registered gradient averaged over the world. */
 GPL_API gpl_result_t gpl_dp_wait(gpl_dp_t dp);
+/* The buckets (built at the first step, or by this call) and how many of them
+ * are reduced in place. */
+GPL_API gpl_result_t gpl_dp_info(gpl_dp_t dp, int *buckets, int *in_place);
 GPL_API void gpl_dp_destroy(gpl_dp_t dp);
 
 /* ---- checkpoints and preemption ---- */
