@@ -30,6 +30,7 @@ struct conn {
     LIST_ENTRY(conn) link, alink;
     TAILQ_ENTRY(conn) hlink; /* s->handshaking, in accept order, until C_READY */
     int in_handshake;
+    uint64_t push_mark; /* the last push_send that listed it */
     int state, closing;
     uint8_t nonce[RDZV_NONCE_LEN];
     rdzv_buf in;
@@ -419,11 +420,17 @@ static void push_add(push *p, conn *c, size_t off, size_t len) {
 }
 
 static void push_send(rdzv_server *s, push *p) {
+    /* A connection that is in the push twice (a node's own connection can
+     * also attach) is written directly once only: two threads must never
+     * write one socket, and its second frame follows the first in order. */
+    uint64_t mark = ++s->push_mark;
     for (size_t i = 0; i < p->n; i++) {
         conn *c = p->conns[i];
         uv_os_fd_t fd;
-        if (!c->closing && c->outq == 0 && uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
+        if (!c->closing && c->outq == 0 && c->push_mark != mark &&
+            uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
             p->items[i].fd = fd;
+        c->push_mark = mark;
     }
     rdzv_fanout_run(s->fan, p->items, p->n, p->data.data);
     for (size_t i = 0; i < p->n; i++) {

@@ -95,6 +95,7 @@ struct rdzv_server {
     TAILQ_HEAD(, conn) handshaking; /* accept order: the handshake deadline sweep */
     rdzv_buf scratch;               /* send_msg's encoding, reused */
     struct rdzv_fanout *fan;        /* pushes to many connections */
+    uint64_t push_mark;             /* push_send's generation */
     LIST_HEAD(, job) jobs;
     uint32_t njobs;
     uint64_t last_hb_scan_ms;
