@@ -4,6 +4,10 @@
  * and after the averaged gradient step all ranks hold the same parameters.
  *
  *   gpulaunch --standalone --nproc-per-node 4 dp_train --steps 100
+ *
+ * With --device (built with CUDA) the same program averages its gradients on
+ * the GPU through the NCCL backend; with one rank its parameters are bitwise
+ * those of the CPU run.
  */
 #include <errno.h>
 #include <math.h>
@@ -15,6 +19,10 @@
 #include <time.h>
 
 #include "gpulaunch/gpulaunch.h"
+
+#ifdef GPL_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #define IN 16
 
@@ -189,6 +197,23 @@ static gpl_result_t load_cb(gpl_ckpt_t ck, int64_t step, void *user) {
     return rc;
 }
 
+/* --device: n floats to the GPU (to_device) or back; nothing without a
+ * device buffer. */
+static int device_copy(float *dst, const float *src, size_t n, int to_device) {
+    if (to_device ? dst == NULL : src == NULL)
+        return 0;
+#ifdef GPL_HAVE_CUDA
+    cudaError_t e = cudaMemcpy(dst, src, n * sizeof(float),
+                               to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dp_train: copying the gradients %s the GPU: %s\n",
+                to_device ? "to" : "from", cudaGetErrorString(e));
+        return -1;
+    }
+#endif
+    return 0;
+}
+
 static long arg_long(const char *name, const char *v, long lo, long hi) {
     char *end;
     errno = 0;
@@ -205,13 +230,15 @@ static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
     "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
-    "                [--step-sleep-ms MS]\n"
+    "                [--step-sleep-ms MS] [--device]\n"
+    "--device (a build with CUDA): the gradients are averaged on the GPU, through NCCL.\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
     "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
 
 int main(int argc, char **argv) {
     long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
+    int device = 0;
     double ckpt_every_s = 0;
     const char *ckpt_dir = NULL;
     float lr = 0.05f;
@@ -222,6 +249,10 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (strcmp(a, "--device") == 0) {
+            device = 1;
+            continue;
         }
         if (v == NULL) {
             fprintf(stderr, "dp_train: unknown option or missing value: %s\n%s", a, usage);
@@ -258,9 +289,15 @@ int main(int argc, char **argv) {
     gpl_comm_t comm = NULL;
     gpl_dp_t dp = NULL;
     model m = {0};
-    float *x = NULL, *y = NULL;
+    float *x = NULL, *y = NULL, *dgrads = NULL;
     int *idx = NULL;
     int rc = 1;
+#ifndef GPL_HAVE_CUDA
+    if (device) {
+        fprintf(stderr, "dp_train: --device needs a build with CUDA (this one has none)\n");
+        return 2;
+    }
+#endif
     if (gpl_init(NULL, &comm) != GPL_OK) {
         fprintf(stderr, "dp_train: %s\n", gpl_last_error(comm));
         goto out;
@@ -295,9 +332,30 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
         goto out;
     }
+    /* --device: the forward and backward stay on the CPU; the gradient
+     * arena is copied to the GPU, averaged there (NCCL), and copied back */
+    size_t gtotal = counts[0] + counts[1] + counts[2] + counts[3];
+#ifdef GPL_HAVE_CUDA
+    if (device && gpl_backend(comm) != GPL_BACKEND_NCCL) {
+        fprintf(stderr,
+                "dp_train rank %d: --device needs the NCCL backend, and this rank has "
+                "the CPU one (no GPU, or GPULAUNCH_BACKEND=cpu)\n",
+                rank);
+        rc = 2;
+        goto out;
+    }
+    cudaError_t ce = device ? cudaMalloc((void **)&dgrads, gtotal * sizeof(float)) : cudaSuccess;
+    if (ce != cudaSuccess) {
+        fprintf(stderr,
+                "dp_train rank %d: --device: cannot allocate %zu gradients on the GPU: %s\n", rank,
+                gtotal, cudaGetErrorString(ce));
+        goto out;
+    }
+#endif
     int gi[4];
     for (int i = 0; i < 4; i++)
-        gpl_dp_register(dp, grads[i], counts[i], GPL_FLOAT32, &gi[i]);
+        gpl_dp_register(dp, dgrads ? dgrads + (grads[i] - m.gw1) : grads[i], counts[i], GPL_FLOAT32,
+                        &gi[i]);
     int64_t start = 0;
     ckpt_comm = comm;
     if (ckpt_dir) {
@@ -321,6 +379,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < local; k++)
             idx[k] = (int)((step * batch + rank * local + k) % SAMPLES);
         float loss = forward_backward(&m, x, y, idx, local);
+        if (device_copy(dgrads, m.gw1, gtotal, 1) != 0)
+            goto out;
         /* backward produced the last layer first */
         for (int i = 3; i >= 0; i--)
             gpl_dp_ready(dp, gi[i]);
@@ -329,6 +389,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "dp_train rank %d: step %ld: %s\n", rank, step, gpl_last_error(comm));
             goto out;
         }
+        if (device_copy(m.gw1, dgrads, gtotal, 0) != 0)
+            goto out;
         for (int i = 0; i < 4; i++)
             sgd(params[i], grads[i], counts[i], lr);
         if (rank == 0 && (step % every == 0 || step == steps - 1))
@@ -369,6 +431,9 @@ int main(int argc, char **argv) {
     rc = 0;
 out:
     gpl_dp_destroy(dp);
+#ifdef GPL_HAVE_CUDA
+    cudaFree(dgrads);
+#endif
     gpl_finalize(comm);
     model_free(&m);
     free(x);

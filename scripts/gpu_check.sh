@@ -27,7 +27,8 @@ $b/test/test_nccl --verbose
 echo "== runtime tests (CPU backend)"
 $b/test/test_runtime --jobs 4 | tail -n 1
 echo "== example on the NCCL backend"
-GPULAUNCH_BACKEND=nccl $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50
+$b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 --device
+GPULAUNCH_BACKEND=cpu $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 | grep params_sha256
 echo "== allreduce_bench, NCCL"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/test/bench/allreduce_bench \
   --backend nccl -b 1M -e 1G -f 4 -n 50 -w 10 -c 1

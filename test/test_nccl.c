@@ -3,6 +3,7 @@
  * machine without a GPU. */
 #include <criterion/criterion.h>
 #include <cuda_runtime.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,6 +109,36 @@ Test(nccl, gradients_in_one_device_allocation_are_reduced_in_place) {
     free(h);
     gpl_dp_destroy(dp);
     cudaFree(arena);
+}
+
+/* The example on the NCCL backend: with one rank, averaging on the GPU is
+ * the identity, so its parameters are bitwise those of the CPU run. */
+static int example_sha(const char *extra_env, const char *extra_arg, char sha[65]) {
+    char cmd[1024], line[512];
+    snprintf(cmd, sizeof cmd,
+             "%s %s/launcher/gpulaunch --standalone --nproc-per-node 1 %s/examples/dp_train "
+             "--steps 40 %s 2>&1",
+             extra_env, GPL_BUILD_DIR, GPL_BUILD_DIR, extra_arg);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL)
+        return -1;
+    sha[0] = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "params_sha256 ");
+        if (p)
+            snprintf(sha, 65, "%.64s", p + 14);
+        else if (strstr(line, "dp_train"))
+            cr_log_warn("%s", line);
+    }
+    return pclose(f);
+}
+
+Test(nccl, the_example_on_the_gpu_matches_its_cpu_run, .timeout = 300) {
+    char gpu[65], cpu[65];
+    cr_assert_eq(example_sha("", "--device", gpu), 0, "dp_train --device failed");
+    cr_assert_eq(example_sha("GPULAUNCH_BACKEND=cpu", "", cpu), 0, "dp_train on the CPU failed");
+    cr_assert_eq(strlen(gpu), 64);
+    cr_expect_str_eq(gpu, cpu);
 }
 
 Test(nccl, host_buffers_still_take_the_cpu_path) {

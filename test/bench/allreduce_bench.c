@@ -8,7 +8,11 @@
  *   size_bytes count dtype time_us algbw_gbs busbw_gbs check
  * (in place; algbw = bytes / time, busbw = algbw * 2(n-1)/n; GB = 1e9 B).
  * --dp-resnet50 times a gradient sync of a ResNet-50-shaped list (161
- * tensors, 25.6 M floats) against one fused all-reduce of the same bytes. */
+ * tensors, 25.6 M floats) against one fused all-reduce of the same bytes.
+ * On the NCCL backend every row is followed by a comment line with the same
+ * all-reduce through ncclAllReduce directly, on a communicator of the
+ * bench's own: launched back to back and synchronized once (as nccl-tests
+ * time it), and synchronized after each call (as a blocking call is). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +24,66 @@
 
 #ifdef GPL_HAVE_CUDA
 #include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
+static double now_s(void);
+
+#ifdef GPL_HAVE_CUDA
+static ncclComm_t raw_comm;
+static cudaStream_t raw_stream;
+
+/* Rank 0's unique id reaches the others through the runtime's broadcast (a
+ * host buffer: the CPU path). Returns 0 when the raw communicator is up. */
+static int raw_init(gpl_comm_t c) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    int32_t ok = gpl_rank(c) != 0 || ncclGetUniqueId(&id) == ncclSuccess;
+    if (gpl_broadcast(c, &ok, 1, GPL_INT32, 0, NULL) != GPL_OK || !ok ||
+        gpl_broadcast(c, &id, sizeof id / 4, GPL_INT32, 0, NULL) != GPL_OK)
+        return -1;
+    if (cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking) != cudaSuccess)
+        return -1;
+    return ncclCommInitRank(&raw_comm, gpl_world_size(c), id, gpl_rank(c)) == ncclSuccess ? 0 : -1;
+}
+
+static ncclDataType_t raw_dtype(gpl_dtype_t t) {
+    switch (t) {
+    case GPL_FLOAT64:
+        return ncclFloat64;
+    case GPL_FLOAT16:
+        return ncclFloat16;
+    case GPL_BFLOAT16:
+        return ncclBfloat16;
+    case GPL_INT32:
+        return ncclInt32;
+    case GPL_INT64:
+        return ncclInt64;
+    default:
+        return ncclFloat32;
+    }
+}
+
+/* Microseconds per ncclAllReduce (in place, sum), -1 on an NCCL error. */
+static double raw_time(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int iters, int warmup,
+                       int sync_each) {
+    for (int i = 0; i < warmup; i++)
+        if (ncclAllReduce(buf, buf, count, raw_dtype(t), ncclSum, raw_comm, raw_stream) !=
+                ncclSuccess ||
+            cudaStreamSynchronize(raw_stream) != cudaSuccess)
+            return -1;
+    gpl_barrier(c);
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++) {
+        if (ncclAllReduce(buf, buf, count, raw_dtype(t), ncclSum, raw_comm, raw_stream) !=
+            ncclSuccess)
+            return -1;
+        if (sync_each)
+            cudaStreamSynchronize(raw_stream);
+    }
+    cudaStreamSynchronize(raw_stream);
+    return (now_s() - t0) / iters * 1e6;
+}
 #endif
 
 static double now_s(void) {
@@ -342,7 +406,12 @@ int main(int argc, char **argv) {
         printf("%12s %12s %8s %12s %10s %10s %6s\n", "size_bytes", "count", "dtype", "time_us",
                "algbw_gbs", "busbw_gbs", "check");
     }
-    int bad = 0;
+    int bad = 0, raw = 0;
+#ifdef GPL_HAVE_CUDA
+    raw = on_device && raw_init(c) == 0;
+    if (on_device && !raw && rank == 0)
+        printf("# no raw NCCL baseline: its communicator did not start\n");
+#endif
     for (long long bytes = minb; bytes <= maxb; bytes *= factor) {
         size_t count = (size_t)bytes / es;
         for (int i = 0; i < warmup; i++)
@@ -379,10 +448,27 @@ int main(int argc, char **argv) {
         if (rank == 0)
             printf("%12lld %12zu %8s %12.2f %10.3f %10.3f %6s\n", (long long)(count * es), count,
                    dname, us, algbw, algbw * 2.0 * (n - 1) / n, ok);
+#ifdef GPL_HAVE_CUDA
+        if (raw) {
+            double b2b = raw_time(c, buf, count, dtype, iters, warmup, 0);
+            double each = raw_time(c, buf, count, dtype, iters, warmup, 1);
+            if (rank == 0)
+                printf("# raw ncclAllReduce %lld bytes: back to back %.2f us (gpulaunch %+.1f %%), "
+                       "synchronized each %.2f us (gpulaunch %+.1f %%)\n",
+                       (long long)(count * es), b2b, (us / b2b - 1) * 100, each,
+                       (us / each - 1) * 100);
+        }
+#endif
         fflush(stdout);
     }
     buf_free(buf);
     free(host);
+#ifdef GPL_HAVE_CUDA
+    if (raw) {
+        ncclCommDestroy(raw_comm);
+        cudaStreamDestroy(raw_stream);
+    }
+#endif
     gpl_finalize(c);
     return bad;
 usage:
