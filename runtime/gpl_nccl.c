@@ -127,9 +127,17 @@ void gpl_nccl_finalize(gpl_comm_t c) {
     nccl_state *n = c->nccl;
     if (n == NULL)
         return;
+    /* A non-blocking communicator finalizes in the background: it must be done
+     * (the async state back to success) before ncclCommDestroy; an error or
+     * the deadline aborts it instead (nccl_wait). */
     if (n->comm) {
-        ncclCommFinalize(n->comm);
-        ncclCommDestroy(n->comm);
+        ncclResult_t r = ncclCommFinalize(n->comm);
+        if (r != ncclSuccess && r != ncclInProgress)
+            nccl_abort(c);
+        else if (nccl_wait(c, (cudaStream_t)-1, "ncclCommFinalize") != GPL_OK)
+            n->comm = NULL; /* aborted there */
+        if (n->comm)
+            ncclCommDestroy(n->comm);
     }
     free(n);
     c->nccl = NULL;
