@@ -1,9 +1,10 @@
 # FindNCCL: nccl.h and libnccl, looked for under NCCL_ROOT, CUDAToolkit_ROOT
-# and /usr/local/cuda. Defines NCCL_FOUND, NCCL_VERSION and the target NCCL::nccl.
+# and /usr/local/cuda (libnccl.so, or libnccl.so.2 alone as the nvidia-nccl pip
+# wheels ship it). Defines NCCL_FOUND, NCCL_VERSION and the target NCCL::nccl.
 find_path(NCCL_INCLUDE_DIR nccl.h
           HINTS ${NCCL_ROOT} ${CUDAToolkit_ROOT} /usr/local/cuda ENV NCCL_ROOT
           PATH_SUFFIXES include)
-find_library(NCCL_LIBRARY nccl
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
              HINTS ${NCCL_ROOT} ${CUDAToolkit_ROOT} /usr/local/cuda ENV NCCL_ROOT
              PATH_SUFFIXES lib64 lib lib/x86_64-linux-gnu)
 if(NCCL_INCLUDE_DIR AND EXISTS ${NCCL_INCLUDE_DIR}/nccl.h)

@@ -387,7 +387,8 @@ gpl_result_t rdzv_bclient_attach(rdzv_bclient *c, const char *run_id, uint32_t r
     if (rc != GPL_OK)
         return rc;
     rdzv_buf_consume(&c->in, used);
-    snprintf(c->run_id, sizeof c->run_id, "%s", run_id);
+    if (run_id != c->run_id) /* a re-attach passes the stored id itself */
+        snprintf(c->run_id, sizeof c->run_id, "%s", run_id);
     c->round = round;
     c->attached = 1;
     return GPL_OK;

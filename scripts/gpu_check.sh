@@ -17,7 +17,6 @@ nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__f
        python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])')
 echo "NCCL from $nccl"
 export LD_LIBRARY_PATH="$nccl/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
-[ -e "$nccl/lib/libnccl.so" ] || ln -sf "$(ls "$nccl"/lib/libnccl.so.* | head -1)" "$nccl/lib/libnccl.so"
 cmake -S . -B build/gpu -DGPULAUNCH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DNCCL_ROOT="$nccl" \
   -DCUDAToolkit_ROOT=/usr/local/cuda || exit 1
 cmake --build build/gpu -j"$(nproc)" || exit 1
