@@ -62,6 +62,11 @@ if [ $fuzz_ok = 1 ]; then
 fi
 [ $fuzz_ok = 1 ] || { tail -n 30 build/fuzz*.log; failed_suites+=(fuzz); }
 
+echo "== release build: -O3 finds warnings that -O2 does not (build only)"
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGPULAUNCH_WERROR=ON >build/release.configure.log 2>&1 &&
+  cmake --build build/release -j"$jobs" >build/release.build.log 2>&1 ||
+  { grep -E 'error|warning' build/release.build.log | head -n 20; failed_suites+=(release-build); }
+
 echo "== lint"
 cmake --build build/test --target lint || failed_suites+=(lint)
 
@@ -69,4 +74,4 @@ if [ ${#failed_suites[@]} -ne 0 ]; then
   echo "gpulaunch tests: FAILED in ${failed_suites[*]}; $passed of $total tests passed"
   exit 1
 fi
-echo "gpulaunch tests: all $total tests passed (plain and ASan+UBSan), fuzzing found nothing, lint clean"
+echo "gpulaunch tests: all $total tests passed (plain and ASan+UBSan), fuzzing found nothing, release build and lint clean"
