@@ -90,10 +90,12 @@ static void on_written(uv_write_t *req, int status) {
 }
 
 /* Sends one encoded frame: written at once when the socket takes it,
- * otherwise the rest is copied into the connection's bounded output queue. */
-static void send_frame(conn *c, const uint8_t *data, size_t len) {
+ * otherwise the rest is copied into the connection's bounded output queue.
+ * Returns NULL, or why the connection must be closed (the caller closes it:
+ * closing can end a round, which pushes to other connections). */
+static const char *deliver(conn *c, const uint8_t *data, size_t len) {
     if (c->closing)
-        return;
+        return NULL;
     size_t off = 0;
     if (c->outq == 0) {
         uv_buf_t ub = uv_buf_init((char *)data, (unsigned)len);
@@ -102,19 +104,16 @@ static void send_frame(conn *c, const uint8_t *data, size_t len) {
             off = (size_t)n;
     }
     if (off == len)
-        return;
+        return NULL;
     size_t left = len - off;
-    if (c->outq + left > c->s->o.max_outq_bytes) {
-        conn_close(c, "output queue over its limit: the client does not read its replies");
-        return;
-    }
+    if (c->outq + left > c->s->o.max_outq_bytes)
+        return "output queue over its limit: the client does not read its replies";
     wreq *w = malloc(sizeof *w);
     uint8_t *copy = malloc(left);
     if (w == NULL || copy == NULL) {
         free(w);
         free(copy);
-        conn_close(c, "out of memory");
-        return;
+        return "out of memory";
     }
     memcpy(copy, data + off, left);
     w->c = c;
@@ -124,10 +123,16 @@ static void send_frame(conn *c, const uint8_t *data, size_t len) {
     if (uv_write(&w->req, (uv_stream_t *)&c->tcp, &ub, 1, on_written) != 0) {
         free(copy);
         free(w);
-        conn_close(c, "write failed");
-        return;
+        return "write failed";
     }
     c->outq += left;
+    return NULL;
+}
+
+static void send_frame(conn *c, const uint8_t *data, size_t len) {
+    const char *why = deliver(c, data, len);
+    if (why)
+        conn_close(c, why);
 }
 
 /* Encodes into the server's one scratch buffer (no allocation per message);
@@ -393,6 +398,7 @@ static void member_unpend(member *m) {
 typedef struct push {
     rdzv_fan_item *items;
     conn **conns;
+    const char **why; /* a connection to close once every frame is out */
     size_t n, cap;
     rdzv_buf data;
 } push;
@@ -403,9 +409,11 @@ static int push_init(push *p, size_t cap) {
     p->cap = cap ? cap : 1;
     p->items = malloc(p->cap * sizeof *p->items);
     p->conns = malloc(p->cap * sizeof *p->conns);
-    if (p->items == NULL || p->conns == NULL) {
+    p->why = calloc(p->cap, sizeof *p->why);
+    if (p->items == NULL || p->conns == NULL || p->why == NULL) {
         free(p->items);
         free(p->conns);
+        free(p->why);
         return -1;
     }
     return 0;
@@ -433,13 +441,20 @@ static void push_send(rdzv_server *s, push *p) {
         c->push_mark = mark;
     }
     rdzv_fanout_run(s->fan, p->items, p->n, p->data.data);
+    /* Every frame is whole in its socket or its queue before any connection
+     * is closed: a close can end the round and push again, and that push must
+     * not land in the middle of a frame of this one. */
     for (size_t i = 0; i < p->n; i++) {
         rdzv_fan_item *it = &p->items[i];
         if (it->sent < it->len)
-            send_frame(p->conns[i], p->data.data + it->off + it->sent, it->len - it->sent);
+            p->why[i] = deliver(p->conns[i], p->data.data + it->off + it->sent, it->len - it->sent);
     }
+    for (size_t i = 0; i < p->n; i++)
+        if (p->why[i])
+            conn_close(p->conns[i], p->why[i]);
     free(p->items);
     free(p->conns);
+    free(p->why);
     rdzv_buf_free(&p->data);
 }
 
