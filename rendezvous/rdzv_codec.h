@@ -10,8 +10,8 @@
 #include "gpulaunch/gpl_error.h"
 #include "gpulaunch/rdzv.h"
 
-#define RDZV_MAGIC 0x47504c52u /* "GPLR" */
-#define RDZV_VERSION 1
+#define RDZV_MAGIC 0x47504c52u       /* "GPLR" */
+#define RDZV_VERSION 2               /* 2: the auth label is hashed without a terminating zero */
 #define RDZV_HEADER_LEN 12           /* u32 length, u16 type, u16 flags, u32 req id */
 #define RDZV_MAX_KEY 1024            /* bytes of one key */
 #define RDZV_MAX_VALUE (1024 * 1024) /* bytes of one value */
