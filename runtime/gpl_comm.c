@@ -217,6 +217,20 @@ gpl_result_t gpl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, g
     return gpl_cpu_allreduce(c, s, r, count, t, op);
 }
 
+gpl_result_t gpl_allreduce_deferred(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
+                                    gpl_op_t op, int *enqueued) {
+    *enqueued = 0;
+    gpl_result_t rc = check_args(c, "allreduce", buf, count, t, (int)op);
+    if (rc != GPL_OK)
+        return rc;
+    if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(buf)) {
+        rc = gpl_nccl_allreduce_enqueue(c, buf, count, t, op);
+        *enqueued = rc == GPL_OK;
+        return rc;
+    }
+    return gpl_cpu_allreduce(c, buf, buf, count, t, op);
+}
+
 gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
                            void *stream) {
     gpl_result_t rc = check_args(c, "broadcast", buf, count, t, -1);

@@ -46,6 +46,7 @@ struct gpl_dp {
     int next_launch; /* first bucket not yet handed to the thread */
     int next_done;   /* buckets finished by the thread */
     int stop;
+    int enqueued; /* device buckets handed to NCCL this step, not yet waited for */
     gpl_result_t rc;
 };
 
@@ -62,9 +63,12 @@ static void *comm_thread(void *arg) {
         pthread_mutex_unlock(&dp->mu);
         dp_bucket *b = &dp->b[i];
         gpl_result_t rc = GPL_OK;
+        int enqueued = 0;
+        /* a device bucket is only enqueued: gpl_dp_wait waits for them all at once */
         if (dp->rc == GPL_OK)
-            rc = gpl_allreduce(dp->comm, b->flat, b->flat, b->count, b->dtype, GPL_AVG, NULL);
+            rc = gpl_allreduce_deferred(dp->comm, b->flat, b->count, b->dtype, GPL_AVG, &enqueued);
         pthread_mutex_lock(&dp->mu);
+        dp->enqueued |= enqueued;
         if (rc != GPL_OK && dp->rc == GPL_OK)
             dp->rc = rc;
         dp->next_done++;
@@ -245,9 +249,10 @@ gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
                              "gpl_dp_wait: gradient #%d (%zu elements) was never marked ready "
                              "this step; every rank must mark every gradient",
                              i, dp->g[i].count);
-    /* Each bucket's gradients go back as soon as its all-reduce is done, while
-     * the thread reduces the next buckets. Device gradients are copied on the
-     * device (a host memcpy of device memory would fault). */
+    /* Each bucket's gradients go back as soon as its all-reduce is done (on
+     * the host) or enqueued (on the device: the copy follows it on the same
+     * stream), while the thread reduces the next buckets. Device gradients
+     * are copied on the device (a host memcpy of device memory would fault). */
     gpl_result_t rc = GPL_OK;
     for (int k = 0; k < dp->nb; k++) {
         pthread_mutex_lock(&dp->mu);
@@ -277,9 +282,18 @@ gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
         pthread_cond_wait(&dp->cv, &dp->mu);
     if (rc == GPL_OK)
         rc = dp->rc;
+    int enqueued = dp->enqueued;
     dp->rc = GPL_OK;
+    dp->enqueued = 0;
     dp->next_launch = dp->next_done = 0;
     pthread_mutex_unlock(&dp->mu);
+    /* The device buckets and their copies back went to the GPU in order on one
+     * stream; their end is waited for here, errors and deadline watched. */
+    if (enqueued) {
+        gpl_result_t src = gpl_nccl_sync(dp->comm, "gradient sync");
+        if (rc == GPL_OK)
+            rc = src;
+    }
     for (int i = 0; i < dp->ng; i++)
         dp->g[i].ready = 0;
     for (int i = 0; i < dp->nb; i++)

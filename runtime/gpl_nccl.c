@@ -212,6 +212,29 @@ gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t cou
     return nccl_wait(c, (cudaStream_t)stream, "allreduce");
 }
 
+/* The gradient buckets: each is enqueued as soon as it is full, one after
+ * another on the same stream, and waited for once (no per-bucket round trip
+ * to the host). A non-blocking communicator may still be taking the call
+ * when it returns ncclInProgress: that is waited for, not the result. */
+gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
+                                        gpl_op_t op) {
+    gpl_result_t rc = ready(c);
+    if (rc != GPL_OK)
+        return rc;
+    ncclResult_t e = ncclAllReduce(buf, buf, count, dt(t), rop(op), ((nccl_state *)c->nccl)->comm,
+                                   (cudaStream_t)0);
+    if (e != ncclSuccess && e != ncclInProgress)
+        return nccl_fail(c, "ncclAllReduce", e);
+    return e == ncclInProgress ? nccl_wait(c, (cudaStream_t)-1, "allreduce") : GPL_OK;
+}
+
+gpl_result_t gpl_nccl_sync(gpl_comm_t c, const char *what) {
+    gpl_result_t rc = ready(c);
+    if (rc != GPL_OK)
+        return rc;
+    return nccl_wait(c, (cudaStream_t)0, what);
+}
+
 gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
                                 void *stream) {
     gpl_result_t rc = ready(c);
@@ -265,6 +288,11 @@ gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t cou
                                 gpl_op_t op, void *stream) {
     return unsupported(c);
 }
+gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
+                                        gpl_op_t op) {
+    return unsupported(c);
+}
+gpl_result_t gpl_nccl_sync(gpl_comm_t c, const char *what) { return unsupported(c); }
 gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
                                 void *stream) {
     return unsupported(c);
