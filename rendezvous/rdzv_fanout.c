@@ -13,10 +13,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+typedef struct helper_arg {
+    struct rdzv_fanout *f;
+    int idx;
+    uint64_t gen; /* the generation when it was created: it serves the next ones */
+} helper_arg;
+
 struct rdzv_fanout {
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     pthread_t th[RDZV_FANOUT_MAX_HELPERS];
+    helper_arg arg[RDZV_FANOUT_MAX_HELPERS];
     int nth, tried, stop, busy;
     uint64_t gen;
     /* the run in progress */
@@ -24,12 +31,6 @@ struct rdzv_fanout {
     size_t n, chunk;
     const uint8_t *data;
 };
-
-typedef struct helper_arg {
-    rdzv_fanout *f;
-    int idx;
-    uint64_t gen; /* the generation when it was created: it serves the next ones */
-} helper_arg;
 
 static void send_range(rdzv_fan_item *items, size_t lo, size_t hi, const uint8_t *data) {
     for (size_t i = lo; i < hi; i++) {
@@ -50,7 +51,6 @@ static void send_range(rdzv_fan_item *items, size_t lo, size_t hi, const uint8_t
 
 static void *helper(void *p) {
     helper_arg a = *(helper_arg *)p;
-    free(p);
     rdzv_fanout *f = a.f;
     uint64_t seen = a.gen;
     pthread_mutex_lock(&f->mu);
@@ -98,16 +98,9 @@ static void start_helpers(rdzv_fanout *f) {
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     for (int i = 0; i < want; i++) {
-        helper_arg *a = malloc(sizeof *a);
-        if (a == NULL)
+        f->arg[i] = (helper_arg){.f = f, .idx = i, .gen = f->gen};
+        if (pthread_create(&f->th[i], NULL, helper, &f->arg[i]) != 0)
             break;
-        a->f = f;
-        a->idx = f->nth;
-        a->gen = f->gen;
-        if (pthread_create(&f->th[f->nth], NULL, helper, a) != 0) {
-            free(a);
-            break;
-        }
         f->nth++;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -28,9 +28,8 @@ struct conn {
     uv_tcp_t tcp;
     rdzv_server *s;
     LIST_ENTRY(conn) link, alink;
-    TAILQ_ENTRY(conn) hlink; /* s->handshaking, in accept order, until C_READY */
-    int in_handshake;
-    uint64_t push_mark; /* the last push_send that listed it */
+    TAILQ_ENTRY(conn) hlink; /* s->handshaking, in accept order, while state != C_READY */
+    uint64_t push_mark;      /* the last push_send that listed it */
     int state, closing;
     uint8_t nonce[RDZV_NONCE_LEN];
     rdzv_buf in;
@@ -1085,13 +1084,9 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
 }
 
 /* Connections that have not finished the handshake are kept in accept order,
- * so the sweep looks only at the ones whose deadline has passed. */
-static void handshake_done(conn *c) {
-    if (c->in_handshake) {
-        TAILQ_REMOVE(&c->s->handshaking, c, hlink);
-        c->in_handshake = 0;
-    }
-}
+ * so the sweep looks only at the ones whose deadline has passed. Called once:
+ * when the handshake completes, or when a connection still in it closes. */
+static void handshake_done(conn *c) { TAILQ_REMOVE(&c->s->handshaking, c, hlink); }
 
 static void handle_frame(conn *c, const uint8_t *p, size_t n) {
     rdzv_server *s = c->s;
@@ -1138,8 +1133,8 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
             conn_close(c, "auth refused");
             return;
         }
-        c->state = C_READY;
         handshake_done(c);
+        c->state = C_READY;
         if (!(msg.flags & RDZV_AUTH_QUIET)) {
             rdzv_msg w = {.type = RDZV_WELCOME, .req_id = msg.req_id};
             w.u.welcome.server_epoch = s->epoch;
@@ -1177,7 +1172,8 @@ static void conn_close(conn *c, const char *why) {
     c->closing = 1;
     rdzv_server *s = c->s;
     GB_DEBUG("closing %s: %s", peer_of(c), why);
-    handshake_done(c);
+    if (c->state != C_READY)
+        handshake_done(c);
     waiter *w;
     while ((w = LIST_FIRST(&c->waiters)) != NULL)
         waiter_free(w);
@@ -1306,7 +1302,6 @@ static void on_connection(uv_stream_t *ls, int status) {
     c->accepted_ms = c->last_rx_ms = gb_now_ms();
     LIST_INSERT_HEAD(&s->conns, c, link);
     TAILQ_INSERT_TAIL(&s->handshaking, c, hlink);
-    c->in_handshake = 1;
     s->m.connections_total++;
     s->m.connections_open++;
     if (s->m.connections_open > s->o.max_connections || s->closing) {

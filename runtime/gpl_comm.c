@@ -205,30 +205,36 @@ static gpl_result_t check_args(gpl_comm_t c, const char *what, const void *a, si
     return GPL_OK;
 }
 
-gpl_result_t gpl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
-                           gpl_op_t op, void *stream) {
+/* enqueued == NULL: the call returns when the result is there; otherwise a
+ * device buffer on NCCL is only enqueued (and *enqueued says so). */
+static gpl_result_t allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                              gpl_op_t op, void *stream, int *enqueued) {
     gpl_result_t rc = check_args(c, "allreduce", r, count, t, (int)op);
     if (rc != GPL_OK)
         return rc;
     if (count && s == NULL)
         return gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "allreduce: NULL send buffer");
-    if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(r))
-        return gpl_nccl_allreduce(c, s, r, count, t, op, stream);
-    return gpl_cpu_allreduce(c, s, r, count, t, op);
+    if (c->backend != GPL_BACKEND_NCCL || !gpl_nccl_is_device_ptr(r))
+        return gpl_cpu_allreduce(c, s, r, count, t, op);
+    rc = gpl_nccl_allreduce_enqueue(c, s, r, count, t, op, stream);
+    if (rc != GPL_OK)
+        return rc;
+    if (enqueued) {
+        *enqueued = 1;
+        return GPL_OK;
+    }
+    return gpl_nccl_wait(c, stream, "allreduce");
+}
+
+gpl_result_t gpl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                           gpl_op_t op, void *stream) {
+    return allreduce(c, s, r, count, t, op, stream, NULL);
 }
 
 gpl_result_t gpl_allreduce_deferred(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
                                     gpl_op_t op, int *enqueued) {
     *enqueued = 0;
-    gpl_result_t rc = check_args(c, "allreduce", buf, count, t, (int)op);
-    if (rc != GPL_OK)
-        return rc;
-    if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(buf)) {
-        rc = gpl_nccl_allreduce_enqueue(c, buf, count, t, op);
-        *enqueued = rc == GPL_OK;
-        return rc;
-    }
-    return gpl_cpu_allreduce(c, buf, buf, count, t, op);
+    return allreduce(c, buf, buf, count, t, op, NULL, enqueued);
 }
 
 gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,

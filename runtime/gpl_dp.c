@@ -290,7 +290,7 @@ gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
     /* The device buckets and their copies back went to the GPU in order on one
      * stream; their end is waited for here, errors and deadline watched. */
     if (enqueued) {
-        gpl_result_t src = gpl_nccl_sync(dp->comm, "gradient sync");
+        gpl_result_t src = gpl_nccl_wait(dp->comm, NULL, "gradient sync");
         if (rc == GPL_OK)
             rc = src;
     }

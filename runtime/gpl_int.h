@@ -122,16 +122,14 @@ void gpl_nccl_finalize(gpl_comm_t c);
 int gpl_nccl_is_device_ptr(const void *p);
 /* Makes the comm's GPU current on the calling thread (a helper thread). */
 void gpl_nccl_bind_thread(gpl_comm_t c);
-gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
-                                gpl_op_t op, void *stream);
-/* Enqueues an all-reduce on the legacy default stream and returns once NCCL
- * holds it, without waiting for its result; gpl_nccl_sync waits for every
- * one enqueued (and watches errors, the deadline and the rendezvous). */
-gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
-                                        gpl_op_t op);
-gpl_result_t gpl_nccl_sync(gpl_comm_t c, const char *what);
+/* Enqueues an all-reduce on stream and returns once NCCL holds it, without
+ * waiting for its result; gpl_nccl_wait waits for everything on the stream
+ * (and watches errors, the deadline and the rendezvous). */
+gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, const void *s, void *r, size_t count,
+                                        gpl_dtype_t t, gpl_op_t op, void *stream);
+gpl_result_t gpl_nccl_wait(gpl_comm_t c, void *stream, const char *what);
 /* gpl_allreduce in place, but a device buffer on the NCCL backend is only
- * enqueued (gpl_nccl_sync finishes it); *enqueued says which it was. */
+ * enqueued (gpl_nccl_wait finishes it); *enqueued says which it was. */
 gpl_result_t gpl_allreduce_deferred(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
                                     gpl_op_t op, int *enqueued);
 gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,

@@ -134,8 +134,8 @@ void gpl_nccl_finalize(gpl_comm_t c) {
         ncclResult_t r = ncclCommFinalize(n->comm);
         if (r != ncclSuccess && r != ncclInProgress)
             nccl_abort(c);
-        else if (nccl_wait(c, (cudaStream_t)-1, "ncclCommFinalize") != GPL_OK)
-            n->comm = NULL; /* aborted there */
+        else
+            (void)nccl_wait(c, (cudaStream_t)-1, "ncclCommFinalize"); /* aborts on failure */
         if (n->comm)
             ncclCommDestroy(n->comm);
     }
@@ -200,39 +200,26 @@ static gpl_result_t ready(gpl_comm_t c) {
     return GPL_OK;
 }
 
-gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
-                                gpl_op_t op, void *stream) {
+/* A non-blocking communicator may still be taking the call when it returns
+ * ncclInProgress: that is waited for, not the result (gradient buckets are
+ * enqueued one after another and waited for once, gpl_dp.c). */
+gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, const void *s, void *r, size_t count,
+                                        gpl_dtype_t t, gpl_op_t op, void *stream) {
     gpl_result_t rc = ready(c);
     if (rc != GPL_OK)
         return rc;
-    nccl_state *n = c->nccl;
-    ncclResult_t e = ncclAllReduce(s, r, count, dt(t), rop(op), n->comm, (cudaStream_t)stream);
-    if (e != ncclSuccess && e != ncclInProgress)
-        return nccl_fail(c, "ncclAllReduce", e);
-    return nccl_wait(c, (cudaStream_t)stream, "allreduce");
-}
-
-/* The gradient buckets: each is enqueued as soon as it is full, one after
- * another on the same stream, and waited for once (no per-bucket round trip
- * to the host). A non-blocking communicator may still be taking the call
- * when it returns ncclInProgress: that is waited for, not the result. */
-gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
-                                        gpl_op_t op) {
-    gpl_result_t rc = ready(c);
-    if (rc != GPL_OK)
-        return rc;
-    ncclResult_t e = ncclAllReduce(buf, buf, count, dt(t), rop(op), ((nccl_state *)c->nccl)->comm,
-                                   (cudaStream_t)0);
+    ncclResult_t e = ncclAllReduce(s, r, count, dt(t), rop(op), ((nccl_state *)c->nccl)->comm,
+                                   (cudaStream_t)stream);
     if (e != ncclSuccess && e != ncclInProgress)
         return nccl_fail(c, "ncclAllReduce", e);
     return e == ncclInProgress ? nccl_wait(c, (cudaStream_t)-1, "allreduce") : GPL_OK;
 }
 
-gpl_result_t gpl_nccl_sync(gpl_comm_t c, const char *what) {
+gpl_result_t gpl_nccl_wait(gpl_comm_t c, void *stream, const char *what) {
     gpl_result_t rc = ready(c);
     if (rc != GPL_OK)
         return rc;
-    return nccl_wait(c, (cudaStream_t)0, what);
+    return nccl_wait(c, (cudaStream_t)stream, what);
 }
 
 gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
@@ -284,15 +271,11 @@ gpl_result_t gpl_nccl_init(gpl_comm_t c, int device) { return unsupported(c); }
 void gpl_nccl_finalize(gpl_comm_t c) {}
 void gpl_nccl_bind_thread(gpl_comm_t c) {}
 int gpl_nccl_is_device_ptr(const void *p) { return 0; }
-gpl_result_t gpl_nccl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
-                                gpl_op_t op, void *stream) {
+gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, const void *s, void *r, size_t count,
+                                        gpl_dtype_t t, gpl_op_t op, void *stream) {
     return unsupported(c);
 }
-gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
-                                        gpl_op_t op) {
-    return unsupported(c);
-}
-gpl_result_t gpl_nccl_sync(gpl_comm_t c, const char *what) { return unsupported(c); }
+gpl_result_t gpl_nccl_wait(gpl_comm_t c, void *stream, const char *what) { return unsupported(c); }
 gpl_result_t gpl_nccl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
                                 void *stream) {
     return unsupported(c);

@@ -254,6 +254,19 @@ int proc_ignores(pid_t pid, int sig) {
     return (int)((mask >> (sig - 1)) & 1);
 }
 
+long proc_read_long(pid_t pid, const char *file, const char *fmt) {
+    char path[96], line[256];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, fmt, &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return v;
+}
+
 static int read_floats(const char *path, float *out, int max) {
     FILE *f = fopen(path, "rb");
     if (f == NULL)

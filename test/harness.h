@@ -51,6 +51,9 @@ int raw_connect(int port);
 uint64_t now_ms(void);
 /* Whether process pid ignores signal sig (/proc/PID/status SigIgn). */
 int proc_ignores(pid_t pid, int sig);
+/* The number on the first line of /proc/PID/<file> that fmt (one %ld)
+ * matches, e.g. ("status", "VmHWM: %ld"); -1 when none does. */
+long proc_read_long(pid_t pid, const char *file, const char *fmt);
 /* A TCP port that was free a moment ago (for listeners started by others). */
 int free_tcp_port(void);
 /* The largest relative difference between two float32 parameter dumps

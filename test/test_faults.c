@@ -516,19 +516,6 @@ Test(faults, server_restart_mid_run) {
     expect_same_params(all_nodes, NODES, 8, NULL);
 }
 
-static long vm_hwm_kib(pid_t pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %ld", &v) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return v;
-}
-
 /* 6. hostile clients from another host while a job trains */
 Test(faults, hostile_clients_do_not_stop_the_job, .timeout = 200) {
     setup_bed("6-hostile", NODES + 2, 0, 0);
@@ -544,7 +531,7 @@ Test(faults, hostile_clients_do_not_stop_the_job, .timeout = 200) {
     start_job(&ja);
     expect_exit(all_nodes, NODES, 0, 120000);
     uint64_t took = now_ms() - t0;
-    long hwm = vm_hwm_kib(server.pid);
+    long hwm = proc_read_long(server.pid, "status", "VmHWM: %ld");
     proc_kill(&hostile, SIGTERM);
     proc_wait(&hostile, 30000);
     netbed_save_log(&bed, "run-hostile", &hostile);

@@ -746,18 +746,7 @@ Test(rdzv_bad, hostile_clients_are_dropped, .timeout = 60) {
 }
 
 /* The soft open-file limit of a running process, from /proc. */
-static long nofile_soft(pid_t pid) {
-    char path[64], line[256];
-    long v = -1;
-    snprintf(path, sizeof path, "/proc/%d/limits", (int)pid);
-    FILE *f = fopen(path, "r");
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "Max open files %ld", &v) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return v;
-}
+static long nofile_soft(pid_t pid) { return proc_read_long(pid, "limits", "Max open files %ld"); }
 
 Test(rdzv_limits, open_file_limit_fits_max_connections_or_is_warned, .timeout = 30) {
     /* this test process, and so the servers it starts, begins at 64 / 256 */

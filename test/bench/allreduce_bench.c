@@ -226,9 +226,11 @@ static double get(const void *h, size_t i, gpl_dtype_t t) {
 static double dp_time(gpl_comm_t c, float **g, const size_t *counts, int nt, int iters,
                       int *in_place) {
     gpl_dp_t dp;
-    if (gpl_dp_create(c, NULL, &dp) != GPL_OK)
+    int *idx = malloc((size_t)nt * sizeof *idx);
+    if (idx == NULL || gpl_dp_create(c, NULL, &dp) != GPL_OK) {
+        free(idx);
         return -1;
-    int idx[256];
+    }
     for (int i = 0; i < nt; i++)
         gpl_dp_register(dp, g[i], counts[i], GPL_FLOAT32, &idx[i]);
     int nb = 0;
@@ -241,14 +243,15 @@ static double dp_time(gpl_comm_t c, float **g, const size_t *counts, int nt, int
             gpl_dp_ready(dp, idx[i]);
         if (gpl_dp_wait(dp) != GPL_OK) {
             fprintf(stderr, "dp: %s\n", gpl_last_error(c));
-            gpl_dp_destroy(dp);
-            return -1;
+            best = -1;
+            break;
         }
         double t = now_s() - t0;
         if (it >= 2 && t < best)
             best = t;
     }
     gpl_dp_destroy(dp);
+    free(idx);
     return best;
 }
 

@@ -63,7 +63,7 @@ static worker workers[MAX_THREADS];
 static const char *token = "bench-token";
 static struct sockaddr_in server_addr;
 static uint64_t t_start, t_all_welcomed, t_all_assigned, t_drop, t_all_told;
-static int dropped = -1;
+static atomic_int dropped = -1; /* set by one worker, read by all */
 static char run_id[64];
 static double cpu_at_assigned[2];
 static pid_t server_pid;
@@ -104,9 +104,10 @@ static void on_alloc(uv_handle_t *h, size_t s, uv_buf_t *b) {
 
 /* The last agent assigned drops one of its own worker's agents. */
 static void drop_one(worker *w) {
-    dropped = w->lo + (w->hi - w->lo) / 2;
+    int d = w->lo + (w->hi - w->lo) / 2;
     t_drop = gb_now_ns();
-    uv_close((uv_handle_t *)&agents[dropped].tcp, NULL);
+    atomic_store(&dropped, d);
+    uv_close((uv_handle_t *)&agents[d].tcp, NULL);
 }
 
 static void handle(agent *a, const rdzv_msg *m) {
@@ -176,7 +177,7 @@ static void handle(agent *a, const rdzv_msg *m) {
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
     agent *a = s->data;
     if (n < 0) {
-        if (a->id != dropped) {
+        if (a->id != atomic_load(&dropped)) {
             if (atomic_fetch_add(&failed, 1) < 5)
                 fprintf(stderr, "agent %d (state %d): connection lost after %.2f s: %s\n", a->id,
                         a->state, (double)(gb_now_ns() - t_start) / 1e9, uv_strerror((int)n));
@@ -524,7 +525,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < nagents; i++) {
         uv_os_fd_t fd;
         struct linger lg = {1, 0};
-        if (i == dropped)
+        if (i == atomic_load(&dropped))
             continue;
         if (uv_fileno((uv_handle_t *)&agents[i].tcp, &fd) == 0)
             setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
