@@ -767,3 +767,15 @@ Test(launcher, scale_up_spends_no_restart_and_a_node_left_waiting_exits_0, .time
     proc_kill(&srv, SIGTERM);
     proc_wait(&srv, 5000);
 }
+
+/* dp_train --device refuses, with exit 2 and a reason, a rank that cannot
+ * average on the GPU (the CPU backend here, or a build without CUDA). */
+Test(launcher, example_device_without_nccl_is_refused) {
+    proc p;
+    char *argv[] = {DP, "--steps", "1", "--device", NULL};
+    char *envp[] = {"GPULAUNCH_BACKEND=cpu", "PATH=/usr/bin:/bin", NULL};
+    cr_assert_eq(proc_start(&p, argv, envp), 0);
+    int st = proc_wait(&p, 30000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "--device needs") != NULL, "%s", p.out);
+}

@@ -54,7 +54,7 @@ struct worker {
 };
 
 #define CONNECT_WINDOW 4000 /* connects in flight: past the accept backlog, SYNs are dropped */
-#define MAX_THREADS 16
+#define MAX_THREADS 16      /* --threads at most */
 
 static int nagents, nworkers = 2;
 static atomic_int assigned, told, failed, welcomed, stopped;
@@ -347,6 +347,10 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (nworkers > MAX_THREADS) {
+        fprintf(stderr, "rdzv_bench: --threads takes 1 to %d\n", MAX_THREADS);
+        return 2;
+    }
     if (nagents < 2) {
         fprintf(stderr, "rdzv_bench: --agents must be at least 2\n");
         return 2;
@@ -413,8 +417,6 @@ int main(int argc, char **argv) {
     uv_ip4_addr(host, port, &server_addr);
     server_pid = spid;
     double cpu0 = spid ? cpu_s(spid) : 0, self0 = cpu_s(getpid());
-    if (nworkers > MAX_THREADS)
-        nworkers = MAX_THREADS;
     if (nworkers > nagents)
         nworkers = nagents;
     agents = calloc((size_t)nagents, sizeof *agents);
