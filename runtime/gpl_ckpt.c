@@ -40,6 +40,7 @@ struct gpl_ckpt {
     char stepdir[PATH_MAX];
     char manifest[CKPT_MANIFEST_MAX];
     size_t man_len;
+    int saving, loading; /* inside the save / load callback */
 };
 
 static volatile sig_atomic_t sigterm_seen;
@@ -54,6 +55,44 @@ static void sha256_hex(const void *p, size_t n, char hex[65]) {
     EVP_Digest(p, n, md, &len, EVP_sha256(), NULL);
     for (int i = 0; i < 32; i++)
         snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+/* SHA-256 of a file read in GPL_CKPT_HASH_PIECE pieces (never the whole file in
+ * memory: a rank's state may be many GiB); *size is how many bytes it had. */
+static int hash_file(const char *path, char hex[65], uint64_t *size) {
+    int rc = -1, fd = -1;
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    uint8_t *buf = malloc(GPL_CKPT_HASH_PIECE);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    *size = 0;
+    if (buf == NULL || ctx == NULL || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL))
+        goto out;
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        goto out;
+    for (;;) {
+        ssize_t n = read(fd, buf, GPL_CKPT_HASH_PIECE);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            goto out;
+        if (n == 0)
+            break;
+        if (!EVP_DigestUpdate(ctx, buf, (size_t)n))
+            goto out;
+        *size += (uint64_t)n;
+    }
+    if (!EVP_DigestFinal_ex(ctx, md, &mdlen))
+        goto out;
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    rc = 0;
+out:
+    if (fd >= 0)
+        close(fd);
+    EVP_MD_CTX_free(ctx);
+    free(buf);
+    return rc;
 }
 
 static int fsync_dir(const char *path) {
@@ -135,21 +174,31 @@ gpl_result_t gpl_ckpt_setup(gpl_comm_t c, const gpl_ckpt_options *o, gpl_save_fn
     return GPL_OK;
 }
 
-gpl_result_t gpl_ckpt_write(gpl_ckpt_t k, const char *name, const void *data, size_t len) {
+/* A file name given by the caller: 1 to CKPT_NAME_MAX characters, no '/'. */
+static gpl_result_t check_name(gpl_ckpt_t k, const char *fn, const char *name) {
+    if (k == NULL)
+        return GPL_ERR_INVALID_ARG;
+    gb_clearerr(&k->c->err); /* each call's own error is the last one */
+    if (name == NULL || *name == '\0' || strlen(name) > CKPT_NAME_MAX || strchr(name, '/'))
+        return gb_seterr(&k->c->err, GPL_ERR_INVALID_ARG,
+                         "%s: a checkpoint file name of 1 to %d characters without '/' is "
+                         "needed, not '%s'",
+                         fn, CKPT_NAME_MAX, name ? name : "(null)");
+    return GPL_OK;
+}
+
+/* Inside the save callback only: the step directory exists and the manifest is open. */
+static gpl_result_t check_saving(gpl_ckpt_t k, const char *fn) {
+    if (!k->saving)
+        return gb_seterr(&k->c->err, GPL_ERR_STATE,
+                         "%s outside the save callback: call it from the function given to "
+                         "gpl_ckpt_setup as save",
+                         fn);
+    return GPL_OK;
+}
+
+static gpl_result_t manifest_add(gpl_ckpt_t k, const char *file, size_t len, const char *hex) {
     gpl_comm_t c = k->c;
-    if (name == NULL || *name == '\0' || strlen(name) > CKPT_NAME_MAX || strchr(name, '/') ||
-        (len && data == NULL))
-        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
-                         "gpl_ckpt_write: a file name of 1 to %d characters without '/' and its "
-                         "data are needed",
-                         CKPT_NAME_MAX);
-    char file[CKPT_NAME_MAX + 32];
-    snprintf(file, sizeof file, "r%d-%s", c->rank, name);
-    if (write_atomic(k->stepdir, file, data, len) != 0)
-        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: writing checkpoint file %s/%s: %s",
-                         c->rank, k->stepdir, file, strerror(errno));
-    char hex[65];
-    sha256_hex(data, len, hex);
     int w = snprintf(k->manifest + k->man_len, sizeof k->manifest - k->man_len, "%s %zu %s\n", file,
                      len, hex);
     if (w < 0 || (size_t)w >= sizeof k->manifest - k->man_len)
@@ -160,6 +209,70 @@ gpl_result_t gpl_ckpt_write(gpl_ckpt_t k, const char *name, const void *data, si
     k->man_len += (size_t)w;
     return GPL_OK;
 }
+
+gpl_result_t gpl_ckpt_write(gpl_ckpt_t k, const char *name, const void *data, size_t len) {
+    gpl_result_t rc = check_name(k, "gpl_ckpt_write", name);
+    if (rc != GPL_OK)
+        return rc;
+    gpl_comm_t c = k->c;
+    if (rc == GPL_OK && len && data == NULL)
+        rc = gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "gpl_ckpt_write: NULL data for '%s'", name);
+    if (rc == GPL_OK)
+        rc = check_saving(k, "gpl_ckpt_write");
+    if (rc != GPL_OK)
+        return rc;
+    char file[CKPT_NAME_MAX + 32];
+    snprintf(file, sizeof file, "r%d-%s", c->rank, name);
+    if (write_atomic(k->stepdir, file, data, len) != 0)
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: writing checkpoint file %s/%s: %s",
+                         c->rank, k->stepdir, file, strerror(errno));
+    char hex[65];
+    sha256_hex(data, len, hex);
+    return manifest_add(k, file, len, hex);
+}
+
+gpl_result_t gpl_ckpt_temp_path(gpl_ckpt_t k, const char *name, char *path, size_t len) {
+    gpl_result_t rc = check_name(k, "gpl_ckpt_temp_path", name);
+    if (rc == GPL_OK)
+        rc = check_saving(k, "gpl_ckpt_temp_path");
+    if (rc != GPL_OK)
+        return rc;
+    int n = snprintf(path, len, "%s/.tmp-r%d-%s", k->stepdir, k->c->rank, name);
+    if (n < 0 || (size_t)n >= len)
+        return gb_seterr(&k->c->err, GPL_ERR_LIMIT,
+                         "gpl_ckpt_temp_path: %d bytes are needed for the path of '%s', the "
+                         "buffer holds %zu",
+                         n + 1, name, len);
+    return GPL_OK;
+}
+
+gpl_result_t gpl_ckpt_commit(gpl_ckpt_t k, const char *name) {
+    gpl_result_t rc = check_name(k, "gpl_ckpt_commit", name);
+    if (rc == GPL_OK)
+        rc = check_saving(k, "gpl_ckpt_commit");
+    if (rc != GPL_OK)
+        return rc;
+    gpl_comm_t c = k->c;
+    char file[CKPT_NAME_MAX + 32], tmp[PATH_MAX], path[PATH_MAX], hex[65];
+    snprintf(file, sizeof file, "r%d-%s", c->rank, name);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", k->stepdir, file);
+    snprintf(path, sizeof path, "%s/%s", k->stepdir, file);
+    uint64_t size = 0;
+    int fd = open(tmp, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return gb_seterr(&c->err, errno == ENOENT ? GPL_ERR_NOT_FOUND : GPL_ERR_SYSTEM,
+                         "rank %d: gpl_ckpt_commit('%s'): %s: %s; write the file at the path "
+                         "gpl_ckpt_temp_path gave first",
+                         c->rank, name, tmp, strerror(errno));
+    int ok = fsync(fd) == 0;
+    ok = close(fd) == 0 && ok;
+    if (!ok || hash_file(tmp, hex, &size) != 0 || rename(tmp, path) != 0)
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: committing checkpoint file %s: %s",
+                         c->rank, path, strerror(errno));
+    return manifest_add(k, file, (size_t)size, hex);
+}
+
+gpl_comm_t gpl_ckpt_comm(gpl_ckpt_t k) { return k ? k->c : NULL; }
 
 /* Removes a step directory and everything in it. */
 static void remove_step(const char *path) {
@@ -233,7 +346,9 @@ static gpl_result_t save_step(gpl_ckpt_t k, int64_t step, double left) {
         return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: cannot create %s: %s", c->rank,
                          k->stepdir, strerror(errno));
     k->man_len = 0;
+    k->saving = 1;
     gpl_result_t rc = k->save(k, step, left, k->user);
+    k->saving = 0;
     if (rc != GPL_OK)
         return gb_seterr(&c->err, rc, "rank %d: the save callback failed at step %lld", c->rank,
                          (long long)step);
@@ -340,17 +455,10 @@ static int step_valid(const char *stepdir, char *why, size_t whylen) {
                 fclose(f);
                 return 0;
             }
-            uint8_t *buf = malloc(size ? size : 1);
-            FILE *df = fopen(fp, "rb");
-            size_t got = df && buf ? fread(buf, 1, size, df) : 0;
-            if (df)
-                fclose(df);
             char have[65] = "";
-            int hashed = buf != NULL;
-            if (hashed)
-                sha256_hex(buf, got, have);
-            free(buf);
-            if (!hashed || got != size || strcmp(have, hex) != 0) {
+            uint64_t got = 0;
+            int hashed = hash_file(fp, have, &got) == 0;
+            if (!hashed || got != (uint64_t)size || strcmp(have, hex) != 0) {
                 snprintf(why, whylen, "%s fails its SHA-256 check (torn write)", name);
                 fclose(f);
                 return 0;
@@ -389,7 +497,9 @@ gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
     if (chosen < 0)
         return GPL_OK;
     snprintf(k->stepdir, sizeof k->stepdir, "%s/step-%012lld", k->dir, (long long)chosen);
+    k->loading = 1;
     gpl_result_t rc = k->load ? k->load(k, chosen, k->user) : GPL_OK;
+    k->loading = 0;
     if (rc != GPL_OK)
         return gb_seterr(&c->err, rc, "rank %d: the load callback failed for %s", c->rank,
                          k->stepdir);
@@ -398,17 +508,46 @@ gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
     return GPL_OK;
 }
 
-gpl_result_t gpl_ckpt_read(gpl_ckpt_t k, const char *name, void *data, size_t len) {
+/* Inside the load callback: this rank's file `name`, else rank 0's (replicated
+ * state reloads at any world size). */
+static gpl_result_t find_file(gpl_ckpt_t k, const char *fn, const char *name, char *path,
+                              size_t len, struct stat *st) {
+    gpl_result_t rc = check_name(k, fn, name);
+    if (rc != GPL_OK)
+        return rc;
     gpl_comm_t c = k->c;
+    if (!k->loading)
+        return gb_seterr(&c->err, GPL_ERR_STATE,
+                         "%s outside the load callback: call it from the function given to "
+                         "gpl_ckpt_setup as load",
+                         fn);
+    int n = snprintf(path, len, "%s/r%d-%s", k->stepdir, c->rank, name);
+    if (n < 0 || (size_t)n >= len)
+        return gb_seterr(&c->err, GPL_ERR_LIMIT, "%s: the path of '%s' does not fit in %zu bytes",
+                         fn, name, len);
+    if (stat(path, st) == 0)
+        return GPL_OK;
+    n = snprintf(path, len, "%s/r0-%s", k->stepdir, name);
+    if (n >= 0 && (size_t)n < len && stat(path, st) == 0)
+        return GPL_OK;
+    return gb_seterr(&c->err, GPL_ERR_NOT_FOUND,
+                     "rank %d: no checkpoint file '%s' in %s (neither r%d-%s nor r0-%s); was it "
+                     "saved under another name?",
+                     c->rank, name, k->stepdir, c->rank, name, name);
+}
+
+gpl_result_t gpl_ckpt_path(gpl_ckpt_t k, const char *name, char *path, size_t len) {
+    struct stat st;
+    return find_file(k, "gpl_ckpt_path", name, path, len, &st);
+}
+
+gpl_result_t gpl_ckpt_read(gpl_ckpt_t k, const char *name, void *data, size_t len) {
     char path[PATH_MAX];
     struct stat st;
-    snprintf(path, sizeof path, "%s/r%d-%s", k->stepdir, c->rank, name);
-    if (stat(path, &st) != 0) {
-        snprintf(path, sizeof path, "%s/r0-%s", k->stepdir, name);
-        if (stat(path, &st) != 0)
-            return gb_seterr(&c->err, GPL_ERR_NOT_FOUND, "no checkpoint file '%s' in %s", name,
-                             k->stepdir);
-    }
+    gpl_result_t rc = find_file(k, "gpl_ckpt_read", name, path, sizeof path, &st);
+    if (rc != GPL_OK)
+        return rc;
+    gpl_comm_t c = k->c;
     if ((size_t)st.st_size != len)
         return gb_seterr(&c->err, GPL_ERR_CORRUPT,
                          "checkpoint file %s holds %lld bytes, expected %zu (a different model?)",

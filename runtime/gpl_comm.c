@@ -163,6 +163,50 @@ out:
     return rc;
 }
 
+gpl_result_t gpl_init_external(int rank, int world, int local_rank, int local_world,
+                               const gpl_external_ops *ops, gpl_comm_t *out) {
+    *out = NULL;
+    if (ops == NULL || ops->version != GPL_EXTERNAL_OPS_VERSION ||
+        ops->size < sizeof(gpl_external_ops))
+        return GPL_ERR_INVALID_ARG;
+    gpl_comm_t c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return GPL_ERR_NOMEM;
+    *out = c;
+    c->rank = rank;
+    c->world = world;
+    c->local_rank = local_rank;
+    c->local_world = local_world;
+    c->nnodes = 1;
+    c->backend = GPL_BACKEND_EXTERNAL;
+    c->ext = *ops;
+    c->coll = "init";
+    c->timeout_ms = GPL_DEFAULT_TIMEOUT_MS;
+    snprintf(c->run_id, sizeof c->run_id, "external");
+    gethostname(c->hostname, sizeof c->hostname);
+    if (rank < 0 || world < 1 || rank >= world || local_rank < 0 || local_world < 1 ||
+        local_rank >= local_world)
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "gpl_init_external: rank %d of world %d (local %d of %d) is not a rank "
+                         "of that world",
+                         rank, world, local_rank, local_world);
+    if (world > 1 && (ops->allreduce == NULL || ops->broadcast == NULL || ops->barrier == NULL))
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "gpl_init_external: a world of %d needs allreduce, broadcast and "
+                         "barrier in the ops",
+                         world);
+    c->base_rank = rank - local_rank;
+    return GPL_OK;
+}
+
+/* A collective of the caller's framework failed: say which and what to look at. */
+static gpl_result_t ext_failed(gpl_comm_t c) {
+    return gb_seterr(&c->err, GPL_ERR_PEER_FAILED,
+                     "rank %d: %s #%llu through the caller's collectives (the framework's "
+                     "process group) failed; its own error says why",
+                     c->rank, c->coll, (unsigned long long)c->seq);
+}
+
 void gpl_finalize(gpl_comm_t c) {
     if (c == NULL)
         return;
@@ -214,6 +258,18 @@ static gpl_result_t allreduce(gpl_comm_t c, const void *s, void *r, size_t count
         return rc;
     if (count && s == NULL)
         return gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "allreduce: NULL send buffer");
+    if (c->backend == GPL_BACKEND_EXTERNAL) {
+        if (s != r)
+            memmove(r, s, count * gpl_dtype_size(t));
+        if (c->world == 1 || count == 0)
+            return GPL_OK;
+        /* frameworks differ in AVG (Gloo has none): sum, then scale here */
+        if (c->ext.allreduce(r, count, t, op == GPL_AVG ? GPL_SUM : op, c->ext.user) != 0)
+            return ext_failed(c);
+        if (op == GPL_AVG)
+            gpl_scale_avg(r, count, t, c->world);
+        return GPL_OK;
+    }
     if (c->backend != GPL_BACKEND_NCCL || !gpl_nccl_is_device_ptr(r))
         return gpl_cpu_allreduce(c, s, r, count, t, op);
     rc = gpl_nccl_allreduce_enqueue(c, s, r, count, t, op, stream);
@@ -245,6 +301,11 @@ gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
     if (root < 0 || root >= c->world)
         return gb_seterr(&c->err, GPL_ERR_INVALID_ARG, "broadcast: root %d is not a rank (0..%d)",
                          root, c->world - 1);
+    if (c->backend == GPL_BACKEND_EXTERNAL)
+        return c->world == 1 || count == 0 ||
+                       c->ext.broadcast(buf, count, t, root, c->ext.user) == 0
+                   ? GPL_OK
+                   : ext_failed(c);
     if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(buf))
         return gpl_nccl_broadcast(c, buf, count, t, root, stream);
     return gpl_cpu_broadcast(c, buf, count, t, root);
@@ -255,6 +316,15 @@ gpl_result_t gpl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, g
     gpl_result_t rc = check_args(c, "allgather", r, count, t, -1);
     if (rc != GPL_OK)
         return rc;
+    if (c->backend == GPL_BACKEND_EXTERNAL && c->world > 1)
+        return gb_seterr(&c->err, GPL_ERR_UNSUPPORTED,
+                         "allgather is not among the caller's collectives "
+                         "(gpl_init_external); use the framework's own");
+    if (c->backend == GPL_BACKEND_EXTERNAL) { /* a world of one */
+        if (count && s != r)
+            memmove(r, s, count * gpl_dtype_size(t));
+        return GPL_OK;
+    }
     if (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(r))
         return gpl_nccl_allgather(c, s, r, count, t, stream);
     return gpl_cpu_allgather(c, s, r, count, t);
@@ -264,5 +334,7 @@ gpl_result_t gpl_barrier(gpl_comm_t c) {
     gpl_result_t rc = check_args(c, "barrier", NULL, 0, GPL_INT32, -1);
     if (rc != GPL_OK)
         return rc;
+    if (c->backend == GPL_BACKEND_EXTERNAL)
+        return c->world == 1 || c->ext.barrier(c->ext.user) == 0 ? GPL_OK : ext_failed(c);
     return gpl_cpu_barrier(c);
 }

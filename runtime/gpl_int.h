@@ -67,6 +67,7 @@ struct gpl_comm {
     uint64_t seq;          /* collective sequence number */
     const char *coll;      /* name of the collective in progress */
     void *nccl;            /* gpl_nccl state */
+    gpl_external_ops ext;  /* GPL_BACKEND_EXTERNAL: the caller's collectives */
     struct gpl_ckpt *ckpt; /* gpl_ckpt state */
 };
 

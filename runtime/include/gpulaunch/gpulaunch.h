@@ -52,7 +52,8 @@ typedef enum gpl_op {
 typedef enum gpl_backend {
     GPL_BACKEND_AUTO = 0, /* NCCL when built with CUDA and a device is present, else CPU */
     GPL_BACKEND_CPU = 1,
-    GPL_BACKEND_NCCL = 2
+    GPL_BACKEND_NCCL = 2,
+    GPL_BACKEND_EXTERNAL = 3 /* the caller's collectives: gpl_init_external */
 } gpl_backend_t;
 
 #define GPL_OPTIONS_VERSION 1
@@ -84,6 +85,30 @@ typedef struct gpl_options {
  * that gpl_last_error(*comm) can say why; free it with gpl_finalize. */
 GPL_API gpl_result_t gpl_init(const gpl_options *opts, gpl_comm_t *comm);
 GPL_API void gpl_finalize(gpl_comm_t comm);
+
+/* Collectives of another framework, for a program that another launcher
+ * started (torchrun: torch.distributed's process group). Each runs in place
+ * over every rank and returns 0, or non-zero when it failed (the call then
+ * fails with GPL_ERR_PEER_FAILED). Start from GPL_EXTERNAL_OPS_INIT. */
+#define GPL_EXTERNAL_OPS_VERSION 1
+typedef struct gpl_external_ops {
+    size_t size;
+    uint32_t version;
+    int (*allreduce)(void *buf, size_t count, gpl_dtype_t dtype, gpl_op_t op, void *user);
+    int (*broadcast)(void *buf, size_t count, gpl_dtype_t dtype, int root, void *user);
+    int (*barrier)(void *user);
+    void *user;
+} gpl_external_ops;
+#define GPL_EXTERNAL_OPS_INIT                                                                      \
+    { sizeof(gpl_external_ops), GPL_EXTERNAL_OPS_VERSION, NULL, NULL, NULL, NULL }
+
+/* A communicator whose collectives on host memory are the caller's ops
+ * (backend GPL_BACKEND_EXTERNAL): the checkpoint agreement, restore and
+ * barrier work under any launcher. No rendezvous: checkpoint events of other
+ * nodes do not reach it, SIGTERM does. Errors as gpl_init. */
+GPL_API gpl_result_t gpl_init_external(int rank, int world_size, int local_rank,
+                                       int local_world_size, const gpl_external_ops *ops,
+                                       gpl_comm_t *comm);
 
 GPL_API int gpl_rank(gpl_comm_t comm);
 GPL_API int gpl_world_size(gpl_comm_t comm);
@@ -190,6 +215,20 @@ GPL_API gpl_result_t gpl_ckpt_write(gpl_ckpt_t ck, const char *name, const void 
  * replicated state reloads at any world size). GPL_ERR_NOT_FOUND when
  * neither exists; GPL_ERR_CORRUPT when the size differs from len. */
 GPL_API gpl_result_t gpl_ckpt_read(gpl_ckpt_t ck, const char *name, void *data, size_t len);
+
+/* For state too large to hold twice in memory, written by the caller's own
+ * writer (torch.save): in the save callback, gpl_ckpt_temp_path gives the
+ * temporary file to write `name` to; gpl_ckpt_commit then fsyncs it, hashes
+ * it in GPL_CKPT_HASH_PIECE pieces, renames it into place and records it in
+ * the manifest, as gpl_ckpt_write does. */
+#define GPL_CKPT_HASH_PIECE (1u << 20)
+GPL_API gpl_result_t gpl_ckpt_temp_path(gpl_ckpt_t ck, const char *name, char *path, size_t len);
+GPL_API gpl_result_t gpl_ckpt_commit(gpl_ckpt_t ck, const char *name);
+/* In the load callback: the path of this rank's file `name`, else rank 0's
+ * (GPL_ERR_NOT_FOUND when neither exists), for the caller's own reader. */
+GPL_API gpl_result_t gpl_ckpt_path(gpl_ckpt_t ck, const char *name, char *path, size_t len);
+/* The communicator a save or load callback's checkpoint belongs to. */
+GPL_API gpl_comm_t gpl_ckpt_comm(gpl_ckpt_t ck);
 
 #ifdef __cplusplus
 }

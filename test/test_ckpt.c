@@ -1,0 +1,279 @@
+/* The checkpoint API in one process: files written by the caller's own writer
+ * (temporary path, commit), found again by path on restore, torn ones
+ * skipped; and communicators over the caller's collectives
+ * (gpl_init_external), which the checkpoint agreement runs over under
+ * another launcher. Two ranks of an external world live in this process:
+ * their "collectives" are recorded and leave the data as every rank had it. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "gpulaunch/gpulaunch.h"
+#include "harness.h"
+
+static char dir[64];
+
+static void setup(void) {
+    tmpdir_make(dir, sizeof dir, "gpl-ckpt");
+    cr_assert(dir[0]);
+}
+
+static void teardown(void) { tmpdir_remove(dir); }
+
+TestSuite(ckpt, .init = setup, .fini = teardown, .timeout = 60);
+
+typedef struct calls {
+    int allreduce, broadcast, barrier, fail;
+    gpl_op_t last_op;
+    int64_t root_step; /* what rank 0 broadcasts on restore, for rank 1 */
+} calls;
+
+/* A peer with the same data as this rank: SUM doubles, everything else keeps it. */
+static int fake_allreduce(void *buf, size_t count, gpl_dtype_t t, gpl_op_t op, void *user) {
+    calls *k = user;
+    k->allreduce++;
+    k->last_op = op;
+    if (k->fail)
+        return 1;
+    if (op == GPL_SUM && t == GPL_FLOAT32)
+        for (size_t i = 0; i < count; i++)
+            ((float *)buf)[i] *= 2;
+    return 0;
+}
+
+static int fake_broadcast(void *buf, size_t count, gpl_dtype_t t, int root, void *user) {
+    calls *k = user;
+    k->broadcast++;
+    if (t == GPL_INT64 && count == 1 && k->root_step)
+        *(int64_t *)buf = k->root_step;
+    return k->fail;
+}
+
+static int fake_barrier(void *user) {
+    ((calls *)user)->barrier++;
+    return ((calls *)user)->fail;
+}
+
+static gpl_comm_t external(int rank, calls *k) {
+    gpl_external_ops ops = GPL_EXTERNAL_OPS_INIT;
+    ops.allreduce = fake_allreduce;
+    ops.broadcast = fake_broadcast;
+    ops.barrier = fake_barrier;
+    ops.user = k;
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init_external(rank, 2, rank, 2, &ops, &c), GPL_OK);
+    cr_assert_eq(gpl_backend(c), GPL_BACKEND_EXTERNAL);
+    return c;
+}
+
+#define BIG ((size_t)GPL_CKPT_HASH_PIECE + GPL_CKPT_HASH_PIECE / 2 + 3) /* over one piece */
+
+static unsigned char pattern(size_t i, int rank) { return (unsigned char)(i * 31 + rank * 7); }
+
+/* Writes "state" through the temporary path and commit, "meta" through gpl_ckpt_write. */
+static gpl_result_t save_cb(gpl_ckpt_t ck, int64_t step, double left, void *user) {
+    int rank = gpl_rank(gpl_ckpt_comm(ck));
+    char path[4096];
+    gpl_result_t rc = gpl_ckpt_temp_path(ck, "state", path, sizeof path);
+    if (rc != GPL_OK)
+        return rc;
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    for (size_t i = 0; i < BIG; i++)
+        fputc(pattern(i, rank), f);
+    fclose(f);
+    if ((rc = gpl_ckpt_commit(ck, "state")) != GPL_OK)
+        return rc;
+    return gpl_ckpt_write(ck, "meta", &step, sizeof step);
+}
+
+typedef struct loaded {
+    int64_t step, meta;
+    int state_ok;
+    char state_path[4096];
+} loaded;
+
+static gpl_result_t load_cb(gpl_ckpt_t ck, int64_t step, void *user) {
+    loaded *l = user;
+    int rank = gpl_rank(gpl_ckpt_comm(ck));
+    l->step = step;
+    gpl_result_t rc = gpl_ckpt_path(ck, "state", l->state_path, sizeof l->state_path);
+    if (rc != GPL_OK)
+        return rc;
+    FILE *f = fopen(l->state_path, "rb");
+    size_t i = 0;
+    int ch, ok = f != NULL;
+    while (f && (ch = fgetc(f)) != EOF)
+        ok = ok && ch == pattern(i++, rank);
+    if (f)
+        fclose(f);
+    l->state_ok = ok && i == BIG;
+    return gpl_ckpt_read(ck, "meta", &l->meta, sizeof l->meta);
+}
+
+static void setup_ck(gpl_comm_t c, int every, void *user) {
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = dir;
+    o.every_steps = every;
+    o.handle_sigterm = 0;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, save_cb, load_cb, user), GPL_OK);
+}
+
+/* Two ranks save step 4 (rank 1 first, then rank 0, which marks it COMPLETE). */
+static void save_two_ranks(calls *k0, calls *k1) {
+    gpl_comm_t c0 = external(0, k0), c1 = external(1, k1);
+    setup_ck(c0, 2, NULL);
+    setup_ck(c1, 2, NULL);
+    cr_assert_eq(gpl_step_end(c1, 3), GPL_OK); /* not due */
+    cr_assert_eq(gpl_step_end(c1, 4), GPL_OK, "%s", gpl_last_error(c1));
+    cr_assert_eq(gpl_step_end(c0, 4), GPL_OK, "%s", gpl_last_error(c0));
+    gpl_finalize(c0);
+    gpl_finalize(c1);
+}
+
+Test(ckpt, temp_path_and_commit_round_trip_over_external_collectives) {
+    calls k0 = {0}, k1 = {0};
+    save_two_ranks(&k0, &k1);
+    /* the agreement (one all-reduce a step) and the barrier before COMPLETE ran outside */
+    cr_expect_eq(k1.allreduce, 2);
+    cr_expect_eq(k0.last_op, GPL_MAX);
+    cr_expect_eq(k0.barrier, 1);
+    char p[256];
+    snprintf(p, sizeof p, "%s/step-000000000004/COMPLETE", dir);
+    struct stat st;
+    cr_assert_eq(stat(p, &st), 0, "no COMPLETE marker");
+    snprintf(p, sizeof p, "%s/step-000000000004/r1-state", dir);
+    cr_assert_eq(stat(p, &st), 0);
+    cr_expect_eq((size_t)st.st_size, BIG);
+    /* the manifest's hash is the file's (checked against sha256sum) */
+    char cmd[512], want[65] = "", man[8192] = "";
+    snprintf(cmd, sizeof cmd, "sha256sum %s", p);
+    FILE *f = popen(cmd, "r");
+    cr_assert(f && fscanf(f, "%64s", want) == 1);
+    pclose(f);
+    snprintf(p, sizeof p, "%s/step-000000000004/rank-1.manifest", dir);
+    f = fopen(p, "r");
+    cr_assert(f && fread(man, 1, sizeof man - 1, f) > 0);
+    fclose(f);
+    char line[256];
+    snprintf(line, sizeof line, "r1-state %zu %s\n", BIG, want);
+    cr_expect(strstr(man, line) != NULL, "manifest:\n%s\nexpected line: %s", man, line);
+
+    for (int r = 0; r < 2; r++) {
+        calls k = {.root_step = 4};
+        loaded l = {0};
+        gpl_comm_t c = external(r, &k);
+        setup_ck(c, 2, &l);
+        int64_t step = -1;
+        cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+        cr_expect_eq(step, 4);
+        cr_expect_eq(l.meta, 4);
+        cr_expect(l.state_ok, "rank %d read back %s wrong", r, l.state_path);
+        cr_expect_eq(k.broadcast, 1, "the chosen step is broadcast");
+        gpl_finalize(c);
+    }
+}
+
+Test(ckpt, a_torn_file_written_by_path_is_skipped) {
+    calls k0 = {0}, k1 = {0};
+    save_two_ranks(&k0, &k1);
+    char p[256];
+    snprintf(p, sizeof p, "%s/step-000000000004/r0-state", dir);
+    FILE *f = fopen(p, "r+b");
+    cr_assert_not_null(f);
+    fseek(f, (long)GPL_CKPT_HASH_PIECE + 5, SEEK_SET); /* in the second piece */
+    fputc(0xAA ^ pattern(GPL_CKPT_HASH_PIECE + 5, 0), f);
+    fclose(f);
+    loaded l = {0};
+    calls k = {0};
+    gpl_comm_t c = external(0, &k);
+    setup_ck(c, 2, &l);
+    int64_t step = 0;
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK);
+    cr_expect_eq(step, -1, "the torn step must not load");
+    gpl_finalize(c);
+}
+
+Test(ckpt, a_null_handle_is_an_invalid_argument) {
+    char path[64];
+    cr_expect_eq(gpl_ckpt_temp_path(NULL, "x", path, sizeof path), GPL_ERR_INVALID_ARG);
+    cr_expect_eq(gpl_ckpt_commit(NULL, "x"), GPL_ERR_INVALID_ARG);
+    cr_expect_eq(gpl_ckpt_path(NULL, "x", path, sizeof path), GPL_ERR_INVALID_ARG);
+    cr_expect_eq(gpl_ckpt_write(NULL, "x", path, 1), GPL_ERR_INVALID_ARG);
+    cr_expect_eq(gpl_ckpt_read(NULL, "x", path, 1), GPL_ERR_INVALID_ARG);
+    cr_expect_null(gpl_ckpt_comm(NULL));
+}
+
+static gpl_result_t bad_save_cb(gpl_ckpt_t ck, int64_t step, double left, void *user) {
+    char path[4096], small[8];
+    gpl_comm_t c = gpl_ckpt_comm(ck);
+    cr_expect_eq(gpl_ckpt_temp_path(ck, "a/b", path, sizeof path), GPL_ERR_INVALID_ARG);
+    cr_expect(strstr(gpl_last_error(c), "without '/'") != NULL, "%s", gpl_last_error(c));
+    cr_expect_eq(gpl_ckpt_temp_path(ck, "", path, sizeof path), GPL_ERR_INVALID_ARG);
+    cr_expect_eq(gpl_ckpt_temp_path(ck, "state", small, sizeof small), GPL_ERR_LIMIT);
+    cr_expect_eq(gpl_ckpt_commit(ck, "never-written"), GPL_ERR_NOT_FOUND);
+    cr_expect(strstr(gpl_last_error(c), "never-written") != NULL, "%s", gpl_last_error(c));
+    cr_expect_eq(gpl_ckpt_path(ck, "state", path, sizeof path), GPL_ERR_STATE);
+    cr_expect(strstr(gpl_last_error(c), "outside the load callback") != NULL, "%s",
+              gpl_last_error(c));
+    *(int *)user = 1;
+    return GPL_OK;
+}
+
+static gpl_result_t missing_load_cb(gpl_ckpt_t ck, int64_t step, void *user) {
+    char path[4096];
+    gpl_comm_t c = gpl_ckpt_comm(ck);
+    cr_expect_eq(gpl_ckpt_path(ck, "nothing", path, sizeof path), GPL_ERR_NOT_FOUND);
+    cr_expect(strstr(gpl_last_error(c), "'nothing'") != NULL, "%s", gpl_last_error(c));
+    cr_expect_eq(gpl_ckpt_temp_path(ck, "x", path, sizeof path), GPL_ERR_STATE);
+    *(int *)user = 2;
+    return GPL_OK;
+}
+
+Test(ckpt, bad_names_missing_files_and_calls_in_the_wrong_callback) {
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init(NULL, &c), GPL_OK); /* a world of one */
+    int seen = 0;
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = dir;
+    o.every_steps = 1;
+    o.handle_sigterm = 0;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, bad_save_cb, missing_load_cb, &seen), GPL_OK);
+    cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(seen, 1);
+    int64_t step = -1;
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(step, 1);
+    cr_expect_eq(seen, 2);
+    gpl_finalize(c);
+}
+
+Test(ckpt, external_collectives_average_and_report_failure) {
+    calls k = {0};
+    gpl_comm_t c = external(0, &k);
+    float v[3] = {1.5f, -2.0f, 8.0f};
+    /* the framework is asked for a SUM (Gloo has no AVG), scaled here */
+    cr_assert_eq(gpl_allreduce(c, v, v, 3, GPL_FLOAT32, GPL_AVG, NULL), GPL_OK);
+    cr_expect_eq(k.last_op, GPL_SUM);
+    cr_expect(v[0] == 1.5f && v[1] == -2.0f && v[2] == 8.0f, "%g %g %g", v[0], v[1], v[2]);
+    float out[6];
+    cr_expect_eq(gpl_allgather(c, v, out, 3, GPL_FLOAT32, NULL), GPL_ERR_UNSUPPORTED);
+    k.fail = 1;
+    cr_expect_eq(gpl_barrier(c), GPL_ERR_PEER_FAILED);
+    cr_expect(strstr(gpl_last_error(c), "process group") != NULL, "%s", gpl_last_error(c));
+    cr_expect_eq(gpl_allreduce(c, v, v, 3, GPL_FLOAT32, GPL_SUM, NULL), GPL_ERR_PEER_FAILED);
+    gpl_finalize(c);
+
+    gpl_external_ops none = GPL_EXTERNAL_OPS_INIT;
+    cr_expect_eq(gpl_init_external(0, 2, 0, 2, &none, &c), GPL_ERR_INVALID_ARG);
+    cr_expect(strstr(gpl_last_error(c), "needs allreduce") != NULL, "%s", gpl_last_error(c));
+    gpl_finalize(c);
+    cr_expect_eq(gpl_init_external(2, 2, 0, 2, &none, &c), GPL_ERR_INVALID_ARG);
+    gpl_finalize(c);
+    /* a world of one needs no ops */
+    cr_expect_eq(gpl_init_external(0, 1, 0, 1, &none, &c), GPL_OK);
+    cr_expect_eq(gpl_barrier(c), GPL_OK);
+    gpl_finalize(c);
+}
