@@ -207,6 +207,23 @@ static gpl_result_t ext_failed(gpl_comm_t c) {
                      c->rank, c->coll, (unsigned long long)c->seq);
 }
 
+/* The framework summed; divide by the world (half types through float32). */
+static gpl_result_t ext_scale_avg(gpl_comm_t c, void *r, size_t count, gpl_dtype_t t) {
+    if (t != GPL_FLOAT16 && t != GPL_BFLOAT16) {
+        gpl_scale_avg(r, count, t, c->world);
+        return GPL_OK;
+    }
+    float *w = malloc(count * sizeof *w);
+    if (w == NULL)
+        return gb_seterr(&c->err, GPL_ERR_NOMEM, "rank %d: out of memory averaging %zu elements",
+                         c->rank, count);
+    gpl_widen(w, r, count, t);
+    gpl_scale_avg(w, count, GPL_FLOAT32, c->world);
+    gpl_narrow(r, w, count, t);
+    free(w);
+    return GPL_OK;
+}
+
 void gpl_finalize(gpl_comm_t c) {
     if (c == NULL)
         return;
@@ -267,7 +284,7 @@ static gpl_result_t allreduce(gpl_comm_t c, const void *s, void *r, size_t count
         if (c->ext.allreduce(r, count, t, op == GPL_AVG ? GPL_SUM : op, c->ext.user) != 0)
             return ext_failed(c);
         if (op == GPL_AVG)
-            gpl_scale_avg(r, count, t, c->world);
+            return ext_scale_avg(c, r, count, t);
         return GPL_OK;
     }
     if (c->backend != GPL_BACKEND_NCCL || !gpl_nccl_is_device_ptr(r))

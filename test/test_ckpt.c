@@ -258,6 +258,9 @@ Test(ckpt, external_collectives_average_and_report_failure) {
     cr_assert_eq(gpl_allreduce(c, v, v, 3, GPL_FLOAT32, GPL_AVG, NULL), GPL_OK);
     cr_expect_eq(k.last_op, GPL_SUM);
     cr_expect(v[0] == 1.5f && v[1] == -2.0f && v[2] == 8.0f, "%g %g %g", v[0], v[1], v[2]);
+    uint16_t h[2] = {0x3c00, 0x4400}; /* float16 1.0 and 4.0: the fake peer leaves them */
+    cr_assert_eq(gpl_allreduce(c, h, h, 2, GPL_FLOAT16, GPL_AVG, NULL), GPL_OK);
+    cr_expect(h[0] == 0x3800 && h[1] == 0x4000, "halved: %04x %04x", h[0], h[1]);
     float out[6];
     cr_expect_eq(gpl_allgather(c, v, out, 3, GPL_FLOAT32, NULL), GPL_ERR_UNSUPPORTED);
     k.fail = 1;
