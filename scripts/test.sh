@@ -29,6 +29,12 @@ run_suite() { # name, build dir, extra cmake args...
     p=$(grep -oE 'Passing: [0-9]+' "$log" | awk '{s+=$2} END {print s+0}')
     local k
     k=$(grep -c '^\[SKIP\]' "$log" || true)
+    # pytest (python_api) ends with "===== 14 passed, 1 skipped in 41.20s ====="
+    local py
+    py=$(grep -E '^=+ ([0-9]+ [a-z]+,? )+in [0-9.]+s' "$log" || true)
+    t=$((t + $(grep -oE '[0-9]+ (passed|failed|errors?)' <<<"$py" | awk '{s+=$1} END {print s+0}')))
+    p=$((p + $(grep -oE '[0-9]+ passed' <<<"$py" | awk '{s+=$1} END {print s+0}')))
+    k=$((k + $(grep -oE '[0-9]+ skipped' <<<"$py" | awk '{s+=$1} END {print s+0}')))
     total=$((total + t)) passed=$((passed + p))
     echo "== $name: $p of $t tests passed${k:+, $k skipped}"
     grep -h '^\[SKIP\]' "$log" | sed 's/^/   /' | sort -u | head -n 5 || true

@@ -1,0 +1,28 @@
+"""gpulaunch: the Python side of libgpulaunch. Comm is this process's
+communicator (from gpulaunch's environment); Checkpointer makes checkpoints
+that every rank agrees on, periodic and on preemption.
+
+    ck = gpulaunch.Checkpointer("ckpt", every_steps=100)
+    start = ck.restore(lambda r: model.load_state_dict(torch.load(r.path("model.pt")))) or 0
+    for step in range(start + 1, steps + 1):
+        train_one_step()
+        if ck.step_end(step, lambda w: torch.save(model.state_dict(), w.path("model.pt"))):
+            sys.exit(gpulaunch.EXIT_PREEMPTED)
+"""
+
+from ._native import GPL_EXIT_PREEMPTED as EXIT_PREEMPTED
+from ._native import Error
+from .checkpoint import Checkpointer, CheckpointReader, CheckpointWriter
+from .comm import Comm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EXIT_PREEMPTED",
+    "Error",
+    "Comm",
+    "Checkpointer",
+    "CheckpointWriter",
+    "CheckpointReader",
+    "__version__",
+]

@@ -1,0 +1,224 @@
+"""libgpulaunch through ctypes: finding and loading the library, the C
+declarations the package uses, and the one exception type, Error."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import threading
+from typing import Any, Optional
+
+GPL_OK = 0
+GPL_ERR_INVALID_ARG = 1
+GPL_ERR_SYSTEM = 3
+GPL_ERR_STATE = 11
+GPL_ERR_PEER_FAILED = 12
+GPL_ERR_UNSUPPORTED = 14
+GPL_ERR_PREEMPTED = 18
+
+GPL_EXIT_PREEMPTED = 143
+
+BACKENDS = {"auto": 0, "cpu": 1, "nccl": 2}
+BACKEND_NAMES = {0: "auto", 1: "cpu", 2: "nccl", 3: "external"}
+
+# gpl_dtype_t and gpl_op_t
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32, INT64 = range(6)
+DTYPE_NAMES = {
+    FLOAT32: "float32",
+    FLOAT64: "float64",
+    FLOAT16: "float16",
+    BFLOAT16: "bfloat16",
+    INT32: "int32",
+    INT64: "int64",
+}
+DTYPE_SIZES = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64: 8}
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+
+CKPT_PATH_MAX = 4096
+
+c_result = ctypes.c_int
+
+
+class Error(RuntimeError):
+    """Every failure of libgpulaunch: code is the gpl_result_t value, name its
+    symbol ("GPL_ERR_TIMEOUT"), str(e) the library's message (what, where,
+    what to do)."""
+
+    def __init__(self, code: int, message: str, name: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = name if name is not None else result_name(code)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (multiprocessing) despite its signature
+        return (type(self), (self.code, str(self), self.name))
+
+
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("backend", ctypes.c_int),
+        ("timeout_ms", ctypes.c_uint32),
+        ("rank", ctypes.c_int),
+        ("world_size", ctypes.c_int),
+        ("local_rank", ctypes.c_int),
+        ("local_world_size", ctypes.c_int),
+        ("rdzv_endpoint", ctypes.c_char_p),
+        ("run_id", ctypes.c_char_p),
+        ("token", ctypes.c_char_p),
+        ("round", ctypes.c_int),
+        ("small_bytes", ctypes.c_size_t),
+        ("device", ctypes.c_int),
+    ]
+
+    @classmethod
+    def init(cls, backend: int) -> "Options":
+        """GPL_OPTIONS_INIT with the backend set."""
+        return cls(ctypes.sizeof(cls), 1, backend, 0, -1, -1, -1, -1, None, None, None, -1, 0, -1)
+
+
+EXT_ALLREDUCE_FN = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p
+)
+EXT_BROADCAST_FN = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p
+)
+EXT_BARRIER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+class ExternalOps(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("allreduce", EXT_ALLREDUCE_FN),
+        ("broadcast", EXT_BROADCAST_FN),
+        ("barrier", EXT_BARRIER_FN),
+        ("user", ctypes.c_void_p),
+    ]
+
+
+class CkptOptions(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("dir", ctypes.c_char_p),
+        ("keep", ctypes.c_int),
+        ("every_steps", ctypes.c_int64),
+        ("every_seconds", ctypes.c_double),
+        ("handle_sigterm", ctypes.c_int),
+    ]
+
+
+SAVE_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p)
+LOAD_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
+
+_P = ctypes.c_void_p
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "gpl_version": (ctypes.c_int, []),
+    "gpl_result_name": (ctypes.c_char_p, [c_result]),
+    "gpl_strerror": (ctypes.c_char_p, [c_result]),
+    "gpl_init": (c_result, [ctypes.POINTER(Options), ctypes.POINTER(_P)]),
+    "gpl_init_external": (
+        c_result,
+        [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ExternalOps), ctypes.POINTER(_P)],
+    ),
+    "gpl_finalize": (None, [_P]),
+    "gpl_rank": (ctypes.c_int, [_P]),
+    "gpl_world_size": (ctypes.c_int, [_P]),
+    "gpl_local_rank": (ctypes.c_int, [_P]),
+    "gpl_local_world_size": (ctypes.c_int, [_P]),
+    "gpl_backend": (ctypes.c_int, [_P]),
+    "gpl_last_error": (ctypes.c_char_p, [_P]),
+    "gpl_allreduce": (c_result, [_P, _P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _P]),
+    "gpl_broadcast": (c_result, [_P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, _P]),
+    "gpl_barrier": (c_result, [_P]),
+    "gpl_ckpt_setup": (c_result, [_P, ctypes.POINTER(CkptOptions), SAVE_FN, LOAD_FN, _P]),
+    "gpl_ckpt_restore": (c_result, [_P, ctypes.POINTER(ctypes.c_int64)]),
+    "gpl_step_end": (c_result, [_P, ctypes.c_int64]),
+    "gpl_ckpt_write": (c_result, [_P, ctypes.c_char_p, _P, ctypes.c_size_t]),
+    "gpl_ckpt_read": (c_result, [_P, ctypes.c_char_p, _P, ctypes.c_size_t]),
+    "gpl_ckpt_temp_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpl_ckpt_commit": (c_result, [_P, ctypes.c_char_p]),
+    "gpl_ckpt_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("GPULAUNCH_LIBRARY")
+    if env:
+        return [env]  # an explicit choice is never silently replaced
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "libgpulaunch.so*")))
+    system = ctypes.util.find_library("gpulaunch")
+    return found + ([system] if system else []) + ["libgpulaunch.so.0"]
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library, with argument and result types declared."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried: list[str] = []
+        for name in _candidates():
+            try:
+                handle = ctypes.CDLL(name)
+            except OSError as e:
+                tried.append(f"{name} ({e})")
+                continue
+            for fn, (res, args) in _SIGNATURES.items():
+                f = getattr(handle, fn, None)  # newer entry points may be absent
+                if f is not None:
+                    f.restype, f.argtypes = res, args
+            _lib = handle
+            return handle
+        raise Error(
+            GPL_ERR_SYSTEM,
+            "gpulaunch: cannot load libgpulaunch; tried "
+            + "; ".join(tried)
+            + ". Install the gpulaunch package with its library, or set GPULAUNCH_LIBRARY "
+            "to the path of libgpulaunch.so.0",
+            "GPL_ERR_SYSTEM",
+        )
+
+
+def fn(name: str) -> Any:
+    """A library function; Error when this build of the library lacks it."""
+    f = getattr(lib(), name, None)
+    if f is None:
+        raise Error(
+            GPL_ERR_UNSUPPORTED,
+            f"gpulaunch: the loaded libgpulaunch has no {name}: it is older than this "
+            "Python package; install a matching library (or point GPULAUNCH_LIBRARY at one)",
+            "GPL_ERR_UNSUPPORTED",
+        )
+    return f
+
+
+def result_name(code: int) -> str:
+    try:
+        name = fn("gpl_result_name")(code)
+    except Error:
+        return f"GPL_ERR_{code}"
+    return str(name.decode()) if name else f"GPL_ERR_{code}"
+
+
+def strerror(code: int) -> str:
+    msg = fn("gpl_strerror")(code)
+    return str(msg.decode(errors="replace")) if msg else f"error {code}"
+
+
+def last_error(handle: Optional[int], code: int) -> str:
+    """The communicator's last-error message, or the code's general one."""
+    if handle:
+        msg = fn("gpl_last_error")(handle)
+        if msg:
+            text = str(msg.decode(errors="replace"))
+            if text:
+                return text
+    return strerror(code)
