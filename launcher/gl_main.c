@@ -605,6 +605,26 @@ static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) 
     return 0;
 }
 
+/* The interpreter for a .py or -m program: python3 from PATH, as torchrun's
+ * own interpreter would be; but a launcher installed from the wheel lives in
+ * PREFIX/lib/pythonX.Y/site-packages/gpulaunch.scripts/, and then the Python it
+ * was installed into (PREFIX/bin/python3, a virtual environment's) runs the
+ * program even when that environment is not on PATH. */
+static const char *python_for_workers(void) {
+    static char py[PATH_MAX];
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return "python3";
+    exe[n] = '\0';
+    char *cut = strstr(exe, "/site-packages/gpulaunch.scripts/");
+    char *lib = cut ? memrchr(exe, '/', (size_t)(cut - exe)) : NULL; /* .../lib/pythonX.Y */
+    if (lib == NULL || lib - exe < 4 || strncmp(lib - 4, "/lib", 4) != 0)
+        return "python3";
+    snprintf(py, sizeof py, "%.*s/bin/python3", (int)(lib - 4 - exe), exe);
+    return access(py, X_OK) == 0 ? py : "python3";
+}
+
 static void spawn_workers(void) {
     int np = L.cfg.nproc;
     if (L.w == NULL)
@@ -616,10 +636,10 @@ static void spawn_workers(void) {
     const char *prog = L.cfg.prog_argv[0];
     size_t pl = strlen(prog);
     if (L.cfg.module) {
-        argv[k++] = "python3";
+        argv[k++] = (char *)python_for_workers();
         argv[k++] = "-m";
     } else if (!L.cfg.no_python && pl > 3 && strcmp(prog + pl - 3, ".py") == 0) {
-        argv[k++] = "python3";
+        argv[k++] = (char *)python_for_workers();
     }
     for (int i = 0; i < pa; i++)
         argv[k++] = L.cfg.prog_argv[i];

@@ -153,7 +153,9 @@ in_root 'set -e; gpulaunch --help | grep -q -i usage; gpulaunch-rdzv --help | gr
   python3 -c "import gpulaunch; print(\"gpulaunch\", gpulaunch.__version__, \"from\", gpulaunch.__file__)"
   cd /tmp
   gpulaunch --standalone --nproc-per-node 2 /tmp/wheel_job.py save /tmp/ckpt
-  gpulaunch --standalone --nproc-per-node 2 /tmp/wheel_job.py restore /tmp/ckpt
+  # the environment off PATH: the launcher still runs workers with its own python3
+  env PATH=/usr/bin:/bin /opt/venv/bin/gpulaunch --standalone --nproc-per-node 2 \
+    /tmp/wheel_job.py restore /tmp/ckpt
   ls /tmp/ckpt' >"$work/job.log" 2>&1 ||
   { cat "$work/job.log" >&2; die "the 2-worker job with the installed wheel failed (output above)"; }
 for phase in save restore; do
