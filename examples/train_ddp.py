@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""train_ddp: data-parallel training of a small decoder-only language model with
+PyTorch's DistributedDataParallel, checkpointed and preemptible through gpulaunch.
+
+    gpulaunch --standalone --nproc-per-node 2 train_ddp.py --steps 100 \\
+        --checkpoint-dir ckpt --checkpoint-every 20
+    torchrun --standalone --nproc_per_node 2 train_ddp.py --steps 100
+
+(gpulaunch runs a .py program with the python3 on PATH; where that one has no
+torch, name the interpreter: --no-python /usr/bin/python3 train_ddp.py ...)
+
+The process group comes from the launcher's environment (MASTER_ADDR,
+MASTER_PORT, RANK, WORLD_SIZE): Gloo on the CPU, NCCL when CUDA is available
+(device LOCAL_RANK, or device 0 when the launcher left one visible device).
+
+The model is a GPT-style decoder (token and position embeddings, pre-LayerNorm
+blocks of causal self-attention and an MLP, a head tied to the token
+embedding, no dropout), sized by --model (SIZES below):
+
+    tiny (default)  vocab 64, context 16, width 32, 2 heads, 2 blocks,
+                    4 sequences per rank: 28k parameters, a few ms a step
+    small           vocab 256, context 32, width 64, 4 heads, 2 blocks,
+                    8 sequences per rank: 121k parameters
+
+Other model names, such as a command line written for a large model
+(--model=llama-7b), are accepted and train the tiny size; a note on stderr
+says so. The other flags of such a command line are accepted too:
+--batch-size (sequences per rank and step), --output DIR (rank 0 writes the
+final model.pt there), --dataset (ignored, with a note: the tokens are
+synthetic), --epochs E (E x --steps-per-epoch steps, unless --steps is given;
+the default is 100 steps). The tokens come from a generator seeded by
+(--seed, step, rank), so the data of a step depends on nothing else and a
+resumed run sees the batches an uninterrupted one saw; they follow a fixed
+random successor table with 10 % noise, so the loss goes down.
+
+Runs are deterministic (deterministic algorithms, one thread, fixed seeds), so
+a run resumed from a checkpoint ends with parameters bitwise equal to those
+of an uninterrupted run with the same world size, under either launcher
+(gpulaunch and torchrun end with the same parameters). Before the first step
+every run does one backward pass of a zero loss: it makes DDP settle its gradient
+buckets, so every counted step reduces the same bucket layout whether or not
+the run was resumed (the layout decides the order in which more than two
+ranks' gradients are summed).
+
+With --checkpoint-dir, a gpulaunch.Checkpointer saves rank 0's model and
+AdamW state (the data-parallel state is replicated; only rank 0 writes it)
+every --checkpoint-every steps and when the job is preempted, and every rank
+restores the newest complete checkpoint at start (the directory is read by
+every rank: on several nodes it must be shared). Without --checkpoint-dir the
+program needs torch alone.
+
+Output (stdout): on rank 0 `resumed from the checkpoint of step N` and
+`step N loss X` (N counted from 0; every --print-every steps and the last
+step; X is the loss averaged over the ranks); on every rank at the end
+`rank R params_sha256 HEX`, the SHA-256 of the parameters' bytes (named
+parameters in order, float32, contiguous, on the CPU). When preempted every
+rank prints `rank R preempted after step N` (N steps done, the checkpoint's
+step) and the process exits with gpulaunch.EXIT_PREEMPTED (143). Rank 0 ends
+with a timing line on stderr. --step-sleep-ms sleeps after every step (room
+for a preemption notice to arrive mid-run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import sys
+import time
+from typing import Any, NamedTuple, Optional
+
+# cuBLAS is deterministic only with a fixed workspace; it reads this at its
+# first use, so it is set before torch is imported.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+_T0 = time.monotonic()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+_T_IMPORT = time.monotonic() - _T0
+
+class Size(NamedTuple):
+    vocab: int
+    seq: int
+    dim: int
+    heads: int
+    layers: int
+    batch: int  # sequences per rank and step
+
+
+SIZES: dict[str, Size] = {
+    "tiny": Size(vocab=64, seq=16, dim=32, heads=2, layers=2, batch=4),
+    "small": Size(vocab=256, seq=32, dim=64, heads=4, layers=2, batch=8),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, s: Size) -> None:
+        super().__init__()
+        self.heads = s.heads
+        self.ln1 = nn.LayerNorm(s.dim)
+        self.qkv = nn.Linear(s.dim, 3 * s.dim)
+        self.proj = nn.Linear(s.dim, s.dim)
+        self.ln2 = nn.LayerNorm(s.dim)
+        self.fc = nn.Linear(s.dim, 4 * s.dim)
+        self.out = nn.Linear(4 * s.dim, s.dim)
+        # additive: 0 on and below the diagonal, -inf above (float, as Gloo
+        # broadcasts no bool buffer when DDP syncs the module)
+        causal = torch.full((s.seq, s.seq), float("-inf")).triu(1)
+        self.register_buffer("causal", causal, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        hd = d // self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q = q.view(b, t, self.heads, hd).transpose(1, 2)
+        k = k.view(b, t, self.heads, hd).transpose(1, 2)
+        v = v.view(b, t, self.heads, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        att = (att + self.causal[:t, :t]).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, s: Size) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(s.vocab, s.dim)
+        self.pos = nn.Embedding(s.seq, s.dim)
+        self.blocks = nn.ModuleList(Block(s) for _ in range(s.layers))
+        self.ln = nn.LayerNorm(s.dim)
+        self.head = nn.Linear(s.dim, s.vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied
+        for name, p in self.named_parameters():
+            if name.endswith("weight") and p.dim() == 2:
+                nn.init.normal_(p, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        pos = torch.arange(t, device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def _seed_of(*parts: int) -> int:
+    text = "train_ddp:" + ":".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def successor_table(seed: int, vocab: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(_seed_of(seed, -1))
+    return torch.randperm(vocab, generator=g)
+
+
+def batch_of(seed: int, step: int, rank: int, s: Size, batch: int,
+             succ: torch.Tensor) -> torch.Tensor:
+    """The tokens of (step, rank): batch x (seq + 1), on the CPU."""
+    g = torch.Generator().manual_seed(_seed_of(seed, step, rank))
+    noise = torch.randint(s.vocab, (batch, s.seq + 1), generator=g)
+    keep = torch.rand((batch, s.seq + 1), generator=g) >= 0.1
+    x = noise.clone()
+    for t in range(1, s.seq + 1):
+        x[:, t] = torch.where(keep[:, t], succ[x[:, t - 1]], noise[:, t])
+    return x
+
+
+def params_sha256(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for _, p in model.named_parameters():
+        h.update(p.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Data-parallel training of a small GPT on synthetic tokens (DDP).")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="optimizer steps in all (default 100, or --epochs x --steps-per-epoch)")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs of --steps-per-epoch steps")
+    ap.add_argument("--steps-per-epoch", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="tiny",
+                    help="tiny | small; other names (e.g. llama-7b) train the tiny size")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="sequences per rank and step (default: the model size's)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--dataset", default=None, help="ignored: the tokens are synthetic")
+    ap.add_argument("--output", default=None, help="directory for rank 0's final model.pt")
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="checkpoint every K steps (0: only when preempted)")
+    ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep after each step")
+    ap.add_argument("--print-every", type=int, default=10)
+    ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    ap.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                    help=argparse.SUPPRESS)  # torch.distributed.launch passes it
+    a = ap.parse_args(argv)
+    if a.steps is None:
+        a.steps = a.epochs * a.steps_per_epoch if a.epochs is not None else 100
+    for flag, value, least in (("--steps", a.steps, 0), ("--steps-per-epoch", a.steps_per_epoch, 1),
+                               ("--print-every", a.print_every, 1),
+                               ("--checkpoint-every", a.checkpoint_every, 0),
+                               ("--step-sleep-ms", a.step_sleep_ms, 0),
+                               ("--batch-size", a.batch_size or 1, 1)):
+        if value < least:
+            ap.error(f"{flag} must be at least {least}, not {value}")
+    return a
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    t_start = time.monotonic()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(a.local_rank or 0)))
+    backend = a.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            print("train_ddp: --backend nccl needs CUDA, which torch does not see here",
+                  file=sys.stderr)
+            return 2
+        # one visible device: the launcher bound this worker to it
+        dev_index = 0 if torch.cuda.device_count() == 1 else local_rank
+        torch.cuda.set_device(dev_index)
+        device = torch.device("cuda", dev_index)
+    else:
+        device = torch.device("cpu")
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group(backend=backend, init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    size = SIZES.get(a.model)
+    if size is None:
+        size = SIZES["tiny"]
+        if rank == 0:
+            print(f"train_ddp: model '{a.model}' is trained at the tiny size here "
+                  f"(sizes: {', '.join(SIZES)})", file=sys.stderr)
+    if a.dataset is not None and rank == 0:
+        print(f"train_ddp: --dataset {a.dataset} ignored: the tokens are synthetic",
+              file=sys.stderr)
+    batch = a.batch_size or size.batch
+
+    torch.manual_seed(a.seed)
+    model = TinyGPT(size).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    succ = successor_table(a.seed, size.vocab)
+
+    # What a checkpoint must match to be resumed from (the world size may
+    # change: the state is replicated, only the batches then differ).
+    config = {"model": size._asdict(), "seed": a.seed}
+
+    def load(r: Any) -> None:
+        state = torch.load(r.path("model.pt"), map_location=device)
+        if state.get("config") != config:
+            raise RuntimeError(f"the checkpoint of step {r.step} in {a.checkpoint_dir} was "
+                               f"written by another configuration ({state.get('config')}; "
+                               f"this run: {config}); use another --checkpoint-dir")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        if r.rank == 0 and state.get("world_size") != world:
+            print(f"train_ddp: the checkpoint was written by {state.get('world_size')} ranks, "
+                  f"this run has {world}: not bitwise the run it continues", file=sys.stderr)
+
+    def save(w: Any) -> None:
+        if w.rank == 0:  # replicated state: rank 0's copy is the checkpoint
+            torch.save({"step": w.step, "config": config, "world_size": world,
+                        "model": model.state_dict(), "optimizer": opt.state_dict()},
+                       w.path("model.pt"))
+
+    ckpt: Any = None
+    gl: Any = None
+    start = 0
+    if a.checkpoint_dir:
+        import gpulaunch as gl  # only needed for checkpoints
+
+        ckpt = gl.Checkpointer(a.checkpoint_dir, every_steps=a.checkpoint_every)
+        got: Optional[int] = ckpt.restore(load)
+        if got is not None:
+            start = got
+            if rank == 0:
+                print(f"resumed from the checkpoint of step {got}", flush=True)
+
+    ddp: Optional[DDP] = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                             broadcast_buffers=False)
+
+    def loss_of(x: torch.Tensor) -> torch.Tensor:
+        assert ddp is not None
+        logits = ddp(x[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, size.vocab), x[:, 1:].reshape(-1))
+
+    # settle DDP's buckets (see the docstring); the zero gradients are dropped
+    (loss_of(batch_of(a.seed, -1, rank, size, batch, succ).to(device)) * 0.0).backward()
+    opt.zero_grad(set_to_none=True)
+
+    # The loss is reduced in place in this tensor, which outlives the process
+    # group (see the teardown below).
+    loss_sum = torch.zeros((), device=device)
+    preempted_at: Optional[int] = None
+    t_train = time.monotonic()
+    for step in range(start, a.steps):
+        x = batch_of(a.seed, step, rank, size, batch, succ).to(device)
+        loss = loss_of(x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % a.print_every == 0 or step == a.steps - 1:
+            loss_sum.copy_(loss.detach())
+            dist.all_reduce(loss_sum)
+            if rank == 0:
+                print(f"step {step} loss {loss_sum.item() / world:.6f}", flush=True)
+        if a.step_sleep_ms:
+            time.sleep(a.step_sleep_ms / 1000.0)
+        if ckpt is not None and ckpt.step_end(step + 1, save):
+            preempted_at = step + 1
+            break
+    t_end = time.monotonic()
+
+    if preempted_at is not None:
+        print(f"rank {rank} preempted after step {preempted_at}", flush=True)
+    else:
+        print(f"rank {rank} params_sha256 {params_sha256(model)}", flush=True)
+        if a.output and rank == 0:
+            os.makedirs(a.output, exist_ok=True)
+            torch.save(model.state_dict(), os.path.join(a.output, "model.pt"))
+    if ckpt is not None:
+        ckpt.close()
+    # Teardown: DDP first, then the process group, while every tensor handed
+    # to Gloo is still referenced here. Gloo's worker thread may still be
+    # dropping its last finished work; had that work held the last reference
+    # to a Python tensor, the thread would need the GIL, which this thread
+    # holds while it joins the worker in the process group's destructor (a
+    # deadlock seen with 4 ranks on 2 cores when the tensor died first).
+    ddp = None
+    dist.destroy_process_group()
+    if preempted_at is not None:
+        return int(gl.EXIT_PREEMPTED)
+    if rank == 0:
+        n = a.steps - start
+        print(f"train_ddp: {n} steps in {t_end - t_train:.3f} s "
+              f"({1000.0 * (t_end - t_train) / max(n, 1):.2f} ms/step); "
+              f"import {_T_IMPORT:.2f} s, setup {t_train - t_start:.2f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
