@@ -2,9 +2,11 @@
  * node leaders between nodes. All-reduce per chunk: every rank stages its
  * chunk, rank r reduces slice r of it across the stages in rank order
  * (reduce-scatter), leaders all-reduce the node's result over the ring, and
- * every rank copies the result out (all-gather). Small buffers on one node
- * take the latency path instead: every rank reduces the whole buffer itself,
- * in the same order, so the results are bitwise identical on every rank. */
+ * every rank copies the result out (all-gather). Small buffers take the
+ * latency path instead: on one node every rank reduces the whole buffer
+ * itself, in the same order, so the results are bitwise identical on every
+ * rank; across nodes the leader reduces the node's buffers and all-reduces
+ * them over the ring, with one barrier before and one after. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +42,26 @@ static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_
         memcpy(r, slot(c, 0), count * es);
         for (int k = 1; k < n; k++)
             gpl_reduce_into(r, slot(c, k), count, t, rop);
+        rc = gpl_shm_barrier(c, deadline);
+        goto out;
+    }
+    if (count * es <= c->small_bytes) {
+        /* several nodes: the leader reduces the node's stages in rank order
+         * and all-reduces that over the ring while the others wait */
+        memcpy(slot(c, me), r, count * es);
+        if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
+            goto out;
+        if (me == 0) {
+            memcpy(c->result, slot(c, 0), count * es);
+            for (int k = 1; k < n; k++)
+                gpl_reduce_into(c->result, slot(c, k), count, t, rop);
+            if ((rc = gpl_ring_allreduce(c, c->result, count, t, rop, deadline)) != GPL_OK)
+                goto out;
+        }
+        if ((rc = gpl_shm_barrier(c, deadline)) != GPL_OK)
+            goto out;
+        memcpy(r, c->result, count * es);
+        /* a broadcast or all-gather writes the result area before its first barrier */
         rc = gpl_shm_barrier(c, deadline);
         goto out;
     }

@@ -21,6 +21,7 @@
 
 #define RING_MAGIC 0x47504c47u
 #define BCAST_CHUNK (1u << 20)
+#define RING_SMALL_BYTES 4096u /* all-reduce by all-gather up to this size */
 
 struct gpl_ring {
     int listen_fd, next_fd, prev_fd;
@@ -277,11 +278,33 @@ gpl_result_t gpl_ring_allreduce(gpl_comm_t c, void *buf, size_t count, gpl_dtype
     gpl_ring *g = c->ring;
     int n = g->n;
     size_t es = gpl_dtype_size(t);
-    size_t seg = (count + (size_t)n - 1) / (size_t)n;
-    gpl_result_t rc = need_tmp(c, seg * es);
-    if (rc != GPL_OK)
-        return rc;
     uint8_t *b = buf;
+    gpl_result_t rc;
+    if (count == 0)
+        return GPL_OK;
+    if (count * es <= RING_SMALL_BYTES) {
+        /* latency-bound: gather every node's whole buffer (n - 1 steps, not
+         * the 2(n - 1) of reduce-scatter + all-gather), then every node
+         * reduces the n buffers in node order, so all get the same bits */
+        size_t bytes = count * es;
+        if ((rc = need_tmp(c, (size_t)n * bytes)) != GPL_OK)
+            return rc;
+        memcpy(g->tmp + (size_t)g->me * bytes, b, bytes);
+        for (int s = 0; s < n - 1; s++) {
+            int si = ((g->me - s) % n + n) % n, ri = ((g->me - s - 1) % n + n) % n;
+            rc = xfer(c, g->tmp + (size_t)si * bytes, bytes, g->tmp + (size_t)ri * bytes, bytes,
+                      deadline);
+            if (rc != GPL_OK)
+                return rc;
+        }
+        memcpy(b, g->tmp, bytes);
+        for (int i = 1; i < n; i++)
+            gpl_reduce_into(b, g->tmp + (size_t)i * bytes, count, t, op);
+        return GPL_OK;
+    }
+    size_t seg = (count + (size_t)n - 1) / (size_t)n;
+    if ((rc = need_tmp(c, seg * es)) != GPL_OK)
+        return rc;
 #define SEG_OFF(i) ((size_t)(i)*seg < count ? (size_t)(i)*seg : count)
 #define SEG_LEN(i) (SEG_OFF((i) + 1) - SEG_OFF(i))
     for (int s = 0; s < n - 1; s++) {

@@ -22,8 +22,9 @@
 #include "gpl_int.h"
 
 #define SHM_PREFIX "gpulaunch-"
-#define SPIN_ITERS 2000 /* a few microseconds of pause before yielding */
-#define YIELD_ITERS 64  /* then let a rank that shares our core run, before sleeping */
+#define SPIN_ITERS 2000      /* 10-30 microseconds of pause before the yields alone */
+#define SPIN_YIELD_EVERY 256 /* a yield in between, so a rank that waits for this core runs */
+#define YIELD_ITERS 64       /* then let a rank that shares our core run, before sleeping */
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {
     return syscall(SYS_futex, (uint32_t *)addr, op, val, ts, NULL, 0);
@@ -241,6 +242,10 @@ gpl_result_t gpl_shm_barrier(gpl_comm_t c, uint64_t deadline_ms) {
             if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen)
                 return GPL_OK;
             __builtin_ia32_pause();
+            /* the rank we wait for may share our core (other jobs, or nodes
+             * on one machine): a pure spin would hold it off for the whole spin */
+            if (i % SPIN_YIELD_EVERY == SPIN_YIELD_EVERY - 1)
+                sched_yield();
         }
     for (int i = 0; i < YIELD_ITERS; i++) {
         if (atomic_load_explicit(&h->bar_gen, memory_order_acquire) != gen)
