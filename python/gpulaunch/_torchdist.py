@@ -93,7 +93,7 @@ def _tensor(addr: int, count: int, dtype: int) -> Any:
     return torch.frombuffer(raw, dtype=types[dtype])
 
 
-def _run(addr: int, count: int, dtype: int, collective: Callable[[Any], None]) -> None:
+def _run(addr: int, count: int, dtype: int, collective: Callable[[Any], object]) -> None:
     """Runs collective on a tensor over the host buffer; a NCCL group gets a
     copy on the current CUDA device, copied back."""
     t = _tensor(addr, count, dtype)
