@@ -6,8 +6,9 @@ PyTorch's DistributedDataParallel, checkpointed and preemptible through gpulaunc
         --checkpoint-dir ckpt --checkpoint-every 20
     torchrun --standalone --nproc_per_node 2 train_ddp.py --steps 100
 
-(gpulaunch runs a .py program with the python3 on PATH; where that one has no
-torch, name the interpreter: --no-python /usr/bin/python3 train_ddp.py ...)
+(gpulaunch runs a .py program with the python3 of the environment it was
+installed into with pip, else the python3 on PATH; where that one has no torch,
+name the interpreter: --no-python /usr/bin/python3 train_ddp.py ...)
 
 The process group comes from the launcher's environment (MASTER_ADDR,
 MASTER_PORT, RANK, WORLD_SIZE): Gloo on the CPU, NCCL when CUDA is available
