@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """A real HTTP server answering as a cloud's instance metadata service does,
 for the preemption tests: no notice at first (404 / FALSE / no events), then
-the notice once --notice-after seconds have passed. Other modes misbehave:
+the notice once --notice-after seconds have passed, or at once after SIGUSR1
+(for a test that waits for its workers first). Other modes misbehave:
 'hang' never answers, 'garbage' answers nonsense, 'refuse' closes at once."""
 import argparse
 import http.server
 import json
 import os
+import signal
 import socketserver
 import sys
 import time
@@ -16,6 +18,15 @@ ap.add_argument("--cloud", required=True, choices=["aws", "gcp", "azure", "hang"
 ap.add_argument("--notice-after", type=float, default=1.0)
 args = ap.parse_args()
 start = time.time()
+forced = False
+
+
+def notice_now(signum: int, frame: object) -> None:
+    global forced
+    forced = True
+
+
+signal.signal(signal.SIGUSR1, notice_now)
 
 
 class H(http.server.BaseHTTPRequestHandler):
@@ -36,7 +47,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def notice_due(self):
-        return time.time() - start >= args.notice_after
+        return forced or time.time() - start >= args.notice_after
 
     def handle_one(self):
         c = args.cloud

@@ -20,6 +20,8 @@
 
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define DP GPL_BUILD_DIR "/examples/dp_train"
+#define TORCH_PYTHON "/usr/bin/python3" /* Debian's python3-torch (scripts/deps.sh) */
+#define TRAIN_DDP GPL_SOURCE_DIR "/examples/train_ddp.py"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
 #define HOSTILE GPL_BUILD_DIR "/test/netbed_hostile"
 #define NODES 4
@@ -87,6 +89,7 @@ typedef struct job_args {
     const char *preempt_ep; /* a metadata endpoint on the node, or NULL */
     const char *ckdir;      /* default <dir>/ck */
     const char *dump;       /* --dump-params file, or NULL */
+    int pytorch;            /* train_ddp.py (PyTorch DDP) instead of dp_train */
 } job_args;
 
 static void start_node(int host, const job_args *ja) {
@@ -121,11 +124,17 @@ static void start_node(int host, const job_args *ja) {
         argv[n++] = "--preemption-poll";
         argv[n++] = "0.2";
     }
-    argv[n++] = DP;
+    if (ja->pytorch) {
+        argv[n++] = "--no-python";
+        argv[n++] = TORCH_PYTHON;
+        argv[n++] = TRAIN_DDP;
+    } else {
+        argv[n++] = DP;
+        argv[n++] = "--global-batch";
+        argv[n++] = "48";
+    }
     argv[n++] = "--steps";
     argv[n++] = (char *)ja->steps;
-    argv[n++] = "--global-batch";
-    argv[n++] = "48";
     argv[n++] = "--seed";
     argv[n++] = "7";
     argv[n++] = "--print-every";
@@ -349,6 +358,75 @@ Test(faults, node_killed_elastic_continues_on_three) {
                   nodes[surv[i]].out);
     expect_resumed(surv, NODES - 1);
     expect_same_params(surv, NODES - 1, 6, NULL);
+}
+
+/* Skips the test (visibly) unless the interpreter imports torch; points the
+ * workers at the package in the source tree and the library in the build tree
+ * (the launchers pass their environment on). */
+static void require_torch(void) {
+    proc p;
+    char *argv[] = {TORCH_PYTHON, "-c", "import torch", NULL};
+    int st = access(TORCH_PYTHON, X_OK) == 0 && proc_start(&p, argv, NULL) == 0
+                 ? proc_wait(&p, 60000)
+                 : -1;
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        cr_skip_test("%s cannot import torch: install python3-torch (scripts/deps.sh)",
+                     TORCH_PYTHON);
+    setenv("PYTHONPATH", GPL_SOURCE_DIR "/python", 1);
+    setenv("GPULAUNCH_LIBRARY", GPL_BUILD_DIR "/runtime/libgpulaunch.so.0", 1);
+}
+
+/* 2a with PyTorch: train_ddp.py (DDP on Gloo) on every host, checkpointing
+ * through the gpulaunch package into a directory the hosts share; host 4 is
+ * killed once the first checkpoint is complete. The survivors go on with 3
+ * nodes (6 ranks), resume from the torch checkpoint and end with identical
+ * parameters. */
+Test(faults, node_killed_elastic_pytorch_resumes_from_torch_checkpoint, .timeout = 240) {
+    setup_bed("2c-kill-elastic-pytorch", NODES + 1, 0, 0);
+    require_torch();
+    start_server(0);
+    job_args ja = {
+        .nnodes = "3:4", .steps = "300", .sleep_ms = "10", .ck_every = "10", .pytorch = 1};
+    uint64_t t0 = now_ms();
+    start_job(&ja);
+    char first[256];
+    snprintf(first, sizeof first, "%s/ck/step-%012d/COMPLETE", dir, 10);
+    while (access(first, F_OK) != 0 && now_ms() - t0 < 120000)
+        drain_all();
+    cr_assert(access(first, F_OK) == 0, "no checkpoint of step 10 after %llu ms: %s",
+              (unsigned long long)(now_ms() - t0), nodes[1].out);
+    uint64_t t_ck = now_ms() - t0;
+    for (int i = 1; i <= NODES; i++)
+        cr_assert(strstr(nodes[i].out, "params_sha256") == NULL,
+                  "host%d finished before the fault: %s", i, nodes[i].out);
+    int surv[NODES - 1];
+    uint64_t t_fault, told = node_dies(4, surv, &t_fault);
+    uint64_t back[NODES - 1];
+    int seen = expect_all(surv, NODES - 1, "round 2: node rank", t_fault, 30000, back);
+    cr_expect_eq(seen, NODES - 1, "round 2 did not form: %s", nodes[1].out);
+    uint64_t worst = max_ms(back, NODES - 1);
+    expect_exit(surv, NODES - 1, 0, 120000);
+    uint64_t done = now_ms() - t_fault;
+    save_logs("run");
+    for (int i = 0; i < NODES - 1; i++)
+        cr_expect(strstr(nodes[surv[i]].out, "of 3, ranks") != NULL, "host%d: %s", surv[i],
+                  nodes[surv[i]].out);
+    /* rank 0 says which step every rank loaded (restore is collective: a rank
+     * that loaded another state would end with other parameters) */
+    const char *res = NULL;
+    for (int i = 0; i < NODES - 1 && res == NULL; i++)
+        res = strstr(nodes[surv[i]].out, "resumed from the checkpoint of step ");
+    cr_assert_not_null(res, "round 2 did not resume from the torch checkpoint: %s",
+                       nodes[surv[0]].out);
+    long step = strtol(res + strlen("resumed from the checkpoint of step "), NULL, 10);
+    cr_expect(step >= 10 && step < 300 && step % 10 == 0,
+              "resumed from step %ld: not one of the run's periodic checkpoints", step);
+    expect_same_params(surv, NODES - 1, 6, NULL);
+    cr_log_info("scenario 2 (3:4, PyTorch): first checkpoint %llu ms after the start; survivors "
+                "told in %llu ms, round 2 on 3 nodes after %llu ms, resumed from step %ld, done "
+                "%llu ms after the fault",
+                (unsigned long long)t_ck, (unsigned long long)told, (unsigned long long)worst, step,
+                (unsigned long long)done);
 }
 
 /* 2b. kill -9 of a node with --nnodes 4: the job waits; a restarted node
