@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "gb_log.h"
+#include "gb_stop.h"
 #include "gb_time.h"
 #include "gl_cloud.h"
 #include "gl_options.h"
@@ -204,10 +205,17 @@ static void on_kill_timer(uv_timer_t *t) {
     signal_group(SIGKILL);
 }
 
+/* Stops the workers of a round that is over (not a preemption: see preempt).
+ * Each worker's own process hears first, through sigqueue, that its state is
+ * discarded (gb_stop.h), so a checkpoint handler does not keep it waiting. */
 static void stop_group(int sig) {
     if (L.nrunning == 0 || L.stopping)
         return;
     L.stopping = 1;
+    if (sig == SIGTERM)
+        for (int i = 0; i < L.cfg.nproc; i++)
+            if (L.w[i].running && L.w[i].pid > 0)
+                sigqueue(L.w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
     signal_group(sig);
     uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
 }

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gb_stop.h"
 #include "gb_time.h"
 #include "gpl_int.h"
 
@@ -45,7 +46,18 @@ struct gpl_ckpt {
 
 static volatile sig_atomic_t sigterm_seen;
 
-static void on_sigterm(int sig) { sigterm_seen = 1; }
+/* SIGTERM asks for a checkpoint, unless the launcher says the round is over
+ * (gb_stop.h): then this process's state is discarded, and it ends as an
+ * unhandled SIGTERM would end it, even inside a framework's collective. */
+static void on_sigterm(int sig, siginfo_t *si, void *ctx) {
+    if (si && si->si_code == SI_QUEUE && si->si_value.sival_int == GB_SIGVAL_ROUND_OVER &&
+        si->si_pid == getppid()) {
+        signal(SIGTERM, SIG_DFL);
+        raise(SIGTERM);
+        return;
+    }
+    sigterm_seen = 1;
+}
 
 static double wall_s(void) { return gb_wall_s(); }
 
@@ -164,8 +176,8 @@ gpl_result_t gpl_ckpt_setup(gpl_comm_t c, const gpl_ckpt_options *o, gpl_save_fn
     if (o->handle_sigterm) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_sigterm;
-        sa.sa_flags = SA_RESTART;
+        sa.sa_sigaction = on_sigterm;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, NULL);
     }

@@ -352,6 +352,33 @@ def test_rank_dying_in_the_agreement_is_named(tmp_path: Path) -> None:
     assert p.returncode != 0
 
 
+STUCK_PEER = r"""
+import os, sys, time, gpulaunch
+ck = gpulaunch.Checkpointer(sys.argv[1])
+ck.step_end(1, lambda w: None)
+if os.environ["RANK"] == "1":
+    sys.exit(3)
+print("rank 0 stuck", flush=True)
+time.sleep(60)  # as in a framework's collective whose peer is gone
+"""
+
+
+def test_worker_of_a_failed_round_is_not_held_by_its_checkpoint_handler(tmp_path: Path) -> None:
+    """SIGTERM asks a Checkpointer for a checkpoint; but when the launcher stops
+    a round that is over (a peer failed), the worker ends at once instead of
+    waiting for --shutdown-timeout (30 s here) in a step it will never finish."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_PEER)
+    t0 = time.monotonic()
+    p = subprocess.run([str(LAUNCHER), "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "30",
+                        "--no-python", PY, str(script), str(tmp_path / "ck")],
+                       env=child_env(), capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    assert "rank 0 stuck" in p.stdout and "exited with code 3" in p.stderr, describe(p)
+    assert p.returncode != 0 and "still running" not in p.stderr, describe(p)
+    assert took < 10, f"the launcher took {took:.1f} s: the stuck worker waited for SIGKILL\n{describe(p)}"
+
+
 # ---- torch ----
 
 
