@@ -81,7 +81,7 @@ static struct launcher {
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
-    uv_timer_t kill_timer, done_timer, cloud_timer;
+    uv_timer_t kill_timer, done_timer, cloud_timer, discard_timer;
     gl_cloud *cloud;
     uv_signal_t sigchld;
     uv_signal_t sigs[4];
@@ -205,18 +205,28 @@ static void on_kill_timer(uv_timer_t *t) {
     signal_group(SIGKILL);
 }
 
-/* Stops the workers of a round that is over (not a preemption: see preempt).
- * Each worker's own process hears first, through sigqueue, that its state is
- * discarded (gb_stop.h), so a checkpoint handler does not keep it waiting. */
+/* GL_DISCARD_GRACE_MS after a round's workers got SIGTERM, those still
+ * running hear through sigqueue that their state is discarded (gb_stop.h): a
+ * checkpoint handler then lets SIGTERM end the process. The grace lets a rank
+ * waiting in libgpulaunch's collective report the dead peer first (it learns of
+ * the round's end within 100 ms); a rank stuck in a framework's collective is
+ * not held until --shutdown-timeout. */
+#define GL_DISCARD_GRACE_MS 1000
+
+static void on_discard_timer(uv_timer_t *t) {
+    for (int i = 0; i < L.cfg.nproc; i++)
+        if (L.w[i].running && L.w[i].pid > 0)
+            sigqueue(L.w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
+}
+
+/* Stops the workers of a round that is over (not a preemption: see preempt). */
 static void stop_group(int sig) {
     if (L.nrunning == 0 || L.stopping)
         return;
     L.stopping = 1;
-    if (sig == SIGTERM)
-        for (int i = 0; i < L.cfg.nproc; i++)
-            if (L.w[i].running && L.w[i].pid > 0)
-                sigqueue(L.w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
     signal_group(sig);
+    if (sig == SIGTERM)
+        uv_timer_start(&L.discard_timer, on_discard_timer, GL_DISCARD_GRACE_MS, 0);
     uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
 }
 
@@ -304,6 +314,7 @@ static void maybe_finish_round(void) {
         if (L.w && L.w[i].pipes_open)
             return;
     uv_timer_stop(&L.kill_timer);
+    uv_timer_stop(&L.discard_timer);
     if (L.exit_requested)
         finish(L.exit_code);
     if (!L.group_failed && !L.round_over) {
@@ -1092,6 +1103,7 @@ int main(int argc, char **argv) {
                                 .on_event = on_event,
                                 .on_error = on_rdzv_error};
     uv_timer_init(L.loop, &L.kill_timer);
+    uv_timer_init(L.loop, &L.discard_timer);
     uv_timer_init(L.loop, &L.done_timer);
     uv_timer_init(L.loop, &L.cloud_timer);
     static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
