@@ -290,3 +290,29 @@ double params_worst_rel_diff(const char *a, const char *b, int *n) {
     }
     return worst;
 }
+
+static const char *either(const char *a, const char *b, const char *pat) {
+    const char *s = a ? strstr(a, pat) : NULL;
+    return s ? s : b ? strstr(b, pat) : NULL;
+}
+
+int params_sha_lines(const char *a, const char *b, char sha[][65], int n) {
+    int found = 0;
+    for (int r = 0; r < n; r++) {
+        char pat[64];
+        snprintf(pat, sizeof pat, "rank %d params_sha256 ", r);
+        const char *s = either(a, b, pat);
+        if (s) {
+            snprintf(sha[r], 65, "%.64s", s + strlen(pat));
+            found++;
+        }
+    }
+    return found;
+}
+
+long preempted_step_line(const char *a, const char *b, int rank) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "rank %d preempted after step ", rank);
+    const char *s = either(a, b, pat);
+    return s ? strtol(s + strlen(pat), NULL, 10) : -1;
+}

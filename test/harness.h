@@ -60,6 +60,12 @@ int free_tcp_port(void);
  * (dp_train --dump-params), |a-b| / (|a| + 1e-3); -1 when either cannot be
  * read, holds under 100 values, or their sizes differ (*n says how many). */
 double params_worst_rel_diff(const char *a, const char *b, int *n);
+/* The training examples' lines (dp_train, train_ddp.py), searched in one or
+ * two outputs (b may be NULL): "rank R params_sha256 HEX" into sha[R] for
+ * R < n, returning how many were found; "rank R preempted after step N",
+ * returning N or -1. */
+int params_sha_lines(const char *a, const char *b, char sha[][65], int n);
+long preempted_step_line(const char *a, const char *b, int rank);
 /* mkdtemp under /tmp, and rm -rf of it. */
 void tmpdir_make(char *buf, size_t len, const char *prefix);
 void tmpdir_remove(const char *dir);

@@ -71,22 +71,10 @@ static void start_node(proc *p, int rank, int port, const char *ckdir, const cha
     cr_assert_eq(proc_start(p, argv, NULL), 0);
 }
 
-static void hashes(const char *out, char sha[][65], int *found) {
-    for (int r = 0; r < 4; r++) {
-        char pat[64];
-        snprintf(pat, sizeof pat, "rank %d params_sha256 ", r);
-        const char *s = strstr(out, pat);
-        if (s) {
-            snprintf(sha[r], 65, "%.64s", s + strlen(pat));
-            (*found)++;
-        }
-    }
-}
-
 /* An uninterrupted 2 x 2 run (resuming from ckdir if it holds a checkpoint). */
 static void run_pair(const char *ckdir, const char *steps, char sha[][65], int expect_resume) {
     proc a, b;
-    int port = free_tcp_port(), found = 0;
+    int port = free_tcp_port();
     start_node(&b, 1, port, ckdir, steps, "0", "none", "");
     start_node(&a, 0, port, ckdir, steps, "0", "none", "");
     int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
@@ -94,8 +82,7 @@ static void run_pair(const char *ckdir, const char *steps, char sha[][65], int e
     cr_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "node 1: %d %s", sb, b.out);
     if (expect_resume)
         cr_expect(strstr(a.out, "resumed from the checkpoint of step") != NULL, "%s", a.out);
-    hashes(a.out, sha, &found);
-    hashes(b.out, sha, &found);
+    int found = params_sha_lines(a.out, b.out, sha, 4);
     cr_assert_eq(found, 4, "%s\n%s", a.out, b.out);
 }
 
@@ -105,11 +92,8 @@ static long preempted_step(proc *a, proc *b, int sa, int sb, long steps) {
     cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 143, "node 1 status %d: %s", sb, b->out);
     long step[4];
     for (int r = 0; r < 4; r++) {
-        char pat[64];
-        snprintf(pat, sizeof pat, "rank %d preempted after step ", r);
-        const char *s = strstr(r < 2 ? a->out : b->out, pat);
-        cr_assert_not_null(s, "rank %d did not checkpoint: %s %s", r, a->out, b->out);
-        step[r] = strtol(s + strlen(pat), NULL, 10);
+        step[r] = preempted_step_line(a->out, b->out, r);
+        cr_assert_geq(step[r], 0, "rank %d did not checkpoint:\n%s\n%s", r, a->out, b->out);
         cr_expect_eq(step[r], step[0], "rank %d saved step %ld, rank 0 %ld", r, step[r], step[0]);
     }
     cr_expect(step[0] > 0 && step[0] < steps, "step %ld of %ld", step[0], steps);
