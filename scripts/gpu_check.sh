@@ -28,6 +28,24 @@ $b/test/test_runtime --jobs 4 | tail -n 1
 echo "== example on the NCCL backend"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 --device
 GPULAUNCH_BACKEND=cpu $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 | grep params_sha256
+echo "== the PyTorch example on NCCL (train_ddp.py, 1 rank): resumed run bitwise equal to an uninterrupted one"
+py=$(command -v python3)
+ck=$(mktemp -d)
+run_ddp() {
+  PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
+    $b/launcher/gpulaunch --standalone --nproc-per-node 1 --no-python "$py" examples/train_ddp.py \
+    --backend nccl "$@"
+}
+run_ddp --steps 40 | tee "$out/ddp-full.log" | grep -E 'params_sha256|step 39'
+run_ddp --steps 20 --checkpoint-dir "$ck" --checkpoint-every 20 | grep params_sha256
+run_ddp --steps 40 --checkpoint-dir "$ck" --checkpoint-every 20 | tee "$out/ddp-resumed.log" |
+  grep -E 'resumed|params_sha256'
+if [ "$(grep params_sha256 "$out/ddp-full.log")" = "$(grep params_sha256 "$out/ddp-resumed.log")" ]; then
+  echo "train_ddp on NCCL: resumed run bitwise equal"
+else
+  echo "train_ddp on NCCL: FAILED: the resumed run differs"
+fi
+rm -rf "$ck"
 echo "== allreduce_bench, NCCL"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/test/bench/allreduce_bench \
   --backend nccl -b 1M -e 1G -f 4 -n 50 -w 10 -c 1
