@@ -91,6 +91,7 @@ static struct launcher {
     size_t token_len;
     failure first;
     uint64_t t_start_ns;
+    uint64_t t_join_ns; /* this node's last JOIN: the banner's rendezvous time */
 } L;
 
 /* ---- output ---- */
@@ -332,6 +333,7 @@ static void maybe_finish_round(void) {
         fprintf(stderr, "gpulaunch: re-rendezvous to take in waiting nodes (not counted as a "
                         "restart)\n");
         L.round_over = L.scale_up = L.stopping = 0;
+        L.t_join_ns = gb_now_ns();
         rdzv_client_rejoin(L.cli);
         return;
     }
@@ -349,6 +351,7 @@ static void maybe_finish_round(void) {
     GB_WARN("restarting the worker group (restart %d of %d)", L.restarts, L.cfg.max_restarts);
     fprintf(stderr, "gpulaunch: restarting workers (%d/%d)\n", L.restarts, L.cfg.max_restarts);
     L.group_failed = L.round_over = L.scale_up = L.stopping = 0;
+    L.t_join_ns = gb_now_ns();
     rdzv_client_rejoin(L.cli);
 }
 
@@ -755,10 +758,11 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     choose_ifname(a->master_addr);
     if (L.cloud == NULL && L.cfg.preemption_source != GL_CLOUD_NONE)
         uv_timer_start(&L.cloud_timer, on_cloud_timer, 1000, 0);
-    double ms = (double)(gb_now_ns() - L.t_start_ns) / 1e6;
+    /* the same in every round: from this node's JOIN (connecting included) to its rank */
+    double ms = (double)(gb_now_ns() - L.t_join_ns) / 1e6;
     fprintf(stderr,
             "gpulaunch: job %s round %u: node rank %u of %u, ranks %u-%u of %u, master %s:%u, "
-            "%d workers (%.1f ms)\n",
+            "%d workers (rendezvous %.1f ms)\n",
             L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
@@ -779,8 +783,9 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
 
 static void on_progress(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited,
                         const char *missing) {
-    fprintf(stderr, "gpulaunch: waiting for the rendezvous: %u/%u nodes joined, %.0f s%s%s\n",
-            joined, expected, waited / 1000.0, missing[0] ? "; missing " : "", missing);
+    /* the server says what the round waits for, with the counts */
+    fprintf(stderr, "gpulaunch: waiting for the rendezvous (%.0f s): %s\n", waited / 1000.0,
+            missing[0] ? missing : "");
 }
 
 static void on_waiting(rdzv_client *c, uint32_t waiting, uint32_t members) {
@@ -1113,6 +1118,7 @@ int main(int argc, char **argv) {
     }
     uv_signal_init(L.loop, &L.sigchld);
     uv_signal_start(&L.sigchld, on_sigchld, SIGCHLD);
+    L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_RDZV;

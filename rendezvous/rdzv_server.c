@@ -500,14 +500,29 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
         j->s->m.failures[reason]++;
     push_to_job(j, &m);
     waiters_fail(j, GPL_ERR_ROUND_OVER, m.u.round_over.message);
+    /* After a failure the survivors re-join at once: the next round starts when
+     * they all have, without the last call (a late node comes in by scale-up).
+     * The culprit is no survivor unless only its workers failed. A scale-up,
+     * or survivors fewer than the minimum, gather as a first round does. */
+    int reform = reason != RDZV_REASON_SCALE_UP;
+    uint32_t survivors = 0;
     for (uint32_t i = 0; i < j->nranks; i++) {
         member *x = j->ranks[i];
         if (x) {
             x->active = 0;
             x->done = 0;
             x->prev_rank = x->node_rank;
+            if (reform && (x != culprit || reason == RDZV_REASON_FAILED)) {
+                x->awaited_round = j->round;
+                survivors++;
+            }
         }
     }
+    j->reforming = reform && survivors > 0 && survivors + j->npending >= j->min_nodes;
+    j->reform_round = j->round;
+    j->reform_left = survivors;
+    j->reform_deadline_ms = gb_now_ms() + j->last_call_ms;
+    snprintf(j->reform_why, sizeof j->reform_why, "%s", culprit ? culprit->hostname : "a node");
     free(j->ranks);
     j->ranks = NULL;
     j->nranks = j->nactive = j->ndone = 0;
@@ -564,6 +579,8 @@ static void complete_round(job *j) {
         }
     }
     free(order);
+    j->reforming = 0;
+    j->reform_left = 0;
     j->round++;
     j->ranks = ranks;
     j->nranks = n;
@@ -629,30 +646,59 @@ static void maybe_complete(job *j, uint64_t now) {
         complete_round(j);
         return;
     }
+    if (j->reforming && j->npending + j->reform_left < j->min_nodes)
+        j->reforming = 0; /* survivors died too: gather as a first round does */
     if (j->npending >= j->min_nodes) {
         if (j->min_reached_ms == 0)
             j->min_reached_ms = now;
-        if (now - j->min_reached_ms >= j->last_call_ms)
+        if (j->reforming ? j->reform_left == 0 || now >= j->reform_deadline_ms
+                         : now - j->min_reached_ms >= j->last_call_ms)
             complete_round(j);
     }
 }
 
-/* "node ranks 2, 5" or "3 nodes (elastic)". */
-static void describe_missing(job *j, char *out, size_t len) {
+/* A member of the failed round is back (or gone): one survivor fewer to wait for. */
+static void survivor_in(member *m) {
+    job *j = m->j;
+    if (j && m->awaited_round && m->awaited_round == j->reform_round && j->reform_left)
+        j->reform_left--;
+    m->awaited_round = 0;
+}
+
+/* What a gathering round waits for, for the nodes waiting in it: how many
+ * joined, then the missing static ranks, the survivors of a failed round, the
+ * minimum, or the last call's remaining time. */
+static void describe_missing(job *j, uint64_t now, char *out, size_t len) {
     out[0] = '\0';
     if (!j->is_static) {
-        snprintf(out, len, "%u more node(s) for the minimum of %u",
-                 j->npending < j->min_nodes ? j->min_nodes - j->npending : 0, j->min_nodes);
+        if (j->reforming) {
+            uint64_t left = j->reform_deadline_ms > now ? j->reform_deadline_ms - now : 0;
+            snprintf(out, len,
+                     "%u node(s) joined; round %u ended (%s): waiting for %u more of its "
+                     "survivors to re-join, at most %.0f s more",
+                     j->npending, j->reform_round, j->reform_why, j->reform_left, left / 1000.0);
+        } else if (j->npending < j->min_nodes) {
+            snprintf(out, len, "%u node(s) joined; %u more needed for the minimum of %u", j->npending,
+                     j->min_nodes - j->npending, j->min_nodes);
+        } else {
+            uint64_t end = j->min_reached_ms + j->last_call_ms;
+            snprintf(out, len,
+                     "%u node(s) joined, the minimum is %u; last call: the round starts in %.0f s "
+                     "and takes up to %u more node(s)",
+                     j->npending, j->min_nodes, end > now ? (end - now) / 1000.0 : 0.0,
+                     j->max_nodes > j->npending ? j->max_nodes - j->npending : 0);
+        }
         return;
     }
-    size_t off = 0;
+    int w = snprintf(out, len, "%u of %u nodes joined; missing ", j->npending, j->max_nodes);
+    size_t off = w > 0 ? (size_t)w : 0;
     uint32_t shown = 0, missing = 0;
     for (uint32_t i = 0; i < j->max_nodes; i++) {
         if (j->static_slots[i])
             continue;
         missing++;
         if (shown < 16 && off < len) {
-            int w = snprintf(out + off, len - off, "%s%u", shown ? ", " : "node ranks ", i);
+            w = snprintf(out + off, len - off, "%s%u", shown ? ", " : "node ranks ", i);
             if (w > 0)
                 off += (size_t)w;
             shown++;
@@ -804,6 +850,7 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
         /* A finished run id used again starts over. */
         j->state = JOB_GATHERING;
     }
+    survivor_in(m);
     m->pending = 1;
     LIST_INSERT_HEAD(&j->pending, m, plink);
     j->npending++;
@@ -1188,6 +1235,7 @@ static void conn_close(conn *c, const char *why) {
         c->m = NULL;
         if (j) {
             member_unpend(m);
+            survivor_in(m); /* gone: the re-forming round stops waiting for it */
             if (m->active && j->state == JOB_RUNNING && !m->done) {
                 j->ranks[m->node_rank] = NULL;
                 end_round(j, m, RDZV_REASON_DISCONNECT,
@@ -1347,15 +1395,13 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
                 continue;
             }
             if (!have_missing) {
-                describe_missing(j, missing, sizeof missing);
+                describe_missing(j, now, missing, sizeof missing);
                 have_missing = 1;
             }
             if (timed_out) {
                 send_error(m->c, m->join_req, GPL_ERR_TIMEOUT,
-                           "rendezvous of job %s timed out after %.1f s: %u of %u nodes joined; "
-                           "missing: %s",
-                           j->run_id, (double)waited / 1000.0, j->npending,
-                           j->is_static ? j->max_nodes : j->min_nodes, missing);
+                           "rendezvous of job %s timed out after %.1f s: %s", j->run_id,
+                           (double)waited / 1000.0, missing);
                 member_unpend(m);
                 continue;
             }

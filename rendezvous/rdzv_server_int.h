@@ -30,6 +30,7 @@ struct member {
     int pending, active, done;
     uint32_t node_rank;
     int64_t prev_rank; /* rank in the last round this member was in, -1 none */
+    uint32_t awaited_round; /* a survivor of this failed round, not re-joined yet (0: none) */
 };
 
 struct kv_entry {
@@ -63,6 +64,12 @@ struct job {
     member **static_slots; /* max_nodes entries in static mode */
     uint64_t min_reached_ms;
     uint64_t pending_due_ms; /* no waiting node is due before this (sweep skips them) */
+    /* re-forming after a failure: the round starts once every survivor of
+     * round reform_round has re-joined (no last call), or at reform_deadline_ms */
+    int reforming;
+    uint32_t reform_round, reform_left;
+    uint64_t reform_deadline_ms;
+    char reform_why[RDZV_MAX_STR + 1]; /* the node whose failure ended that round */
     /* running */
     member **ranks;
     uint32_t nranks, nactive, ndone;

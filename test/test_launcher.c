@@ -561,8 +561,8 @@ Test(launcher, progress_line_then_join_timeout_names_the_missing_node) {
                        NULL};
     int st = run(&p, a, 20000);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 200, "status %d: %s", st, p.out);
-    cr_expect(strstr(p.out, "waiting for the rendezvous: 1/2 nodes joined") &&
-                  strstr(p.out, "missing node ranks 1"),
+    cr_expect(strstr(p.out, "waiting for the rendezvous (2 s): 1 of 2 nodes joined; missing "
+                            "node ranks 1"),
               "%s", p.out);
     cr_expect(strstr(p.out, "timed out after 4.") && strstr(p.out, "1 of 2 nodes joined"), "%s",
               p.out);

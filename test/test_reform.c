@@ -1,0 +1,195 @@
+/* The round after a failure, against a real gpulaunch-rdzv: it starts as soon
+ * as every survivor of the failed round has re-joined, without the last call
+ * (nodes arriving later come in by scale-up). The cases: all survivors back,
+ * one slow (bounded by the last call), a node arriving meanwhile, a second
+ * failure while re-forming, too few survivors for the minimum, and a server
+ * restarted in between. Every job here has a long last call, so a round that
+ * waited for it is told apart from one that did not. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+
+#define NPEERS 6
+
+static proc srv;
+static int port;
+static peer *P;
+
+static void start(void) {
+    P = calloc(NPEERS, sizeof *P);
+    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0, "server did not start: %s", srv.out);
+}
+
+static void stop(void) {
+    for (int i = 0; i < NPEERS; i++)
+        peer_close(&P[i]);
+    free(P);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+}
+
+TestSuite(reform, .init = start, .fini = stop, .timeout = 60);
+
+/* Node i joins job run (elastic min:max, last call in ms), on a new
+ * connection unless it has one. */
+static void join(int i, const char *run, uint32_t min, uint32_t max, uint32_t last_call) {
+    if (P[i].bc == NULL)
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+    char h[16];
+    snprintf(h, sizeof h, "n%d", i);
+    cr_assert_eq(peer_join(&P[i], run, h, -1, 1, min, max, last_call), 0);
+}
+
+/* Waits for node i's assignment; returns the ms it took from t0. */
+static uint64_t assigned(int i, uint64_t t0, int timeout_ms) {
+    cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, timeout_ms), 0, "node %d got no rank", i);
+    return now_ms() - t0;
+}
+
+/* n nodes form round 1 at once (n = max), then node `dead` drops its
+ * connection; the others are told. */
+static void round_one_then_drop(const char *run, int n, uint32_t min, uint32_t last_call,
+                                int dead) {
+    for (int i = 0; i < n; i++)
+        join(i, run, min, (uint32_t)n, last_call);
+    for (int i = 0; i < n; i++)
+        assigned(i, now_ms(), 3000);
+    peer_close(&P[dead]);
+    for (int i = 0; i < n; i++)
+        if (i != dead) {
+            cr_assert_eq(peer_recv_type(&P[i], RDZV_ROUND_OVER, 3000), 0, "node %d not told", i);
+            cr_expect_eq(P[i].last.u.round_over.reason, RDZV_REASON_DISCONNECT);
+        }
+}
+
+Test(reform, every_survivor_back_starts_the_round_without_the_last_call) {
+    round_one_then_drop("all", 3, 2, 20000, 2);
+    uint64_t t0 = now_ms();
+    join(0, "all", 2, 3, 20000);
+    join(1, "all", 2, 3, 20000);
+    for (int i = 0; i < 2; i++) {
+        uint64_t took = assigned(i, t0, 3000);
+        cr_expect_lt(took, 1000, "round 2 took %llu ms: it waited for the last call",
+                     (unsigned long long)took);
+        cr_expect_eq(P[i].last.u.assigned.round, 2);
+        cr_expect_eq(P[i].last.u.assigned.nnodes, 2);
+    }
+}
+
+Test(reform, a_slow_survivor_is_waited_for_no_longer_than_the_last_call) {
+    /* 4 nodes 2:4, last call 1.5 s; node 3 drops, node 2 is slow to come back */
+    round_one_then_drop("slow", 4, 2, 1500, 3);
+    uint64_t t0 = now_ms();
+    join(0, "slow", 2, 4, 1500);
+    join(1, "slow", 2, 4, 1500);
+    cr_expect_neq(peer_recv_type(&P[0], RDZV_ASSIGNED, 700), 0,
+                  "round 2 started without waiting for survivor n2");
+    uint64_t took = assigned(0, t0, 4000);
+    assigned(1, t0, 1000);
+    cr_expect(took >= 1300 && took < 3000, "round 2 after %llu ms (bound: the 1.5 s last call)",
+              (unsigned long long)took);
+    cr_expect_eq(P[0].last.u.assigned.nnodes, 2);
+    /* the slow survivor comes back while round 2 runs: it is taken in by scale-up */
+    join(2, "slow", 2, 4, 1500);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 3000), 0);
+    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_SCALE_UP);
+}
+
+Test(reform, a_node_that_arrives_while_the_survivors_rejoin_is_taken_in) {
+    /* 4 nodes 2:4: n3 drops, then n2; a new node arrives before the survivors
+     * n0 and n1 re-join: 3 of 4 nodes, so only the re-form starts it at once */
+    round_one_then_drop("arrive", 4, 2, 20000, 3);
+    peer_close(&P[2]);
+    join(4, "arrive", 2, 4, 20000);
+    uint64_t t0 = now_ms();
+    join(0, "arrive", 2, 4, 20000);
+    join(1, "arrive", 2, 4, 20000);
+    for (int i = 0; i < 5; i++) {
+        if (i == 2 || i == 3)
+            continue;
+        uint64_t took = assigned(i, t0, 3000);
+        cr_expect_lt(took, 1000, "node %d: round 2 after %llu ms", i, (unsigned long long)took);
+        cr_expect_eq(P[i].last.u.assigned.nnodes, 3);
+    }
+}
+
+Test(reform, progress_says_what_it_waits_for_and_a_second_failure_stops_the_wait) {
+    round_one_then_drop("two", 4, 2, 20000, 3);
+    uint64_t t0 = now_ms();
+    join(0, "two", 2, 4, 20000);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_PROGRESS, 4000), 0, "no progress while re-forming");
+    const char *msg = P[0].last.u.progress.missing;
+    cr_expect(strstr(msg, "1 node(s) joined") && strstr(msg, "round 1 ended (n3)") &&
+                  strstr(msg, "waiting for 2 more of its survivors") && strstr(msg, "at most 1"),
+              "%s", msg);
+    /* a second failure: survivor n2 goes away before re-joining */
+    peer_close(&P[2]);
+    join(1, "two", 2, 4, 20000);
+    for (int i = 0; i < 2; i++) {
+        uint64_t took = assigned(i, t0, 3000);
+        cr_expect_lt(took, 4000, "node %d: round 2 after %llu ms", i, (unsigned long long)took);
+        cr_expect_eq(P[i].last.u.assigned.nnodes, 2);
+    }
+}
+
+Test(reform, survivors_below_the_minimum_gather_as_a_first_round) {
+    /* 4 nodes 3:4, last call 1.5 s: n3 drops, then n2 (under the minimum of 3) */
+    round_one_then_drop("few", 4, 3, 1500, 3);
+    peer_close(&P[2]);
+    join(0, "few", 3, 4, 1500);
+    join(1, "few", 3, 4, 1500);
+    cr_expect_neq(peer_recv_type(&P[0], RDZV_ASSIGNED, 1000), 0, "a round under the minimum");
+    uint64_t t0 = now_ms();
+    join(4, "few", 3, 4, 1500); /* the third node: the minimum, then the last call */
+    uint64_t took = assigned(4, t0, 4000);
+    cr_expect(took >= 1300, "round 2 after %llu ms: the last call was skipped",
+              (unsigned long long)took);
+    cr_expect_eq(P[4].last.u.assigned.nnodes, 3);
+}
+
+Test(reform, a_server_restarted_in_between_forms_a_first_round) {
+    round_one_then_drop("restart", 3, 2, 1500, 2);
+    proc_kill(&srv, SIGKILL);
+    proc_wait(&srv, 5000);
+    char listen[32];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    const char *extra[] = {"--listen", listen, NULL};
+    int again = 0;
+    cr_assert_eq(rdzv_start(&srv, &again, extra), 0, "restart: %s", srv.out);
+    cr_assert_eq(again, port);
+    /* the survivors reconnect and join a server that never saw the job */
+    for (int i = 0; i < 2; i++) {
+        peer_close(&P[i]);
+        memset(&P[i], 0, sizeof P[i]);
+    }
+    uint64_t t0 = now_ms();
+    join(0, "restart", 2, 3, 1500);
+    join(1, "restart", 2, 3, 1500);
+    for (int i = 0; i < 2; i++) {
+        uint64_t took = assigned(i, t0, 4000);
+        cr_expect(took >= 1300, "node %d: %llu ms (no history: the last call applies)", i,
+                  (unsigned long long)took);
+        cr_expect_eq(P[i].last.u.assigned.round, 1);
+    }
+}
+
+Test(reform, progress_in_a_first_round_says_the_minimum_then_the_last_call) {
+    join(0, "first", 2, 3, 5000);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_PROGRESS, 4000), 0);
+    cr_expect(strstr(P[0].last.u.progress.missing,
+                     "1 node(s) joined; 1 more needed for the minimum of 2") != NULL,
+              "%s", P[0].last.u.progress.missing);
+    join(1, "first", 2, 3, 5000);
+    cr_assert_eq(peer_recv_type(&P[1], RDZV_PROGRESS, 4000), 0);
+    const char *msg = P[1].last.u.progress.missing;
+    cr_expect(strstr(msg, "2 node(s) joined, the minimum is 2; last call: the round starts in ") &&
+                  strstr(msg, "takes up to 1 more node(s)"),
+              "%s", msg);
+    uint64_t t0 = now_ms();
+    assigned(1, t0, 5000);
+}
