@@ -678,8 +678,8 @@ static void describe_missing(job *j, uint64_t now, char *out, size_t len) {
                      "survivors to re-join, at most %.0f s more",
                      j->npending, j->reform_round, j->reform_why, j->reform_left, left / 1000.0);
         } else if (j->npending < j->min_nodes) {
-            snprintf(out, len, "%u node(s) joined; %u more needed for the minimum of %u", j->npending,
-                     j->min_nodes - j->npending, j->min_nodes);
+            snprintf(out, len, "%u node(s) joined; %u more needed for the minimum of %u",
+                     j->npending, j->min_nodes - j->npending, j->min_nodes);
         } else {
             uint64_t end = j->min_reached_ms + j->last_call_ms;
             snprintf(out, len,

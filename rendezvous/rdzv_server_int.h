@@ -29,7 +29,7 @@ struct member {
     uint64_t join_seq; /* arrival order (joined_ms ties within a millisecond) */
     int pending, active, done;
     uint32_t node_rank;
-    int64_t prev_rank; /* rank in the last round this member was in, -1 none */
+    int64_t prev_rank;      /* rank in the last round this member was in, -1 none */
     uint32_t awaited_round; /* a survivor of this failed round, not re-joined yet (0: none) */
 };
 
