@@ -212,7 +212,7 @@ static void on_kill_timer(uv_timer_t *t) {
  * waiting in libgpulaunch's collective report the dead peer first (it learns of
  * the round's end within 100 ms); a rank stuck in a framework's collective is
  * not held until --shutdown-timeout. */
-#define GL_DISCARD_GRACE_MS 1000
+#define GL_DISCARD_GRACE_MS 500
 
 static void on_discard_timer(uv_timer_t *t) {
     for (int i = 0; i < L.cfg.nproc; i++)
