@@ -52,18 +52,24 @@ program needs torch alone.
 
 Output (stdout): on rank 0 `resumed from the checkpoint of step N` and
 `step N loss X` (N counted from 0; every --print-every steps and the last
-step; X is the loss averaged over the ranks); on every rank at the end
+step; X is the loss averaged over the ranks) and, at the first step this
+process completes, `first step in a world of W: step N` (W ranks; a
+launcher's new round starts new processes, so each round prints one: the
+healing time after a fault is measured to it); on every rank at the end
 `rank R params_sha256 HEX`, the SHA-256 of the parameters' bytes (named
 parameters in order, float32, contiguous, on the CPU). When preempted every
 rank prints `rank R preempted after step N` (N steps done, the checkpoint's
 step) and the process exits with gpulaunch.EXIT_PREEMPTED (143). Rank 0 ends
 with a timing line on stderr. --step-sleep-ms sleeps after every step (room
-for a preemption notice to arrive mid-run).
+for a preemption notice to arrive mid-run). --pg-timeout-s sets the process
+group's timeout (how long a collective waits for a peer before it fails;
+default torch's, 30 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import math
 import os
@@ -200,6 +206,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="checkpoint every K steps (0: only when preempted)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep after each step")
     ap.add_argument("--print-every", type=int, default=10)
+    ap.add_argument("--pg-timeout-s", type=float, default=None,
+                    help="the process group's timeout in seconds (default torch's)")
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     ap.add_argument("--local-rank", "--local_rank", type=int, default=None,
                     help=argparse.SUPPRESS)  # torch.distributed.launch passes it
@@ -213,6 +221,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                ("--batch-size", a.batch_size or 1, 1)):
         if value < least:
             ap.error(f"{flag} must be at least {least}, not {value}")
+    if a.pg_timeout_s is not None and a.pg_timeout_s <= 0:
+        ap.error(f"--pg-timeout-s must be above 0, not {a.pg_timeout_s}")
     return a
 
 
@@ -243,7 +253,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("WORLD_SIZE", str(world))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    dist.init_process_group(backend=backend, init_method="env://")
+    pg_kwargs: dict[str, Any] = {}
+    if a.pg_timeout_s is not None:
+        pg_kwargs["timeout"] = datetime.timedelta(seconds=a.pg_timeout_s)
+    dist.init_process_group(backend=backend, init_method="env://", **pg_kwargs)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     size = SIZES.get(a.model)
@@ -320,6 +333,8 @@ def main(argv: list[str]) -> int:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if step == start and rank == 0:
+            print(f"first step in a world of {world}: step {step}", flush=True)
         if step % a.print_every == 0 or step == a.steps - 1:
             loss_sum.copy_(loss.detach())
             dist.all_reduce(loss_sum)
