@@ -206,12 +206,14 @@ static void on_kill_timer(uv_timer_t *t) {
     signal_group(SIGKILL);
 }
 
-/* GL_DISCARD_GRACE_MS after a round's workers got SIGTERM, those still
- * running hear through sigqueue that their state is discarded (gb_stop.h): a
- * checkpoint handler then lets SIGTERM end the process. The grace lets a rank
- * waiting in libgpulaunch's collective report the dead peer first (it learns of
- * the round's end within 100 ms); a rank stuck in a framework's collective is
- * not held until --shutdown-timeout. */
+/* Workers of a round that is over are stopped with SIGTERM, and then those
+ * still running hear through sigqueue that their state is discarded
+ * (gb_stop.h): a checkpoint handler then lets SIGTERM end the process, so a
+ * rank stuck in a framework's collective is not held until --shutdown-timeout.
+ * After a local failure that comes GL_DISCARD_GRACE_MS later, so that a rank
+ * waiting in libgpulaunch's collective can report the dead peer first (it
+ * learns of the round's end within 100 ms); when the rendezvous ended the
+ * round, at once: the server already said why, and healing waits for it. */
 #define GL_DISCARD_GRACE_MS 500
 
 static void on_discard_timer(uv_timer_t *t) {
@@ -221,13 +223,15 @@ static void on_discard_timer(uv_timer_t *t) {
 }
 
 /* Stops the workers of a round that is over (not a preemption: see preempt). */
-static void stop_group(int sig) {
+static void stop_group(uint64_t discard_after_ms) {
     if (L.nrunning == 0 || L.stopping)
         return;
     L.stopping = 1;
-    signal_group(sig);
-    if (sig == SIGTERM)
-        uv_timer_start(&L.discard_timer, on_discard_timer, GL_DISCARD_GRACE_MS, 0);
+    if (discard_after_ms == 0)
+        on_discard_timer(&L.discard_timer);
+    else
+        uv_timer_start(&L.discard_timer, on_discard_timer, discard_after_ms, 0);
+    signal_group(SIGTERM);
     uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
 }
 
@@ -393,7 +397,7 @@ static void on_worker_exit(worker *w, int64_t status, int sig) {
             snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
                      w->local_rank, (long long)status);
         GB_ERROR("%s: stopping the local workers", msg);
-        stop_group(SIGTERM);
+        stop_group(GL_DISCARD_GRACE_MS);
         rdzv_client_fail(L.cli, msg);
     }
     maybe_finish_round();
@@ -729,7 +733,7 @@ static void spawn_workers(void) {
     }
     free(argv);
     if (L.group_failed) {
-        stop_group(SIGTERM);
+        stop_group(GL_DISCARD_GRACE_MS);
         rdzv_client_fail(L.cli, "a worker could not be started");
         maybe_finish_round();
     }
@@ -776,7 +780,7 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
     if (L.nrunning)
-        stop_group(SIGTERM);
+        stop_group(0);
     else
         maybe_finish_round();
 }
@@ -809,7 +813,7 @@ static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     if (L.nrunning) {
         L.exit_requested = 1;
         L.exit_code = GL_EXIT_RDZV;
-        stop_group(SIGTERM);
+        stop_group(GL_DISCARD_GRACE_MS);
         return;
     }
     finish(code == GPL_ERR_CONFIG || code == GPL_ERR_EXISTS || code == GPL_ERR_INVALID_ARG
