@@ -230,13 +230,21 @@ Test(launcher, crash_restart_success) {
                        "/bin/sh",
                        "-c",
                        "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ]; then "
-                       "echo boom >&2; exit 3; fi; sleep 0.2; echo ok-$TORCHELASTIC_RESTART_COUNT",
+                       "sleep 0.5; echo boom >&2; exit 3; fi; sleep 0.2; "
+                       "echo ok-$TORCHELASTIC_RESTART_COUNT",
                        NULL};
     int st = run(&p, a, 20000);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "restarting workers (1/2)") && strstr(p.out, "[default0]:ok-1") &&
                   strstr(p.out, "[default1]:ok-1"),
               "%s", p.out);
+    /* the banner's time is the rendezvous of that round in every round, not
+     * the time since the launcher started (round 2 came after a 0.5 s run) */
+    const char *r2 = strstr(p.out, " round 2: ");
+    const char *ms = r2 ? strstr(r2, "workers (rendezvous ") : NULL;
+    cr_assert_not_null(ms, "%s", p.out);
+    double t = strtod(ms + strlen("workers (rendezvous "), NULL);
+    cr_expect(t >= 0 && t < 150, "round 2's rendezvous took %.1f ms: %s", t, p.out);
 }
 
 Test(launcher, restarts_exhausted_exit_code_and_report) {
