@@ -469,7 +469,7 @@ Test(faults, node_vanishes_elastic_2_of_3_heals_within_heartbeat_timeout_plus_3s
     cr_assert_eq(netbed_cut(&bed, 3), 0);
     cr_assert(netbed_kill_host(&bed, 3) >= 3, "host3 had no launcher and workers");
     proc_wait(&nodes[3], 5000);
-    uint64_t told[N3 - 1];
+    uint64_t told[N3 - 1] = {0};
     int seen =
         expect_all(surv, N3 - 1, "round 1 is over", t_fault, (HB_TIMEOUT_S + 5) * 1000, told);
     cr_assert_eq(seen, N3 - 1, "not every survivor was told: %s", nodes[1].out);
