@@ -633,7 +633,7 @@ static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) 
 
 /* The interpreter for a .py or -m program: python3 from PATH, as torchrun's
  * own interpreter would be; but a launcher installed from the wheel lives in
- * PREFIX/lib/pythonX.Y/site-packages/gpulaunch.scripts/, and then the Python it
+ * PREFIX/lib[64]/pythonX.Y/site-packages/gpulaunch.scripts/, and then the Python it
  * was installed into (PREFIX/bin/python3, a virtual environment's) runs the
  * program even when that environment is not on PATH. */
 static const char *python_for_workers(void) {
@@ -645,9 +645,13 @@ static const char *python_for_workers(void) {
     exe[n] = '\0';
     char *cut = strstr(exe, "/site-packages/gpulaunch.scripts/");
     char *lib = cut ? memrchr(exe, '/', (size_t)(cut - exe)) : NULL; /* .../lib/pythonX.Y */
-    if (lib == NULL || lib - exe < 4 || strncmp(lib - 4, "/lib", 4) != 0)
+    int d = lib == NULL                                            ? 0
+            : lib - exe >= 6 && strncmp(lib - 6, "/lib64", 6) == 0 ? 6
+            : lib - exe >= 4 && strncmp(lib - 4, "/lib", 4) == 0   ? 4
+                                                                   : 0;
+    if (d == 0)
         return "python3";
-    snprintf(py, sizeof py, "%.*s/bin/python3", (int)(lib - 4 - exe), exe);
+    snprintf(py, sizeof py, "%.*s/bin/python3", (int)(lib - d - exe), exe);
     return access(py, X_OK) == 0 ? py : "python3";
 }
 
@@ -787,9 +791,14 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
 
 static void on_progress(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited,
                         const char *missing) {
-    /* the server says what the round waits for, with the counts */
-    fprintf(stderr, "gpulaunch: waiting for the rendezvous (%.0f s): %s\n", waited / 1000.0,
-            missing[0] ? missing : "");
+    /* the server says what the round waits for, with the counts (an older
+     * server may not: then the counts alone) */
+    if (missing[0])
+        fprintf(stderr, "gpulaunch: waiting for the rendezvous (%.0f s): %s\n", waited / 1000.0,
+                missing);
+    else
+        fprintf(stderr, "gpulaunch: waiting for the rendezvous (%.0f s): %u of %u nodes joined\n",
+                waited / 1000.0, joined, expected);
 }
 
 static void on_waiting(rdzv_client *c, uint32_t waiting, uint32_t members) {

@@ -671,7 +671,7 @@ static void survivor_in(member *m) {
 static void describe_missing(job *j, uint64_t now, char *out, size_t len) {
     out[0] = '\0';
     if (!j->is_static) {
-        if (j->reforming) {
+        if (j->reforming && now < j->reform_deadline_ms) {
             uint64_t left = j->reform_deadline_ms > now ? j->reform_deadline_ms - now : 0;
             snprintf(out, len,
                      "%u node(s) joined; round %u ended (%s): waiting for %u more of its "
@@ -777,6 +777,7 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
         member_unpend(o);
     }
     member *m = c->m;
+    job *left = NULL; /* the job this connection's node was in before */
     if (m == NULL) {
         m = calloc(1, sizeof *m);
         if (m == NULL) {
@@ -787,12 +788,16 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
         m->c = c;
         c->m = m;
     } else if (m->j != j) {
-        m->j->nmembers_total--;
+        survivor_in(m); /* no survivor of that job's failed round any more */
+        left = m->j;
+        left->nmembers_total--;
         m->prev_rank = -1;
     }
     if (m->j != j)
         j->nmembers_total++;
     m->j = j;
+    if (left)
+        job_maybe_free(left);
     memcpy(m->hostname, jn->hostname, sizeof m->hostname);
     memcpy(m->addr, jn->addr, sizeof m->addr);
     memcpy(m->instance, jn->instance, sizeof m->instance);
@@ -1400,8 +1405,9 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
             }
             if (timed_out) {
                 send_error(m->c, m->join_req, GPL_ERR_TIMEOUT,
-                           "rendezvous of job %s timed out after %.1f s: %s", j->run_id,
-                           (double)waited / 1000.0, missing);
+                           "rendezvous of job %s timed out after %.1f s: %s; start the "
+                           "missing nodes, or raise --rdzv-conf join_timeout",
+                           j->run_id, (double)waited / 1000.0, missing);
                 member_unpend(m);
                 continue;
             }
@@ -1464,6 +1470,27 @@ static void sweep_job(job *j, uint64_t now, int hb_scan) {
     }
 }
 
+/* A survivor of a failed round is in no round while the next one re-forms, so
+ * the running rounds' heartbeat check does not see it: one whose heartbeats
+ * stop (its host went down too, or its client moved to a new connection) is
+ * closed, and the round stops waiting for it. Launchers beat between rounds. */
+static void sweep_survivors(rdzv_server *s, uint64_t now) {
+    conn *c = LIST_FIRST(&s->conns), *cn;
+    for (; c; c = cn) {
+        cn = LIST_NEXT(c, link);
+        member *m = c->m;
+        job *j = m ? m->j : NULL;
+        if (j == NULL || !j->reforming || m->awaited_round != j->reform_round ||
+            now - c->last_rx_ms <= j->hb_timeout_ms)
+            continue;
+        GB_WARN("job %s: %s (%s), a survivor of round %u, sent no heartbeat for %.1f s while the "
+                "next round re-forms: not waited for",
+                j->run_id, m->hostname, m->addr, j->reform_round,
+                (double)(now - c->last_rx_ms) / 1000.0);
+        conn_close(c, "no heartbeat while the round re-forms");
+    }
+}
+
 static void on_sweep(uv_timer_t *t) {
     rdzv_server *s = t->data;
     uint64_t now = gb_now_ms();
@@ -1476,6 +1503,8 @@ static void on_sweep(uv_timer_t *t) {
         GB_INFO("closing %s: no handshake within %u ms", peer_of(c), s->o.handshake_timeout_ms);
         conn_close(c, "handshake timeout");
     }
+    if (hb)
+        sweep_survivors(s, now);
     job *j = LIST_FIRST(&s->jobs), *jn;
     for (; j; j = jn) {
         jn = LIST_NEXT(j, link);

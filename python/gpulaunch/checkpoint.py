@@ -152,7 +152,12 @@ class Checkpointer:
         self._py_sigterm = signal.getsignal(signal.SIGTERM)  # what Python believes is installed
         self._told_sigterm = False
         rc = N.lib().gpl_ckpt_setup(comm._handle(), ctypes.byref(opts), self._save_c, self._load_c, None)
-        comm._check(rc)
+        try:
+            comm._check(rc)
+        except BaseException:
+            if self._own:  # made here: not left open
+                comm.close()
+            raise
         comm._keep += [self._save_c, self._load_c]  # the library calls them as long as comm lives
         self._closed = False
 
