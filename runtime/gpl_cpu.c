@@ -17,6 +17,26 @@
 
 static uint8_t *slot(gpl_comm_t c, int r) { return c->slots + (size_t)r * GPL_SHM_SLOT_BYTES; }
 
+/* The ring all-reduce of a node with one rank. It must make the same ring
+ * calls as every other node: nodes with several ranks make one per chunk of a
+ * buffer over small_bytes, so when any node has several, this one does too;
+ * when none has, one call for the whole buffer. */
+static gpl_result_t ring_alone(gpl_comm_t c, void *r, size_t count, gpl_dtype_t t, gpl_op_t op,
+                               uint64_t deadline) {
+    size_t es = gpl_dtype_size(t);
+    int several = 0;
+    for (int i = 0; i < c->nnodes && !several; i++)
+        several = gpl_ring_node_size(c, i) > 1;
+    if (!several || count * es <= c->small_bytes)
+        return gpl_ring_allreduce(c, r, count, t, op, deadline);
+    size_t chunk = c->chunk_bytes / es ? c->chunk_bytes / es : 1;
+    gpl_result_t rc = GPL_OK;
+    for (size_t off = 0; off < count && rc == GPL_OK; off += chunk)
+        rc = gpl_ring_allreduce(c, (uint8_t *)r + off * es, MIN_(chunk, count - off), t, op,
+                                deadline);
+    return rc;
+}
+
 static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_t count,
                                      gpl_dtype_t t, gpl_op_t op, uint64_t deadline) {
     size_t es = gpl_dtype_size(t);
@@ -31,7 +51,7 @@ static gpl_result_t allreduce_native(gpl_comm_t c, const void *s, void *r, size_
         memmove(r, s, count * es);
     if (c->local_world == 1) {
         if (c->nnodes > 1)
-            rc = gpl_ring_allreduce(c, r, count, t, rop, deadline);
+            rc = ring_alone(c, r, count, t, rop, deadline);
         goto out;
     }
     const int n = c->local_world, me = c->local_rank;

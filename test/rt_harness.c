@@ -17,7 +17,23 @@ void rt_drop_node_after(int node, int ms) {
 
 int rt_run(int nnodes, int per_node, rank_fn fn, void *arg, const char *const *extra_env,
            rt_result *res, int timeout_ms) {
+    int per[16] = {0};
+    for (int n = 0; n < nnodes && n < 16; n++)
+        per[n] = per_node;
+    return rt_run_nodes(nnodes, per, fn, arg, extra_env, res, timeout_ms);
+}
+
+int rt_run_nodes(int nnodes, const int *per_node, rank_fn fn, void *arg,
+                 const char *const *extra_env, rt_result *res, int timeout_ms) {
     memset(res, 0, sizeof *res);
+    if (nnodes < 1 || nnodes > 16)
+        return -1;
+    int node_of[16], base[16], world = 0;
+    for (int n = 0; n < nnodes && n < 16; n++) {
+        base[n] = world;
+        for (int k = 0; k < per_node[n] && world < 16; k++)
+            node_of[world++] = n;
+    }
     proc srv;
     int port;
     if (rdzv_start(&srv, &port, NULL) != 0)
@@ -32,7 +48,7 @@ int rt_run(int nnodes, int per_node, rank_fn fn, void *arg, const char *const *e
         snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", run);
         snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s", host);
         snprintf(m.u.join.addr, sizeof m.u.join.addr, "127.0.0.1");
-        m.u.join.nproc = (uint32_t)per_node;
+        m.u.join.nproc = (uint32_t)per_node[n];
         m.u.join.static_rank = n;
         m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)nnodes;
         m.u.join.heartbeat_timeout_ms = 3600000; /* the fake agents send none */
@@ -42,7 +58,6 @@ int rt_run(int nnodes, int per_node, rank_fn fn, void *arg, const char *const *e
     for (int n = 0; n < nnodes; n++)
         if (peer_recv_type(&agents[n], RDZV_ASSIGNED, 5000) != 0)
             return -1;
-    int world = nnodes * per_node;
     pid_t pids[16];
     int fds[16];
     for (int r = 0; r < world; r++) {
@@ -57,17 +72,18 @@ int rt_run(int nnodes, int per_node, rank_fn fn, void *arg, const char *const *e
             char v[64];
             snprintf(v, sizeof v, "%d", r);
             setenv("RANK", v, 1);
-            snprintf(v, sizeof v, "%d", r % per_node);
+            int node = node_of[r];
+            snprintf(v, sizeof v, "%d", r - base[node]);
             setenv("LOCAL_RANK", v, 1);
             snprintf(v, sizeof v, "%d", world);
             setenv("WORLD_SIZE", v, 1);
-            snprintf(v, sizeof v, "%d", per_node);
+            snprintf(v, sizeof v, "%d", per_node[node]);
             setenv("LOCAL_WORLD_SIZE", v, 1);
             snprintf(v, sizeof v, "%d", nnodes);
             setenv("GROUP_WORLD_SIZE", v, 1);
-            snprintf(v, sizeof v, "%d", r / per_node);
+            snprintf(v, sizeof v, "%d", node);
             setenv("GROUP_RANK", v, 1);
-            snprintf(v, sizeof v, "node%d", r / per_node);
+            snprintf(v, sizeof v, "node%d", node);
             setenv("GPULAUNCH_HOSTNAME", v, 1);
             setenv("GPULAUNCH_NODE_ADDR", "127.0.0.1", 1);
             snprintf(v, sizeof v, "127.0.0.1:%d", port);

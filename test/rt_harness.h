@@ -17,6 +17,9 @@ typedef struct rt_result {
  * are added to every rank. Returns 0 when every rank exited 0. */
 int rt_run(int nnodes, int per_node, rank_fn fn, void *arg, const char *const *extra_env,
            rt_result *res, int timeout_ms);
+/* The same with per_node[n] ranks on node n (nodes of different sizes). */
+int rt_run_nodes(int nnodes, const int *per_node, rank_fn fn, void *arg,
+                 const char *const *extra_env, rt_result *res, int timeout_ms);
 /* The rendezvous server and the node agents of the last rt_run, for tests
  * that end the round mid-run (rt_drop_node). */
 void rt_drop_node_after(int node, int ms);

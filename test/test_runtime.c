@@ -190,6 +190,20 @@ SWEEP_TEST(world3, 1, 3, 64u << 20)
 SWEEP_TEST(world4, 1, 4, 64u << 20)
 SWEEP_TEST(two_nodes_x2, 2, 2, 8u << 20)
 
+/* nodes of different sizes (1 rank and 2 ranks), a buffer over the chunk
+ * size: the lone rank's node must make the same ring calls as the other */
+Test(collectives, nodes_of_different_sizes, .timeout = 240) {
+    rt_result res;
+    sweep_arg a = {2u << 20};
+    const int per[2] = {1, 2};
+    const char *env[] = {"GPULAUNCH_TIMEOUT_MS=20000", NULL}; /* a mismatch hangs: fail fast */
+    int rc = rt_run_nodes(2, per, sweep, &a, env, &res, 200000);
+    for (int r = 0; r < 3; r++)
+        cr_expect(WIFEXITED(res.status[r]) && WEXITSTATUS(res.status[r]) == 0,
+                  "rank %d status %d: %s", r, res.status[r], res.msg[r]);
+    cr_expect_eq(rc, 0);
+}
+
 /* the staged shared-memory path, where ranks may not read each other's memory */
 Test(collectives, world3_staged_without_cma, .timeout = 240) {
     rt_result res;
