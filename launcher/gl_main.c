@@ -1,30 +1,28 @@
 /* gpulaunch: options -> preflight -> rendezvous -> spawn -> supervise ->
- * report, on one libuv loop. */
+ * report, on one libuv loop. This file owns the flow: the options, preflight,
+ * the rendezvous callbacks, the restart decision, signals to the launcher,
+ * preemption, the failure report and main(). The worker group (environment,
+ * spawn, signals, reaping) is gl_workers.c; worker output lines gl_output.c. */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <netdb.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include "gb_log.h"
-#include "gb_stop.h"
 #include "gb_time.h"
 #include "gl_cloud.h"
+#include "gl_launch.h"
 #include "gl_options.h"
 #include "gl_preflight.h"
+#include "gl_workers.h"
 #include "gpulaunch/rdzv.h"
 
 #define GB_COMPONENT "launcher"
@@ -32,219 +30,11 @@
 #define GL_EXIT_USAGE 2
 #define GL_EXIT_PREFLIGHT 3
 #define GL_EXIT_RDZV 200
-#define GL_LINE_MAX 65536     /* a longer output line is written in pieces */
-#define GL_ERR_TAIL_LINES 20  /* stderr lines kept for the failure report */
 #define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
 
-extern char **environ;
+struct launcher L;
 
-typedef struct linebuf {
-    char buf[GL_LINE_MAX];
-    size_t len;
-} linebuf;
-
-typedef struct worker {
-    pid_t pid;
-    int redirect, tee, show; /* stream bits (1 out, 2 err); show: on the console */
-    uv_pipe_t out, err;
-    int local_rank, rank;
-    int running, pipes_open;
-    linebuf lout, lerr;
-    char tail[GL_ERR_TAIL_LINES][256];
-    int tail_n;
-    int log_fd;
-} worker;
-
-typedef struct failure {
-    int set;
-    double when;
-    int rank, local_rank, pid;
-    int64_t exit_code;
-    int signal;
-    char tail[GL_ERR_TAIL_LINES * 256];
-} failure;
-
-static struct launcher {
-    gl_config cfg;
-    uv_loop_t *loop;
-    rdzv_server *srv;
-    rdzv_client *cli;
-    rdzv_assignment a;
-    worker *w;
-    int nrunning;
-    int restarts;
-    int stopping;       /* SIGTERM sent to the group */
-    int group_failed;   /* a local worker failed this round */
-    int round_over;     /* the rendezvous ended the round */
-    int scale_up;       /* ... to take in waiting nodes: not a failure */
-    int assigned;       /* holds an assignment of the current round */
-    int exit_requested; /* a signal to us: exit once workers are gone */
-    int exit_code;
-    int done_sent;
-    uv_timer_t kill_timer, done_timer, cloud_timer, discard_timer;
-    gl_cloud *cloud;
-    uv_signal_t sigchld;
-    uv_signal_t sigs[4];
-    char hostname[256], addr[256], run_id[256], instance[64];
-    char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
-    char *token;
-    size_t token_len;
-    failure first;
-    uint64_t t_start_ns;
-    uint64_t t_join_ns; /* this node's last JOIN: the banner's rendezvous time */
-} L;
-
-/* ---- output ---- */
-
-static void write_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return;
-        p += w;
-        n -= (size_t)w;
-    }
-}
-
-static void emit_line(worker *w, int is_err, const char *line, size_t n) {
-    char out[GL_LINE_MAX + 64];
-    int h = snprintf(out, sizeof out, "[%s%d]:", L.cfg.val[GL_ROLE], w->local_rank);
-    if (n > sizeof out - (size_t)h - 1)
-        n = sizeof out - (size_t)h - 1;
-    memcpy(out + h, line, n);
-    out[h + (int)n] = '\n';
-    int bit = is_err ? 2 : 1;
-    /* one write per line: lines of different ranks never mix */
-    if (w->show && !(w->redirect & bit))
-        write_all(is_err ? 2 : 1, out, (size_t)h + n + 1);
-    if (w->log_fd >= 0 && ((w->redirect | w->tee) & bit))
-        write_all(w->log_fd, out + h, n + 1);
-    if (is_err) {
-        size_t k = n < 255 ? n : 255;
-        memcpy(w->tail[w->tail_n % GL_ERR_TAIL_LINES], line, k);
-        w->tail[w->tail_n % GL_ERR_TAIL_LINES][k] = '\0';
-        w->tail_n++;
-    }
-}
-
-static void feed(worker *w, int is_err, const char *p, size_t n) {
-    linebuf *lb = is_err ? &w->lerr : &w->lout;
-    while (n) {
-        const char *nl = memchr(p, '\n', n);
-        size_t take = nl ? (size_t)(nl - p) : n;
-        if (lb->len + take > sizeof lb->buf) {
-            size_t room = sizeof lb->buf - lb->len;
-            memcpy(lb->buf + lb->len, p, room);
-            emit_line(w, is_err, lb->buf, sizeof lb->buf);
-            lb->len = 0;
-            p += room;
-            n -= room;
-            continue;
-        }
-        memcpy(lb->buf + lb->len, p, take);
-        lb->len += take;
-        if (!nl)
-            return;
-        emit_line(w, is_err, lb->buf, lb->len);
-        lb->len = 0;
-        p += take + 1;
-        n -= take + 1;
-    }
-}
-
-static void on_alloc(uv_handle_t *h, size_t s, uv_buf_t *b) {
-    static char slab[65536];
-    b->base = slab;
-    b->len = sizeof slab;
-}
-
-static void maybe_finish_round(void);
-
-static void on_pipe_closed(uv_handle_t *h) {
-    worker *w = h->data;
-    if (--w->pipes_open == 0 && w->log_fd >= 0) {
-        close(w->log_fd);
-        w->log_fd = -1;
-    }
-    maybe_finish_round();
-}
-
-static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
-    worker *w = s->data;
-    int is_err = s == (uv_stream_t *)&w->err;
-    if (n > 0) {
-        feed(w, is_err, b->base, (size_t)n);
-        return;
-    }
-    if (n < 0) {
-        linebuf *lb = is_err ? &w->lerr : &w->lout;
-        if (lb->len) {
-            emit_line(w, is_err, lb->buf, lb->len);
-            lb->len = 0;
-        }
-        uv_close((uv_handle_t *)s, on_pipe_closed);
-    }
-}
-
-/* ---- stopping and finishing ---- */
-
-static void signal_group(int sig) {
-    for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w[i].running && L.w[i].pid > 0) {
-            /* the group, and the process itself in case it has not called
-             * setsid() yet (the signal then waits, blocked, until it has) */
-            kill(-L.w[i].pid, sig);
-            kill(L.w[i].pid, sig);
-        }
-}
-
-static void on_kill_timer(uv_timer_t *t) {
-    GB_WARN("workers still running %.0f s after SIGTERM: sending SIGKILL",
-            L.cfg.shutdown_timeout_s);
-    signal_group(SIGKILL);
-}
-
-/* Workers of a round that is over are stopped with SIGTERM, and then those
- * still running hear through sigqueue that their state is discarded
- * (gb_stop.h): a checkpoint handler then lets SIGTERM end the process, so a
- * rank stuck in a framework's collective is not held until --shutdown-timeout.
- * After a local failure that comes GL_DISCARD_GRACE_MS later, so that a rank
- * waiting in libgpulaunch's collective can report the dead peer first (it
- * learns of the round's end within 100 ms); when the rendezvous ended the
- * round, at once: the server already said why, and healing waits for it. */
-#define GL_DISCARD_GRACE_MS 500
-
-static void on_discard_timer(uv_timer_t *t) {
-    for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w[i].running && L.w[i].pid > 0)
-            sigqueue(L.w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
-}
-
-/* Stops the workers of a round that is over (not a preemption: see preempt). */
-static void stop_group(uint64_t discard_after_ms) {
-    if (L.nrunning == 0 || L.stopping)
-        return;
-    L.stopping = 1;
-    if (discard_after_ms == 0)
-        on_discard_timer(&L.discard_timer);
-    else
-        uv_timer_start(&L.discard_timer, on_discard_timer, discard_after_ms, 0);
-    signal_group(SIGTERM);
-    uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
-}
-
-static const char *signame(int sig) {
-    static char buf[16];
-    const char *n = sigabbrev_np(sig);
-    if (n == NULL) {
-        snprintf(buf, sizeof buf, "%d", sig);
-        return buf;
-    }
-    snprintf(buf, sizeof buf, "SIG%s", n);
-    return buf;
-}
+/* ---- the failure report and the restart decision ---- */
 
 static void report_failure(void) {
     if (!L.first.set)
@@ -257,7 +47,7 @@ static void report_failure(void) {
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
     char what[64];
     if (f->signal)
-        snprintf(what, sizeof what, "signal %d (%s)", f->signal, signame(f->signal));
+        snprintf(what, sizeof what, "signal %d (%s)", f->signal, gl_signame(f->signal));
     else
         snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
     char ef[PATH_MAX + 64] = "";
@@ -307,12 +97,11 @@ static void finish(int code) {
     exit(code);
 }
 
-static void spawn_workers(void);
 static void on_done_timeout(uv_timer_t *t);
 static void on_cloud_timer(uv_timer_t *t);
 
 /* Everything local is gone: decide between done, restart and exit. */
-static void maybe_finish_round(void) {
+void gl_maybe_finish_round(void) {
     if (L.nrunning > 0)
         return;
     for (int i = 0; i < L.cfg.nproc; i++)
@@ -365,384 +154,6 @@ static void on_done_timeout(uv_timer_t *t) {
     finish(0);
 }
 
-static void on_worker_exit(worker *w, int64_t status, int sig) {
-    w->running = 0;
-    L.nrunning--;
-    int failed = status != 0 || sig != 0;
-    if (failed && !L.stopping && !L.exit_requested && !L.round_over) {
-        if (!L.first.set) {
-            failure *f = &L.first;
-            f->set = 1;
-            f->when = gb_wall_s();
-            f->rank = w->rank;
-            f->local_rank = w->local_rank;
-            f->pid = w->pid;
-            f->exit_code = status;
-            f->signal = sig;
-            size_t off = 0;
-            int start = w->tail_n > GL_ERR_TAIL_LINES ? w->tail_n - GL_ERR_TAIL_LINES : 0;
-            for (int i = start; i < w->tail_n && off < sizeof f->tail; i++) {
-                int k = snprintf(f->tail + off, sizeof f->tail - off, "    %s\n",
-                                 w->tail[i % GL_ERR_TAIL_LINES]);
-                if (k > 0)
-                    off += (size_t)k;
-            }
-        }
-        L.group_failed = 1;
-        char msg[256];
-        if (sig)
-            snprintf(msg, sizeof msg, "rank %d (local rank %d) killed by %s", w->rank,
-                     w->local_rank, signame(sig));
-        else
-            snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
-                     w->local_rank, (long long)status);
-        GB_ERROR("%s: stopping the local workers", msg);
-        stop_group(GL_DISCARD_GRACE_MS);
-        rdzv_client_fail(L.cli, msg);
-    }
-    maybe_finish_round();
-}
-
-/* ---- spawning ---- */
-
-static int env_add(char **env, int n, int max, const char *k, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int env_add(char **env, int n, int max, const char *k, const char *fmt, ...) {
-    if (n >= max)
-        return n;
-    char v[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v, sizeof v, fmt, ap);
-    va_end(ap);
-    size_t len = strlen(k) + strlen(v) + 2;
-    env[n] = malloc(len);
-    if (env[n] == NULL)
-        return n;
-    snprintf(env[n], len, "%s=%s", k, v);
-    return n + 1;
-}
-
-static const char *const managed[] = {"RANK",
-                                      "LOCAL_RANK",
-                                      "GROUP_RANK",
-                                      "ROLE_RANK",
-                                      "ROLE_NAME",
-                                      "WORLD_SIZE",
-                                      "LOCAL_WORLD_SIZE",
-                                      "GROUP_WORLD_SIZE",
-                                      "ROLE_WORLD_SIZE",
-                                      "MASTER_ADDR",
-                                      "MASTER_PORT",
-                                      "TORCHELASTIC_RESTART_COUNT",
-                                      "TORCHELASTIC_MAX_RESTARTS",
-                                      "TORCHELASTIC_RUN_ID",
-                                      "TORCHELASTIC_ERROR_FILE",
-                                      "GPULAUNCH_RDZV_ENDPOINT",
-                                      "GPULAUNCH_RUN_ID",
-                                      "GPULAUNCH_ROUND",
-                                      "GPULAUNCH_RDZV_TOKEN",
-                                      "GPULAUNCH_NODE_RANK",
-                                      "GPULAUNCH_HOSTNAME",
-                                      "GPULAUNCH_NODE_ADDR",
-                                      "GPULAUNCH_GRACE_S",
-                                      NULL};
-
-/* The i-th device this node exposes, for --bind-gpus. */
-static void bound_device(int i, char *out, size_t len) {
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (v == NULL) {
-        v = getenv("NVIDIA_VISIBLE_DEVICES");
-        if (v && strcmp(v, "all") == 0)
-            v = NULL;
-    }
-    snprintf(out, len, "%d", i);
-    if (v == NULL)
-        return;
-    const char *p = v;
-    for (int k = 0; k < i && p; k++) {
-        p = strchr(p, ',');
-        if (p)
-            p++;
-    }
-    if (p == NULL)
-        return;
-    size_t n = strcspn(p, ",");
-    snprintf(out, len, "%.*s", (int)n, p);
-}
-
-static int is_managed(const char *kv) {
-    for (int i = 0; managed[i]; i++) {
-        size_t l = strlen(managed[i]);
-        if (strncmp(kv, managed[i], l) == 0 && kv[l] == '=')
-            return 1;
-    }
-    return 0;
-}
-
-static char **build_env(worker *w, const char *rdzv_ep) {
-    int max = 64;
-    for (char **e = environ; *e; e++)
-        max++;
-    char **env = calloc((size_t)max + 1, sizeof *env);
-    if (env == NULL)
-        return NULL;
-    int n = 0;
-    int have_omp = 0, have_async = 0;
-    for (char **e = environ; *e; e++) {
-        if (is_managed(*e) || (L.cfg.bind_gpus && strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0))
-            continue;
-        if (strncmp(*e, "OMP_NUM_THREADS=", 16) == 0)
-            have_omp = 1;
-        if (strncmp(*e, "TORCH_NCCL_ASYNC_ERROR_HANDLING=", 32) == 0)
-            have_async = 1;
-        env[n++] = strdup(*e);
-    }
-    const rdzv_assignment *a = &L.a;
-    const char *role = L.cfg.val[GL_ROLE];
-    n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
-    n = env_add(env, n, max, "LOCAL_RANK", "%d", w->local_rank);
-    n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
-    n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
-    n = env_add(env, n, max, "ROLE_NAME", "%s", role);
-    n = env_add(env, n, max, "WORLD_SIZE", "%u", a->world_size);
-    n = env_add(env, n, max, "LOCAL_WORLD_SIZE", "%d", L.cfg.nproc);
-    n = env_add(env, n, max, "GROUP_WORLD_SIZE", "%u", a->nnodes);
-    n = env_add(env, n, max, "ROLE_WORLD_SIZE", "%u", a->world_size);
-    n = env_add(env, n, max, "MASTER_ADDR", "%s", a->master_addr);
-    n = env_add(env, n, max, "MASTER_PORT", "%u", a->master_port);
-    n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", L.restarts);
-    n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", L.cfg.max_restarts);
-    n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", L.run_id);
-    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s/gpulaunch-%s-error-%u.json", dir,
-                L.run_id, a->base_rank + (uint32_t)w->local_rank);
-    if (!have_omp && L.cfg.nproc > 1)
-        n = env_add(env, n, max, "OMP_NUM_THREADS", "1");
-    if (!have_async)
-        n = env_add(env, n, max, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-    n = env_add(env, n, max, "GPULAUNCH_RDZV_ENDPOINT", "%s", rdzv_ep);
-    n = env_add(env, n, max, "GPULAUNCH_RUN_ID", "%s", L.run_id);
-    n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
-    n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
-    n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
-    n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", L.addr);
-    n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", L.cfg.shutdown_timeout_s);
-    if (L.token)
-        n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
-    if (L.nccl_ifname[0])
-        n = env_add(env, n, max, "NCCL_SOCKET_IFNAME", "%s", L.nccl_ifname);
-    if (L.cfg.bind_gpus) {
-        char dev[128];
-        bound_device(w->local_rank, dev, sizeof dev);
-        n = env_add(env, n, max, "CUDA_VISIBLE_DEVICES", "%s", dev);
-    }
-    env[n] = NULL;
-    return env;
-}
-
-static char rdzv_ep_str[300];
-
-/* "3" for every rank or "0:1,1:2" per local rank -> the stream bits of lr. */
-static int stream_bits(const char *spec, int lr) {
-    if (strchr(spec, ':') == NULL)
-        return (int)strtol(spec, NULL, 10) & 3;
-    for (const char *p = spec; *p;) {
-        char *end;
-        long r = strtol(p, &end, 10);
-        if (*end != ':')
-            return 0;
-        long b = strtol(end + 1, &end, 10);
-        if (r == lr)
-            return (int)b & 3;
-        p = *end == ',' ? end + 1 : end;
-        if (*end == '\0')
-            break;
-    }
-    return 0;
-}
-
-static int rank_shown(int lr) {
-    const char *f = L.cfg.val[GL_LOCAL_RANKS_FILTER];
-    if (*f == '\0')
-        return 1;
-    for (const char *p = f; *p;) {
-        char *end;
-        long r = strtol(p, &end, 10);
-        if (end == p)
-            return 0;
-        if (r == lr)
-            return 1;
-        p = *end == ',' ? end + 1 : end;
-    }
-    return 0;
-}
-
-static void mkdirs(const char *path) {
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *q = p + 1; *q; q++)
-        if (*q == '/') {
-            *q = '\0';
-            mkdir(p, 0755);
-            *q = '/';
-        }
-    mkdir(p, 0755);
-}
-
-/* fork, then in the child: its own session (signals reach its whole process
- * group), death with the launcher (PR_SET_PDEATHSIG, which no spawn API
- * offers), the pipes as stdout and stderr, exec. 0 or -errno. */
-static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) {
-    pid_t parent = getpid();
-    /* Signals stay blocked across the fork: a signal that reaches the child
-     * before it has reset our handlers must not run them (they would write to
-     * the launcher's own signal pipe). */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_SETMASK, &all, &old);
-    pid_t p = fork();
-    if (p != 0) {
-        int e = errno;
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        if (p < 0)
-            return -e;
-    }
-    if (p == 0) {
-        static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
-        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-            signal(sigs[i], SIG_DFL);
-        setsid();
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) /* the launcher died before the prctl */
-            _exit(137);
-        if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
-            _exit(127);
-        execvpe(argv[0], argv, env);
-        static const char msg[] = "gpulaunch: cannot run the program: exec failed\n";
-        if (write(2, msg, sizeof msg - 1) < 0)
-            _exit(126);
-        _exit(127);
-    }
-    *pid = p;
-    return 0;
-}
-
-/* The interpreter for a .py or -m program: python3 from PATH, as torchrun's
- * own interpreter would be; but a launcher installed from the wheel lives in
- * PREFIX/lib[64]/pythonX.Y/site-packages/gpulaunch.scripts/, and then the Python it
- * was installed into (PREFIX/bin/python3, a virtual environment's) runs the
- * program even when that environment is not on PATH. */
-static const char *python_for_workers(void) {
-    static char py[PATH_MAX];
-    char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0)
-        return "python3";
-    exe[n] = '\0';
-    char *cut = strstr(exe, "/site-packages/gpulaunch.scripts/");
-    char *lib = cut ? memrchr(exe, '/', (size_t)(cut - exe)) : NULL; /* .../lib/pythonX.Y */
-    int d = lib == NULL                                            ? 0
-            : lib - exe >= 6 && strncmp(lib - 6, "/lib64", 6) == 0 ? 6
-            : lib - exe >= 4 && strncmp(lib - 4, "/lib", 4) == 0   ? 4
-                                                                   : 0;
-    if (d == 0)
-        return "python3";
-    snprintf(py, sizeof py, "%.*s/bin/python3", (int)(lib - d - exe), exe);
-    return access(py, X_OK) == 0 ? py : "python3";
-}
-
-static void spawn_workers(void) {
-    int np = L.cfg.nproc;
-    if (L.w == NULL)
-        L.w = calloc((size_t)np, sizeof *L.w);
-    /* argv: the shim, then the program as torchrun would run it */
-    int pa = L.cfg.prog_argc;
-    char **argv = calloc((size_t)pa + 4, sizeof *argv);
-    int k = 0;
-    const char *prog = L.cfg.prog_argv[0];
-    size_t pl = strlen(prog);
-    if (L.cfg.module) {
-        argv[k++] = (char *)python_for_workers();
-        argv[k++] = "-m";
-    } else if (!L.cfg.no_python && pl > 3 && strcmp(prog + pl - 3, ".py") == 0) {
-        argv[k++] = (char *)python_for_workers();
-    }
-    for (int i = 0; i < pa; i++)
-        argv[k++] = L.cfg.prog_argv[i];
-    argv[k] = NULL;
-    L.stopping = 0;
-    for (int i = 0; i < np; i++) {
-        worker *w = &L.w[i];
-        memset(w, 0, sizeof *w);
-        w->local_rank = i;
-        w->rank = (int)L.a.base_rank + i;
-        w->log_fd = -1;
-        w->redirect = stream_bits(L.cfg.val[GL_REDIRECTS], i);
-        w->tee = stream_bits(L.cfg.val[GL_TEE], i);
-        w->show = rank_shown(i);
-        if (L.cfg.val[GL_LOG_DIR][0] && (w->redirect | w->tee)) {
-            char path[PATH_MAX];
-            snprintf(path, sizeof path, "%s/%s/attempt_%d/%d", L.cfg.val[GL_LOG_DIR], L.run_id,
-                     L.restarts, i);
-            mkdirs(path);
-            snprintf(path + strlen(path), sizeof path - strlen(path), "/output.log");
-            w->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-            if (w->log_fd < 0)
-                fprintf(stderr, "gpulaunch: cannot write %s: %s\n", path, strerror(errno));
-        }
-        uv_pipe_init(L.loop, &w->out, 0);
-        uv_pipe_init(L.loop, &w->err, 0);
-        w->out.data = w->err.data = w;
-        char **env = build_env(w, rdzv_ep_str);
-        int po[2] = {-1, -1}, pe[2] = {-1, -1};
-        int r = 0;
-        if (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0)
-            r = -errno;
-        else
-            r = spawn_one(argv, env, po[1], pe[1], &w->pid);
-        for (char **e = env; e && *e; e++)
-            free(*e);
-        free(env);
-        if (po[1] >= 0)
-            close(po[1]);
-        if (pe[1] >= 0)
-            close(pe[1]);
-        w->pipes_open = 2;
-        if (r == 0 && (uv_pipe_open(&w->out, po[0]) != 0 || uv_pipe_open(&w->err, pe[0]) != 0))
-            r = -EBADF;
-        if (r != 0) {
-            fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, strerror(-r));
-            uv_close((uv_handle_t *)&w->out, on_pipe_closed);
-            uv_close((uv_handle_t *)&w->err, on_pipe_closed);
-            if (!L.first.set) {
-                L.first.set = 1;
-                L.first.when = gb_wall_s();
-                L.first.rank = w->rank;
-                L.first.local_rank = i;
-                L.first.exit_code = 127;
-                snprintf(L.first.tail, sizeof L.first.tail, "    cannot start %s: %s\n", prog,
-                         strerror(-r));
-            }
-            L.group_failed = 1;
-            continue;
-        }
-        w->running = 1;
-        L.nrunning++;
-        uv_read_start((uv_stream_t *)&w->out, on_alloc, on_out);
-        uv_read_start((uv_stream_t *)&w->err, on_alloc, on_out);
-    }
-    free(argv);
-    if (L.group_failed) {
-        stop_group(GL_DISCARD_GRACE_MS);
-        rdzv_client_fail(L.cli, "a worker could not be started");
-        maybe_finish_round();
-    }
-}
-
 /* ---- rendezvous callbacks ---- */
 
 /* Several candidate interfaces and no NCCL_SOCKET_IFNAME: NCCL may pick one
@@ -774,7 +185,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
-    spawn_workers();
+    gl_spawn_workers();
 }
 
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
@@ -784,9 +195,9 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
     if (L.nrunning)
-        stop_group(0);
+        gl_stop_group(0);
     else
-        maybe_finish_round();
+        gl_maybe_finish_round();
 }
 
 static void on_progress(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited,
@@ -822,7 +233,7 @@ static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     if (L.nrunning) {
         L.exit_requested = 1;
         L.exit_code = GL_EXIT_RDZV;
-        stop_group(GL_DISCARD_GRACE_MS);
+        gl_stop_group(GL_DISCARD_GRACE_MS);
         return;
     }
     finish(code == GPL_ERR_CONFIG || code == GPL_ERR_EXISTS || code == GPL_ERR_INVALID_ARG
@@ -842,15 +253,15 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
     fprintf(stderr, "gpulaunch: preemption (%s): workers checkpoint and stop%s\n", why,
             L.nrunning ? "" : " (none running)");
     if (L.nrunning == 0) {
-        maybe_finish_round();
+        gl_maybe_finish_round();
         return;
     }
-    signal_group(SIGTERM);
+    gl_signal_group(SIGTERM);
     L.stopping = 1;
     double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
     if (left_ms < 1000)
         left_ms = 1000;
-    uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)left_ms, 0);
+    uv_timer_start(&L.kill_timer, gl_on_kill_timer, (uint64_t)left_ms, 0);
 }
 
 static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
@@ -888,35 +299,16 @@ static void on_signal(uv_signal_t *h, int sig) {
         preempt(deadline, why);
         return;
     }
-    fprintf(stderr, "gpulaunch: got %s: stopping the workers\n", signame(sig));
+    fprintf(stderr, "gpulaunch: got %s: stopping the workers\n", gl_signame(sig));
     L.exit_requested = 1;
     L.exit_code = 128 + sig;
     if (L.nrunning == 0)
         finish(L.exit_code);
-    signal_group(sig);
+    gl_signal_group(sig);
     if (!L.stopping) {
         L.stopping = 1;
-        uv_timer_start(&L.kill_timer, on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000),
+        uv_timer_start(&L.kill_timer, gl_on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000),
                        0);
-    }
-}
-
-/* Every child exit, ours or an orphan's (as PID 1 we inherit them all), is
- * reaped here: no zombie stays behind. */
-static void on_sigchld(uv_signal_t *h, int sig) {
-    int st;
-    pid_t pid;
-    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-        for (int i = 0; L.w && i < L.cfg.nproc; i++) {
-            worker *w = &L.w[i];
-            if (!w->running || w->pid != pid)
-                continue;
-            if (WIFSIGNALED(st))
-                on_worker_exit(w, 0, WTERMSIG(st));
-            else
-                on_worker_exit(w, WEXITSTATUS(st), 0);
-            break;
-        }
     }
 }
 
@@ -1090,7 +482,7 @@ int main(int argc, char **argv) {
         }
         rport = rdzv_server_port(L.srv);
     }
-    snprintf(rdzv_ep_str, sizeof rdzv_ep_str, "%s:%d",
+    snprintf(L.rdzv_ep, sizeof L.rdzv_ep, "%s:%d",
              hosts ? (L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : L.addr) : rhost, rport);
     rdzv_client_options co = {.host = rhost,
                               .port = rport,
@@ -1130,7 +522,7 @@ int main(int argc, char **argv) {
         uv_signal_start(&L.sigs[i], on_signal, sigs[i]);
     }
     uv_signal_init(L.loop, &L.sigchld);
-    uv_signal_start(&L.sigchld, on_sigchld, SIGCHLD);
+    uv_signal_start(&L.sigchld, gl_on_sigchld, SIGCHLD);
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

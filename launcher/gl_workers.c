@@ -1,0 +1,404 @@
+/* The worker group: each worker's environment, fork/exec in a session of its
+ * own with PR_SET_PDEATHSIG, signals to the group (stop, the discard notice,
+ * the kill timer), and supervision: reaping on SIGCHLD and noting the first
+ * failure. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "gb_log.h"
+#include "gb_stop.h"
+#include "gb_time.h"
+#include "gl_output.h"
+#include "gl_workers.h"
+
+#define GB_COMPONENT "launcher"
+
+extern char **environ;
+
+/* ---- signalling the group ---- */
+
+void gl_signal_group(int sig) {
+    for (int i = 0; i < L.cfg.nproc; i++)
+        if (L.w[i].running && L.w[i].pid > 0) {
+            /* the group, and the process itself in case it has not called
+             * setsid() yet (the signal then waits, blocked, until it has) */
+            kill(-L.w[i].pid, sig);
+            kill(L.w[i].pid, sig);
+        }
+}
+
+void gl_on_kill_timer(uv_timer_t *t) {
+    GB_WARN("workers still running %.0f s after SIGTERM: sending SIGKILL",
+            L.cfg.shutdown_timeout_s);
+    gl_signal_group(SIGKILL);
+}
+
+static void on_discard_timer(uv_timer_t *t) {
+    for (int i = 0; i < L.cfg.nproc; i++)
+        if (L.w[i].running && L.w[i].pid > 0)
+            sigqueue(L.w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
+}
+
+/* Stops the workers of a round that is over (not a preemption: see preempt in
+ * gl_main.c). */
+void gl_stop_group(uint64_t discard_after_ms) {
+    if (L.nrunning == 0 || L.stopping)
+        return;
+    L.stopping = 1;
+    if (discard_after_ms == 0)
+        on_discard_timer(&L.discard_timer);
+    else
+        uv_timer_start(&L.discard_timer, on_discard_timer, discard_after_ms, 0);
+    gl_signal_group(SIGTERM);
+    uv_timer_start(&L.kill_timer, gl_on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
+}
+
+const char *gl_signame(int sig) {
+    static char buf[16];
+    const char *n = sigabbrev_np(sig);
+    if (n == NULL) {
+        snprintf(buf, sizeof buf, "%d", sig);
+        return buf;
+    }
+    snprintf(buf, sizeof buf, "SIG%s", n);
+    return buf;
+}
+
+/* ---- spawning ---- */
+
+static int env_add(char **env, int n, int max, const char *k, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int env_add(char **env, int n, int max, const char *k, const char *fmt, ...) {
+    if (n >= max)
+        return n;
+    char v[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(k) + strlen(v) + 2;
+    env[n] = malloc(len);
+    if (env[n] == NULL)
+        return n;
+    snprintf(env[n], len, "%s=%s", k, v);
+    return n + 1;
+}
+
+static const char *const managed[] = {"RANK",
+                                      "LOCAL_RANK",
+                                      "GROUP_RANK",
+                                      "ROLE_RANK",
+                                      "ROLE_NAME",
+                                      "WORLD_SIZE",
+                                      "LOCAL_WORLD_SIZE",
+                                      "GROUP_WORLD_SIZE",
+                                      "ROLE_WORLD_SIZE",
+                                      "MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "TORCHELASTIC_RESTART_COUNT",
+                                      "TORCHELASTIC_MAX_RESTARTS",
+                                      "TORCHELASTIC_RUN_ID",
+                                      "TORCHELASTIC_ERROR_FILE",
+                                      "GPULAUNCH_RDZV_ENDPOINT",
+                                      "GPULAUNCH_RUN_ID",
+                                      "GPULAUNCH_ROUND",
+                                      "GPULAUNCH_RDZV_TOKEN",
+                                      "GPULAUNCH_NODE_RANK",
+                                      "GPULAUNCH_HOSTNAME",
+                                      "GPULAUNCH_NODE_ADDR",
+                                      "GPULAUNCH_GRACE_S",
+                                      NULL};
+
+/* The i-th device this node exposes, for --bind-gpus. */
+static void bound_device(int i, char *out, size_t len) {
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v == NULL) {
+        v = getenv("NVIDIA_VISIBLE_DEVICES");
+        if (v && strcmp(v, "all") == 0)
+            v = NULL;
+    }
+    snprintf(out, len, "%d", i);
+    if (v == NULL)
+        return;
+    const char *p = v;
+    for (int k = 0; k < i && p; k++) {
+        p = strchr(p, ',');
+        if (p)
+            p++;
+    }
+    if (p == NULL)
+        return;
+    size_t n = strcspn(p, ",");
+    snprintf(out, len, "%.*s", (int)n, p);
+}
+
+static int is_managed(const char *kv) {
+    for (int i = 0; managed[i]; i++) {
+        size_t l = strlen(managed[i]);
+        if (strncmp(kv, managed[i], l) == 0 && kv[l] == '=')
+            return 1;
+    }
+    return 0;
+}
+
+static char **build_env(worker *w, const char *rdzv_ep) {
+    int max = 64;
+    for (char **e = environ; *e; e++)
+        max++;
+    char **env = calloc((size_t)max + 1, sizeof *env);
+    if (env == NULL)
+        return NULL;
+    int n = 0;
+    int have_omp = 0, have_async = 0;
+    for (char **e = environ; *e; e++) {
+        if (is_managed(*e) || (L.cfg.bind_gpus && strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0))
+            continue;
+        if (strncmp(*e, "OMP_NUM_THREADS=", 16) == 0)
+            have_omp = 1;
+        if (strncmp(*e, "TORCH_NCCL_ASYNC_ERROR_HANDLING=", 32) == 0)
+            have_async = 1;
+        env[n++] = strdup(*e);
+    }
+    const rdzv_assignment *a = &L.a;
+    const char *role = L.cfg.val[GL_ROLE];
+    n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+    n = env_add(env, n, max, "LOCAL_RANK", "%d", w->local_rank);
+    n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
+    n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+    n = env_add(env, n, max, "ROLE_NAME", "%s", role);
+    n = env_add(env, n, max, "WORLD_SIZE", "%u", a->world_size);
+    n = env_add(env, n, max, "LOCAL_WORLD_SIZE", "%d", L.cfg.nproc);
+    n = env_add(env, n, max, "GROUP_WORLD_SIZE", "%u", a->nnodes);
+    n = env_add(env, n, max, "ROLE_WORLD_SIZE", "%u", a->world_size);
+    n = env_add(env, n, max, "MASTER_ADDR", "%s", a->master_addr);
+    n = env_add(env, n, max, "MASTER_PORT", "%u", a->master_port);
+    n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", L.restarts);
+    n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", L.cfg.max_restarts);
+    n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", L.run_id);
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s/gpulaunch-%s-error-%u.json", dir,
+                L.run_id, a->base_rank + (uint32_t)w->local_rank);
+    if (!have_omp && L.cfg.nproc > 1)
+        n = env_add(env, n, max, "OMP_NUM_THREADS", "1");
+    if (!have_async)
+        n = env_add(env, n, max, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    n = env_add(env, n, max, "GPULAUNCH_RDZV_ENDPOINT", "%s", rdzv_ep);
+    n = env_add(env, n, max, "GPULAUNCH_RUN_ID", "%s", L.run_id);
+    n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
+    n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
+    n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
+    n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", L.addr);
+    n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", L.cfg.shutdown_timeout_s);
+    if (L.token)
+        n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
+    if (L.nccl_ifname[0])
+        n = env_add(env, n, max, "NCCL_SOCKET_IFNAME", "%s", L.nccl_ifname);
+    if (L.cfg.bind_gpus) {
+        char dev[128];
+        bound_device(w->local_rank, dev, sizeof dev);
+        n = env_add(env, n, max, "CUDA_VISIBLE_DEVICES", "%s", dev);
+    }
+    env[n] = NULL;
+    return env;
+}
+
+/* fork, then in the child: its own session (signals reach its whole process
+ * group), death with the launcher (PR_SET_PDEATHSIG, which no spawn API
+ * offers), the pipes as stdout and stderr, exec. 0 or -errno. */
+static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) {
+    pid_t parent = getpid();
+    /* Signals stay blocked across the fork: a signal that reaches the child
+     * before it has reset our handlers must not run them (they would write to
+     * the launcher's own signal pipe). */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid_t p = fork();
+    if (p != 0) {
+        int e = errno;
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (p < 0)
+            return -e;
+    }
+    if (p == 0) {
+        static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+            signal(sigs[i], SIG_DFL);
+        setsid();
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the launcher died before the prctl */
+            _exit(137);
+        if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+            _exit(127);
+        execvpe(argv[0], argv, env);
+        static const char msg[] = "gpulaunch: cannot run the program: exec failed\n";
+        if (write(2, msg, sizeof msg - 1) < 0)
+            _exit(126);
+        _exit(127);
+    }
+    *pid = p;
+    return 0;
+}
+
+/* The interpreter for a .py or -m program: python3 from PATH, as torchrun's
+ * own interpreter would be; but a launcher installed from the wheel lives in
+ * PREFIX/lib[64]/pythonX.Y/site-packages/gpulaunch.scripts/, and then the Python it
+ * was installed into (PREFIX/bin/python3, a virtual environment's) runs the
+ * program even when that environment is not on PATH. */
+static const char *python_for_workers(void) {
+    static char py[PATH_MAX];
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        return "python3";
+    exe[n] = '\0';
+    char *cut = strstr(exe, "/site-packages/gpulaunch.scripts/");
+    char *lib = cut ? memrchr(exe, '/', (size_t)(cut - exe)) : NULL; /* .../lib/pythonX.Y */
+    int d = lib == NULL                                            ? 0
+            : lib - exe >= 6 && strncmp(lib - 6, "/lib64", 6) == 0 ? 6
+            : lib - exe >= 4 && strncmp(lib - 4, "/lib", 4) == 0   ? 4
+                                                                   : 0;
+    if (d == 0)
+        return "python3";
+    snprintf(py, sizeof py, "%.*s/bin/python3", (int)(lib - d - exe), exe);
+    return access(py, X_OK) == 0 ? py : "python3";
+}
+
+void gl_spawn_workers(void) {
+    int np = L.cfg.nproc;
+    if (L.w == NULL)
+        L.w = calloc((size_t)np, sizeof *L.w);
+    /* argv: the shim, then the program as torchrun would run it */
+    int pa = L.cfg.prog_argc;
+    char **argv = calloc((size_t)pa + 4, sizeof *argv);
+    int k = 0;
+    const char *prog = L.cfg.prog_argv[0];
+    size_t pl = strlen(prog);
+    if (L.cfg.module) {
+        argv[k++] = (char *)python_for_workers();
+        argv[k++] = "-m";
+    } else if (!L.cfg.no_python && pl > 3 && strcmp(prog + pl - 3, ".py") == 0) {
+        argv[k++] = (char *)python_for_workers();
+    }
+    for (int i = 0; i < pa; i++)
+        argv[k++] = L.cfg.prog_argv[i];
+    argv[k] = NULL;
+    L.stopping = 0;
+    for (int i = 0; i < np; i++) {
+        worker *w = &L.w[i];
+        memset(w, 0, sizeof *w);
+        w->local_rank = i;
+        w->rank = (int)L.a.base_rank + i;
+        w->log_fd = -1;
+        gl_output_open(w);
+        uv_pipe_init(L.loop, &w->out, 0);
+        uv_pipe_init(L.loop, &w->err, 0);
+        w->out.data = w->err.data = w;
+        char **env = build_env(w, L.rdzv_ep);
+        int po[2] = {-1, -1}, pe[2] = {-1, -1};
+        int r = 0;
+        if (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0)
+            r = -errno;
+        else
+            r = spawn_one(argv, env, po[1], pe[1], &w->pid);
+        for (char **e = env; e && *e; e++)
+            free(*e);
+        free(env);
+        if (po[1] >= 0)
+            close(po[1]);
+        if (pe[1] >= 0)
+            close(pe[1]);
+        w->pipes_open = 2;
+        if (r == 0 && (uv_pipe_open(&w->out, po[0]) != 0 || uv_pipe_open(&w->err, pe[0]) != 0))
+            r = -EBADF;
+        if (r != 0) {
+            fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, strerror(-r));
+            gl_output_close(w);
+            if (!L.first.set) {
+                L.first.set = 1;
+                L.first.when = gb_wall_s();
+                L.first.rank = w->rank;
+                L.first.local_rank = i;
+                L.first.exit_code = 127;
+                snprintf(L.first.tail, sizeof L.first.tail, "    cannot start %s: %s\n", prog,
+                         strerror(-r));
+            }
+            L.group_failed = 1;
+            continue;
+        }
+        w->running = 1;
+        L.nrunning++;
+        gl_output_start(w);
+    }
+    free(argv);
+    if (L.group_failed) {
+        gl_stop_group(GL_DISCARD_GRACE_MS);
+        rdzv_client_fail(L.cli, "a worker could not be started");
+        gl_maybe_finish_round();
+    }
+}
+
+/* ---- supervision ---- */
+
+static void on_worker_exit(worker *w, int64_t status, int sig) {
+    w->running = 0;
+    L.nrunning--;
+    int failed = status != 0 || sig != 0;
+    if (failed && !L.stopping && !L.exit_requested && !L.round_over) {
+        if (!L.first.set) {
+            failure *f = &L.first;
+            f->set = 1;
+            f->when = gb_wall_s();
+            f->rank = w->rank;
+            f->local_rank = w->local_rank;
+            f->pid = w->pid;
+            f->exit_code = status;
+            f->signal = sig;
+            gl_output_tail(w, f->tail, sizeof f->tail);
+        }
+        L.group_failed = 1;
+        char msg[256];
+        if (sig)
+            snprintf(msg, sizeof msg, "rank %d (local rank %d) killed by %s", w->rank,
+                     w->local_rank, gl_signame(sig));
+        else
+            snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
+                     w->local_rank, (long long)status);
+        GB_ERROR("%s: stopping the local workers", msg);
+        gl_stop_group(GL_DISCARD_GRACE_MS);
+        rdzv_client_fail(L.cli, msg);
+    }
+    gl_maybe_finish_round();
+}
+
+/* Every child exit, ours or an orphan's (as PID 1 we inherit them all), is
+ * reaped here: no zombie stays behind. */
+void gl_on_sigchld(uv_signal_t *h, int sig) {
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        for (int i = 0; L.w && i < L.cfg.nproc; i++) {
+            worker *w = &L.w[i];
+            if (!w->running || w->pid != pid)
+                continue;
+            if (WIFSIGNALED(st))
+                on_worker_exit(w, 0, WTERMSIG(st));
+            else
+                on_worker_exit(w, WEXITSTATUS(st), 0);
+            break;
+        }
+    }
+}
