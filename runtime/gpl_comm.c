@@ -26,7 +26,13 @@ gpl_result_t gpl_check_abort(gpl_comm_t c, uint64_t deadline_ms, const char *wai
     if (c->rdzv) {
         rdzv_bclient_poll(c->rdzv, 0);
         const rdzv_push_state *p = rdzv_bclient_pushes(c->rdzv);
-        if (p->round_over)
+        /* The round's end is acted on at the second check that sees it: the
+         * caller makes one more pass over its data in between, so a collective
+         * whose last bytes arrived just before a finished peer left (its node's
+         * launcher exits at once after a checkpoint) still completes. */
+        if (p->round_over && c->round_over_seen_ms == 0)
+            c->round_over_seen_ms = gb_now_ms();
+        else if (p->round_over)
             return gb_seterr(&c->err, GPL_ERR_ROUND_OVER,
                              "rank %d: %s #%llu stopped: the rendezvous ended round %u: %s%s%s",
                              c->rank, c->coll, (unsigned long long)c->seq, p->round, p->message,

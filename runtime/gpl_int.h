@@ -64,11 +64,12 @@ struct gpl_comm {
     gpl_ring *ring;
     int *node_base, *node_size; /* every node's first rank and rank count */
     char (*node_host)[256];
-    uint64_t seq;          /* collective sequence number */
-    const char *coll;      /* name of the collective in progress */
-    void *nccl;            /* gpl_nccl state */
-    gpl_external_ops ext;  /* GPL_BACKEND_EXTERNAL: the caller's collectives */
-    struct gpl_ckpt *ckpt; /* gpl_ckpt state */
+    uint64_t seq;                /* collective sequence number */
+    uint64_t round_over_seen_ms; /* when a wait first saw the round's end (0: not yet) */
+    const char *coll;            /* name of the collective in progress */
+    void *nccl;                  /* gpl_nccl state */
+    gpl_external_ops ext;        /* GPL_BACKEND_EXTERNAL: the caller's collectives */
+    struct gpl_ckpt *ckpt;       /* gpl_ckpt state */
 };
 
 /* kernels (gpl_reduce.c) */
