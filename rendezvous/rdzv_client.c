@@ -41,6 +41,8 @@ struct rdzv_client {
     rdzv_buf in;
     int closing, handles;
     int failed;
+    int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
+    int stats_warned;
 };
 
 static void start_connect(rdzv_client *c);
@@ -182,6 +184,7 @@ static void send_join(rdzv_client *c) {
 static void handle(rdzv_client *c, const rdzv_msg *m) {
     switch (m->type) {
     case RDZV_CHALLENGE: {
+        c->server_health = (m->flags & RDZV_CHALLENGE_HEALTH) != 0;
         rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
         h.u.hello.magic = RDZV_MAGIC;
         h.u.hello.version = RDZV_VERSION;
@@ -459,6 +462,47 @@ void rdzv_client_fail(rdzv_client *c, const char *message) {
     rdzv_msg m = {.type = RDZV_FAIL, .req_id = ++c->next_req};
     snprintf(m.u.fail.message, sizeof m.u.fail.message, "%s", message);
     send_msg(c, &m);
+}
+
+void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message) {
+    rdzv_msg m = {.type = RDZV_FAIL, .req_id = ++c->next_req};
+    snprintf(m.u.fail.message, sizeof m.u.fail.message, "%s", message);
+    if (c->server_health) {
+        m.flags = RDZV_FAIL_HANG;
+        m.u.fail.rank = rank;
+    }
+    send_msg(c, &m);
+}
+
+void rdzv_client_stats(rdzv_client *c, uint32_t window_ms, const rdzv_rank_stats *ranks,
+                       uint32_t n) {
+    if (c->state != CS_READY || !c->assigned)
+        return;
+    if (!c->server_health) {
+        if (!c->stats_warned)
+            GB_INFO("the rendezvous at %s:%d predates per-rank statistics: not sending them "
+                    "(stragglers are not named)",
+                    c->host, c->o.port);
+        c->stats_warned = 1;
+        return;
+    }
+    if (n > RDZV_MAX_STATS_RANKS)
+        n = RDZV_MAX_STATS_RANKS;
+    rdzv_buf list;
+    rdzv_buf_init(&list, RDZV_MAX_FRAME);
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        rdzv_rank_stats r = ranks[i];
+        r.gpu[sizeof r.gpu - 1] = '\0';
+        if (rdzv_stats_add(&list, &r) == GPL_OK)
+            count++;
+    }
+    rdzv_msg m = {.type = RDZV_STATS}; /* no reply: a heartbeat with content */
+    m.u.stats.window_ms = window_ms;
+    m.u.stats.count = count;
+    m.u.stats.ranks = (rdzv_bytes){list.data, (uint32_t)list.len};
+    send_msg(c, &m);
+    rdzv_buf_free(&list);
 }
 
 void rdzv_client_done(rdzv_client *c) {

@@ -239,6 +239,37 @@ static void valuelist(codec *c, uint32_t *count, rdzv_bytes *list) {
         fail(c, GPL_ERR_PROTOCOL, "value list does not match its count");
 }
 
+/* One STATS entry. New fields go at the end: a reader ignores what follows
+ * the fields it knows. */
+static void stats_fields(codec *c, rdzv_rank_stats *r) {
+    u32(c, &r->rank);
+    u32(c, &r->local_rank);
+    u64(c, &r->step);
+    u32(c, &r->steps);
+    u32(c, &r->step_time_us);
+    u32(c, &r->wait_us);
+    u32(c, &r->since_progress_ms);
+    str(c, r->gpu, sizeof r->gpu - 1);
+}
+
+static void statslist(codec *c, uint32_t *count, rdzv_bytes *list) {
+    u32(c, count);
+    bytes(c, list, RDZV_MAX_FRAME);
+    if (c->enc || c->rc != GPL_OK)
+        return;
+    if (*count > RDZV_MAX_STATS_RANKS) {
+        fail(c, GPL_ERR_PROTOCOL, "too many ranks in STATS");
+        return;
+    }
+    rdzv_bytes walk = *list;
+    rdzv_rank_stats r;
+    uint32_t n = 0;
+    while (n <= *count && rdzv_stats_next(&walk, &r))
+        n++;
+    if (n != *count || walk.len != 0)
+        fail(c, GPL_ERR_PROTOCOL, "STATS entries do not match their count");
+}
+
 static void msg_fields(codec *c, rdzv_msg *m) {
     switch (m->type) {
     case RDZV_HELLO:
@@ -352,12 +383,18 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         break;
     case RDZV_FAIL:
         str(c, m->u.fail.message, RDZV_MAX_MSG);
+        if (m->flags & RDZV_FAIL_HANG)
+            u32(c, &m->u.fail.rank);
         break;
     case RDZV_PROGRESS:
         u32(c, &m->u.progress.joined);
         u32(c, &m->u.progress.expected);
         u32(c, &m->u.progress.waited_ms);
         str(c, m->u.progress.missing, RDZV_MAX_MSG);
+        break;
+    case RDZV_STATS:
+        u32(c, &m->u.stats.window_ms);
+        statslist(c, &m->u.stats.count, &m->u.stats.ranks);
         break;
     default:
         fail(c, GPL_ERR_PROTOCOL, "unknown message type");
@@ -478,4 +515,33 @@ gpl_result_t rdzv_values_add(rdzv_buf *list, int found, const void *p, uint32_t 
     if (rc == GPL_OK)
         rc = rdzv_list_add(list, p, len);
     return rc;
+}
+
+int rdzv_stats_next(rdzv_bytes *list, rdzv_rank_stats *out) {
+    rdzv_bytes walk = *list, item;
+    if (!rdzv_list_next(&walk, &item))
+        return 0;
+    memset(out, 0, sizeof *out);
+    codec c = {.enc = 0, .in = item.p, .in_len = item.len};
+    stats_fields(&c, out);
+    if (c.rc != GPL_OK)
+        return 0;
+    *list = walk;
+    return 1;
+}
+
+gpl_result_t rdzv_stats_add(rdzv_buf *list, const rdzv_rank_stats *r) {
+    size_t start = list->len;
+    uint8_t h[4] = {0};
+    gpl_result_t rc = rdzv_buf_append(list, h, 4);
+    if (rc != GPL_OK)
+        return rc;
+    codec c = {.enc = 1, .out = list};
+    stats_fields(&c, (rdzv_rank_stats *)r);
+    if (c.rc != GPL_OK) {
+        list->len = start;
+        return c.rc;
+    }
+    put_u32(list->data + start, (uint32_t)(list->len - start - 4));
+    return GPL_OK;
 }

@@ -50,7 +50,8 @@
     X(RDZV_DONE, 24)                                                                               \
     X(RDZV_JOB_DONE, 25)                                                                           \
     X(RDZV_FAIL, 26)                                                                               \
-    X(RDZV_PROGRESS, 27)
+    X(RDZV_PROGRESS, 27)                                                                           \
+    X(RDZV_STATS, 28)
 
 enum rdzv_type {
 #define RDZV_TYPE_ENUM_(n, v) n = v,
@@ -75,6 +76,13 @@ typedef struct rdzv_bytes {
 
 /* Flags on RDZV_JOIN. */
 #define RDZV_JOIN_RESUME 1u /* re-register an existing assignment after a server restart */
+
+/* Flags on RDZV_CHALLENGE: what this server takes besides version 2's
+ * messages (an older server sends 0; its clients never send these). */
+#define RDZV_CHALLENGE_HEALTH 1u /* STATS and FAIL with RDZV_FAIL_HANG */
+
+/* Flags on RDZV_FAIL. */
+#define RDZV_FAIL_HANG 1u /* a rank hung: its global rank follows the message */
 
 typedef struct rdzv_msg {
     uint16_t type;
@@ -170,11 +178,17 @@ typedef struct rdzv_msg {
         } event;
         struct {
             char message[RDZV_MAX_MSG + 1];
+            uint32_t rank; /* with RDZV_FAIL_HANG only */
         } fail;
         struct {
             uint32_t joined, expected, waited_ms;
             char missing[RDZV_MAX_MSG + 1];
         } progress;
+        struct {
+            uint32_t window_ms;
+            uint32_t count;    /* entries, at most RDZV_MAX_STATS_RANKS */
+            rdzv_bytes ranks;  /* count length-prefixed entries; walk with rdzv_stats_next */
+        } stats;
     } u;
 } rdzv_msg;
 
@@ -213,6 +227,13 @@ int rdzv_values_next(rdzv_bytes *list, int *found, rdzv_bytes *out);
 /* Appends one key (or one VALUES item) to a list being built. */
 gpl_result_t rdzv_list_add(rdzv_buf *list, const void *p, uint32_t len);
 gpl_result_t rdzv_values_add(rdzv_buf *list, int found, const void *p, uint32_t len);
+
+/* Walks RDZV_STATS entries: 1 and *out filled while entries remain, 0 at the
+ * end or at a malformed entry. An entry longer than the fields this codec
+ * knows (a newer peer's) is read up to them. */
+int rdzv_stats_next(rdzv_bytes *list, rdzv_rank_stats *out);
+/* Appends one entry to a STATS list being built. */
+gpl_result_t rdzv_stats_add(rdzv_buf *list, const rdzv_rank_stats *r);
 
 const char *rdzv_type_name(uint16_t type);
 

@@ -9,7 +9,7 @@
 #include "rdzv_auth.h"
 #include "rdzv_codec.h"
 
-static rdzv_buf keylist_buf, values_buf;
+static rdzv_buf keylist_buf, values_buf, stats_buf;
 
 static rdzv_bytes B(const char *s) { return (rdzv_bytes){(const uint8_t *)s, (uint32_t)strlen(s)}; }
 
@@ -137,7 +137,30 @@ static void sample(uint16_t type, rdzv_msg *m) {
         break;
     case RDZV_FAIL:
         memcpy(m->u.fail.message, "rank 3 exited 1", 16);
+        m->u.fail.rank = 3; /* flags has RDZV_FAIL_HANG */
         break;
+    case RDZV_STATS: {
+        rdzv_buf_free(&stats_buf);
+        rdzv_buf_init(&stats_buf, RDZV_MAX_FRAME);
+        rdzv_rank_stats r = {.rank = 8,
+                             .local_rank = 0,
+                             .step = 1ull << 40,
+                             .steps = 50,
+                             .step_time_us = 98000,
+                             .wait_us = UINT32_MAX,
+                             .since_progress_ms = 40,
+                             .gpu = "0"};
+        rdzv_stats_add(&stats_buf, &r);
+        r.rank = 9;
+        r.local_rank = 1;
+        r.wait_us = 1234;
+        memcpy(r.gpu, "GPU-1f2e3d4c-aaaa-bbbb-cccc-0123456789ab", 41);
+        rdzv_stats_add(&stats_buf, &r);
+        m->u.stats.window_ms = 5000;
+        m->u.stats.count = 2;
+        m->u.stats.ranks = (rdzv_bytes){stats_buf.data, (uint32_t)stats_buf.len};
+        break;
+    }
     case RDZV_PROGRESS:
         m->u.progress.joined = 3;
         m->u.progress.expected = 4;
@@ -176,6 +199,7 @@ Test(codec, every_message_round_trips) {
     }
     rdzv_buf_free(&keylist_buf);
     rdzv_buf_free(&values_buf);
+    rdzv_buf_free(&stats_buf);
 }
 
 Test(codec, decoded_fields_match) {
@@ -236,6 +260,7 @@ Test(codec, every_truncation_is_refused) {
     }
     rdzv_buf_free(&keylist_buf);
     rdzv_buf_free(&values_buf);
+    rdzv_buf_free(&stats_buf);
 }
 
 static size_t frame(uint8_t *f, uint16_t type, const uint8_t *payload, size_t n) {
@@ -295,6 +320,119 @@ Test(codec, malformed_frames_are_refused) {
     /* a header-only frame of a type with fields */
     n = frame(f, RDZV_JOIN, NULL, 0);
     cr_expect_eq(rdzv_decode(f, n, &d, NULL, 0), GPL_ERR_PROTOCOL);
+}
+
+/* STATS: the entries come back field by field; an entry longer than the
+ * fields this codec knows (a newer peer's) is read up to them; a count that
+ * lies, a malformed entry or more than RDZV_MAX_STATS_RANKS are refused;
+ * FAIL carries the hung rank only with RDZV_FAIL_HANG. */
+Test(codec, stats_entries_and_hang) {
+    rdzv_msg m, d;
+    rdzv_buf b;
+    sample(RDZV_STATS, &m);
+    rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.stats.window_ms, 5000);
+    rdzv_bytes walk = d.u.stats.ranks;
+    rdzv_rank_stats r;
+    cr_assert(rdzv_stats_next(&walk, &r));
+    cr_expect_eq(r.rank, 8);
+    cr_expect_eq(r.step, 1ull << 40);
+    cr_expect_eq(r.steps, 50);
+    cr_expect_eq(r.step_time_us, 98000);
+    cr_expect_eq(r.wait_us, UINT32_MAX);
+    cr_expect_eq(r.since_progress_ms, 40);
+    cr_expect_str_eq(r.gpu, "0");
+    cr_assert(rdzv_stats_next(&walk, &r));
+    cr_expect_eq(r.rank, 9);
+    cr_expect_eq(r.local_rank, 1);
+    cr_expect_eq(r.wait_us, 1234);
+    cr_expect_str_eq(r.gpu, "GPU-1f2e3d4c-aaaa-bbbb-cccc-0123456789ab");
+    cr_expect_not(rdzv_stats_next(&walk, &r));
+    cr_expect_eq(walk.len, 0);
+
+    /* a newer peer's entry: 4 more bytes after the known fields */
+    rdzv_buf list;
+    rdzv_buf_init(&list, RDZV_MAX_FRAME);
+    rdzv_buf item;
+    rdzv_buf_init(&item, 4096);
+    rdzv_rank_stats nr = {.rank = 5, .steps = 1, .step_time_us = 10, .gpu = "3"};
+    rdzv_stats_add(&item, &nr);
+    uint8_t extra[4] = {1, 2, 3, 4};
+    uint8_t body[256];
+    memcpy(body, item.data + 4, item.len - 4);
+    memcpy(body + item.len - 4, extra, 4);
+    rdzv_list_add(&list, body, (uint32_t)item.len); /* the fields + 4 bytes */
+    m.u.stats.count = 1;
+    m.u.stats.ranks = (rdzv_bytes){list.data, (uint32_t)list.len};
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK, "a longer entry is taken");
+    walk = d.u.stats.ranks;
+    cr_assert(rdzv_stats_next(&walk, &r));
+    cr_expect_eq(r.rank, 5);
+    cr_expect_str_eq(r.gpu, "3");
+
+    /* the count lies */
+    m.u.stats.count = 2;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    char err[128] = "";
+    cr_expect_eq(rdzv_decode(b.data, b.len, &d, err, sizeof err), GPL_ERR_PROTOCOL);
+    cr_expect(strstr(err, "STATS") != NULL, "%s", err);
+    /* an entry cut short of the known fields */
+    list.len = 0;
+    rdzv_list_add(&list, body, 20);
+    m.u.stats.count = 1;
+    m.u.stats.ranks = (rdzv_bytes){list.data, (uint32_t)list.len};
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_expect_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_ERR_PROTOCOL);
+    /* more entries than RDZV_MAX_STATS_RANKS */
+    list.len = 0;
+    for (uint32_t i = 0; i <= RDZV_MAX_STATS_RANKS; i++) {
+        nr.rank = i;
+        cr_assert_eq(rdzv_stats_add(&list, &nr), GPL_OK);
+    }
+    m.u.stats.count = RDZV_MAX_STATS_RANKS + 1;
+    m.u.stats.ranks = (rdzv_bytes){list.data, (uint32_t)list.len};
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_expect_eq(rdzv_decode(b.data, b.len, &d, err, sizeof err), GPL_ERR_PROTOCOL);
+    /* ... and exactly that many fit in a frame */
+    m.u.stats.count = RDZV_MAX_STATS_RANKS;
+    list.len = 0;
+    memset(nr.gpu, 'g', sizeof nr.gpu - 1);
+    for (uint32_t i = 0; i < RDZV_MAX_STATS_RANKS; i++)
+        cr_assert_eq(rdzv_stats_add(&list, &nr), GPL_OK);
+    m.u.stats.ranks = (rdzv_bytes){list.data, (uint32_t)list.len};
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK, "4096 ranks with 63-byte GPU ids fit one frame");
+    cr_expect_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+
+    /* FAIL: the rank only with the hang flag */
+    memset(&m, 0, sizeof m);
+    m.type = RDZV_FAIL;
+    memcpy(m.u.fail.message, "no progress for 60 s", 21);
+    m.u.fail.rank = 12;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    size_t plain = b.len;
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.fail.rank, 0, "a plain FAIL carries no rank");
+    m.flags = RDZV_FAIL_HANG;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_expect_eq(b.len, plain + 4);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.fail.rank, 12);
+    cr_expect_str_eq(d.u.fail.message, "no progress for 60 s");
+
+    rdzv_buf_free(&item);
+    rdzv_buf_free(&list);
+    rdzv_buf_free(&b);
+    rdzv_buf_free(&stats_buf);
 }
 
 Test(codec, encode_refuses_over_limit_fields) {

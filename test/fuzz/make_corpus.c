@@ -35,6 +35,23 @@ int main(int argc, char **argv) {
             m.u.kv_keys.nkeys = 1;
             m.u.kv_keys.keys = (rdzv_bytes){keys.data, (uint32_t)keys.len};
             break;
+        case RDZV_FAIL:
+            m.flags = RDZV_FAIL_HANG;
+            memcpy(m.u.fail.message, "hung", 5);
+            m.u.fail.rank = 3;
+            break;
+        case RDZV_STATS: {
+            rdzv_rank_stats r = {.rank = 1, .steps = 10, .step_time_us = 1000, .gpu = "0"};
+            keys.len = 0;
+            rdzv_stats_add(&keys, &r);
+            r.rank = 2;
+            r.wait_us = UINT32_MAX;
+            rdzv_stats_add(&keys, &r);
+            m.u.stats.window_ms = 5000;
+            m.u.stats.count = 2;
+            m.u.stats.ranks = (rdzv_bytes){keys.data, (uint32_t)keys.len};
+            break;
+        }
         default:
             break;
         }

@@ -27,7 +27,9 @@ enum rdzv_reason {
 /* Job events broadcast to every node and attached worker. */
 enum rdzv_event_kind {
     RDZV_EVENT_CHECKPOINT = 1, /* checkpoint now: a node is being preempted */
-    RDZV_EVENT_SHUTDOWN = 2
+    RDZV_EVENT_SHUTDOWN = 2,
+    /* the server named a straggler, or one recovered (reason: who and why); nodes only */
+    RDZV_EVENT_STRAGGLER = 3
 };
 
 /* ---- server ---- */
@@ -48,12 +50,21 @@ typedef struct rdzv_server_options {
     uint32_t max_outq_bytes;   /* unsent bytes to one client before it is dropped */
     uint32_t handshake_timeout_ms;
     uint32_t heartbeat_timeout_ms; /* used when a JOIN does not set one */
+    /* Stragglers (docs/health.md): a rank whose busy time per step is over
+     * threshold x the job's median for `windows` consecutive windows is named.
+     * 0: the defaults below. */
+    double straggler_threshold;
+    uint32_t straggler_windows;
 } rdzv_server_options;
+
+#define RDZV_DEFAULT_STRAGGLER_THRESHOLD 1.3
+#define RDZV_DEFAULT_STRAGGLER_WINDOWS 2
 
 #define RDZV_SERVER_OPTIONS_INIT                                                                   \
     {                                                                                              \
         RDZV_SERVER_OPTIONS_VERSION, "0.0.0.0", RDZV_DEFAULT_PORT, NULL, 0, 65536, 1024, 65536,    \
-            256ull << 20, 8u << 20, 5000, RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS                        \
+            256ull << 20, 8u << 20, 5000, RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS,                       \
+            RDZV_DEFAULT_STRAGGLER_THRESHOLD, RDZV_DEFAULT_STRAGGLER_WINDOWS                       \
     }
 
 /* Starts a server on loop. On failure *out is NULL and err (errlen bytes)
@@ -131,6 +142,28 @@ void rdzv_client_done(rdzv_client *c);
 /* Broadcasts a job event to every node of the job. */
 void rdzv_client_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms,
                        const char *reason);
+
+/* One local rank's progress over the last window (docs/health.md). */
+typedef struct rdzv_rank_stats {
+    uint32_t rank, local_rank;
+    uint64_t step;              /* last step reported; 0: none yet */
+    uint32_t steps;             /* steps completed in this window */
+    uint32_t step_time_us;      /* mean step time over the window; 0: no step completed */
+    uint32_t wait_us;           /* mean time per step this rank waited in collectives for the
+                                   last rank to arrive; UINT32_MAX: not known */
+    uint32_t since_progress_ms; /* since this rank's last report */
+    char gpu[64];               /* its GPU binding (CUDA_VISIBLE_DEVICES), "" without */
+} rdzv_rank_stats;
+#define RDZV_MAX_STATS_RANKS 4096 /* ranks in one STATS message */
+/* This node's per-rank summaries of the last window_ms (a launcher sends one
+ * every few seconds while its workers run). Dropped (no error) when the
+ * server predates STATS or the node holds no round; n over
+ * RDZV_MAX_STATS_RANKS is cut to it. */
+void rdzv_client_stats(rdzv_client *c, uint32_t window_ms, const rdzv_rank_stats *ranks,
+                       uint32_t n);
+/* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
+ * hang of that rank (a server that predates hangs gets a plain FAIL). */
+void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message);
 void rdzv_client_close(rdzv_client *c);
 
 /* ---- blocking client (runtime, tools, tests) ---- */
