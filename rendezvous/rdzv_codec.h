@@ -186,8 +186,8 @@ typedef struct rdzv_msg {
         } progress;
         struct {
             uint32_t window_ms;
-            uint32_t count;    /* entries, at most RDZV_MAX_STATS_RANKS */
-            rdzv_bytes ranks;  /* count length-prefixed entries; walk with rdzv_stats_next */
+            uint32_t count;   /* entries, at most RDZV_MAX_STATS_RANKS */
+            rdzv_bytes ranks; /* count length-prefixed entries; walk with rdzv_stats_next */
         } stats;
     } u;
 } rdzv_msg;

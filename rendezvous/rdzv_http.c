@@ -9,6 +9,8 @@
 
 #include "gb_log.h"
 #include "gb_time.h"
+#include "rdzv_health_render.h"
+#include "rdzv_sbuf.h"
 #include "rdzv_server_int.h"
 
 #define GB_COMPONENT "rdzv-http"
@@ -19,56 +21,6 @@ struct rdzv_http {
     uv_timer_t timer;
     int port;
 };
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p && (size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + (size_t)n + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (q == NULL) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
-
-static void sb_json_str(sbuf *b, const char *s) {
-    sb_printf(b, "\"");
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            sb_printf(b, "\\%c", ch);
-        else if (ch < 0x20)
-            sb_printf(b, "\\u%04x", ch);
-        else
-            sb_printf(b, "%c", ch);
-    }
-    sb_printf(b, "\"");
-}
 
 char *rdzv_render_metrics(rdzv_server *s) {
     sbuf b = {0};
@@ -123,6 +75,7 @@ char *rdzv_render_metrics(rdzv_server *s) {
               "# TYPE gpulaunch_rdzv_protocol_errors_total counter\n"
               "gpulaunch_rdzv_protocol_errors_total %llu\n",
               (unsigned long long)s->m.protocol_errors);
+    rdzv_health_render_metrics(s, &b);
     if (b.oom) {
         free(b.p);
         return NULL;
@@ -137,7 +90,7 @@ static const char *state_name(int st) {
 char *rdzv_render_status(rdzv_server *s) {
     sbuf b = {0};
     uint64_t now = gb_now_ms();
-    sb_printf(&b, "{\"jobs\":[");
+    sb_printf(&b, "{\"server_unix_ms\":%.0f,\"jobs\":[", gb_wall_s() * 1000.0);
     job *j;
     int first = 1;
     LIST_FOREACH(j, &s->jobs, link) {
@@ -148,19 +101,25 @@ char *rdzv_render_status(rdzv_server *s) {
                   ",\"state\":\"%s\",\"round\":%u,\"min_nodes\":%u,\"max_nodes\":%u,"
                   "\"waiting\":%u,\"members\":[",
                   state_name(j->state), j->round, j->min_nodes, j->max_nodes, j->npending);
+        int firstm = 1;
         for (uint32_t i = 0; i < j->nranks; i++) {
             member *m = j->ranks[i];
             if (m == NULL)
                 continue;
-            sb_printf(&b, "%s{\"node_rank\":%u,\"hostname\":", i ? "," : "", i);
+            sb_printf(&b, "%s{\"node_rank\":%u,\"hostname\":", firstm ? "" : ",", i);
+            firstm = 0;
             sb_json_str(&b, m->hostname);
             sb_printf(&b, ",\"addr\":");
             sb_json_str(&b, m->addr);
-            sb_printf(&b, ",\"nproc\":%u,\"last_heartbeat_age_s\":%.3f,\"state\":\"%s\"}", m->nproc,
+            sb_printf(&b, ",\"nproc\":%u,\"last_heartbeat_age_s\":%.3f,\"state\":\"%s\"", m->nproc,
                       (double)(now - rdzv_member_last_rx_ms(m)) / 1000.0,
                       m->done ? "done" : "running");
+            rdzv_health_render_member(j, m, &b);
+            sb_printf(&b, "}");
         }
-        sb_printf(&b, "]}");
+        sb_printf(&b, "]");
+        rdzv_health_render_job(j, &b, now);
+        sb_printf(&b, "}");
     }
     sb_printf(&b, "]}\n");
     if (b.oom) {
@@ -190,11 +149,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *hc, const ch
     } else if (strcmp(url, "/status") == 0) {
         body = rdzv_render_status(s);
         type = "application/json";
+    } else if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0) {
+        /* the job page (rdzv_page.html, embedded at build time): it reads /status */
+        struct MHD_Response *r = MHD_create_response_from_buffer(
+            rdzv_page_html_len, (void *)rdzv_page_html, MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result rc = MHD_queue_response(hc, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        return rc;
     } else if (strcmp(url, "/healthz") == 0) {
         body = strdup("ok\n");
         type = "text/plain";
     } else {
-        body = strdup("not found: try /metrics, /status or /healthz\n");
+        body = strdup("not found: try /, /metrics, /status or /healthz\n");
         type = "text/plain";
         code = MHD_HTTP_NOT_FOUND;
     }
@@ -264,7 +232,7 @@ gpl_result_t rdzv_server_serve_http(rdzv_server *s, const char *addr, int port, 
     uv_poll_start(&h->poll, UV_READABLE, on_http_poll);
     s->http = h;
     s->http_close = http_close;
-    GB_INFO("HTTP observability on %s:%d (/metrics /status /healthz)", addr, h->port);
+    GB_INFO("HTTP observability on %s:%d (/ /metrics /status /healthz)", addr, h->port);
     return GPL_OK;
 }
 

@@ -51,7 +51,8 @@ static const char usage[] =
     "tells every node at once when a node dies or a job event is raised.\n"
     "\n"
     "  --listen ADDR:PORT          where nodes connect (default 0.0.0.0:29400)\n"
-    "  --http ADDR:PORT            /metrics, /status and /healthz (default: off)\n"
+    "  --http ADDR:PORT            the job page at /, /metrics, /status and /healthz\n"
+    "                              (default: off)\n"
     "  --token-file FILE           shared token; also GPULAUNCH_RDZV_TOKEN\n"
     "  --max-connections N         open connections (default 65536; the open-file\n"
     "                              limit is raised to fit, with a warning if it cannot be)\n"
@@ -62,6 +63,9 @@ static const char usage[] =
     "8388608)\n"
     "  --handshake-timeout-ms N    time to finish the handshake (default 5000)\n"
     "  --heartbeat-timeout-ms N    default node heartbeat timeout (default 5000)\n"
+    "  --straggler-threshold X     name a rank whose busy time per step is over X times\n"
+    "                              the job's median (default 1.3; docs/health.md)\n"
+    "  --straggler-windows N       ... for N consecutive windows of its reports (default 2)\n"
     "  --log-level LEVEL           error, warn, info or debug (default warn;\n"
     "                              also GPULAUNCH_LOG_LEVEL)\n"
     "  --help                      this text\n"
@@ -103,7 +107,9 @@ int main(int argc, char **argv) {
         O_OUTQ,
         O_HS,
         O_HB,
-        O_LOG
+        O_LOG,
+        O_STRAG_T,
+        O_STRAG_W
     };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
@@ -117,6 +123,8 @@ int main(int argc, char **argv) {
         {"handshake-timeout-ms", required_argument, 0, O_HS},
         {"heartbeat-timeout-ms", required_argument, 0, O_HB},
         {"log-level", required_argument, 0, O_LOG},
+        {"straggler-threshold", required_argument, 0, O_STRAG_T},
+        {"straggler-windows", required_argument, 0, O_STRAG_W},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -182,6 +190,25 @@ int main(int argc, char **argv) {
             if (parse_u64("--heartbeat-timeout-ms", optarg, 3600000, &v))
                 return 2;
             o.heartbeat_timeout_ms = (uint32_t)v;
+            break;
+        case O_STRAG_T: {
+            char *end;
+            errno = 0;
+            double t = strtod(optarg, &end);
+            if (errno || *end || end == optarg || !(t > 1.0 && t <= 100.0)) {
+                fprintf(stderr,
+                        "gpulaunch-rdzv: --straggler-threshold takes a number over 1 and up to "
+                        "100 (a multiple of the job's median), not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o.straggler_threshold = t;
+            break;
+        }
+        case O_STRAG_W:
+            if (parse_u64("--straggler-windows", optarg, 1000, &v))
+                return 2;
+            o.straggler_windows = (uint32_t)v;
             break;
         case O_LOG: {
             int l = gb_log_parse_level(optarg);

@@ -346,6 +346,7 @@ static job *job_new(rdzv_server *s, const rdzv_msg *jm) {
             return NULL;
         }
     }
+    j->health = rdzv_health_new(s->o.straggler_threshold, s->o.straggler_windows);
     LIST_INSERT_HEAD(&s->jobs, j, link);
     s->njobs++;
     GB_INFO("job %s: created by %s (%u:%u nodes%s)", j->run_id, j->first_host, j->min_nodes,
@@ -365,6 +366,7 @@ static void job_free(job *j) {
     kv_clear(j);
     free(j->static_slots);
     free(j->ranks);
+    rdzv_health_free(j->health);
     LIST_REMOVE(j, link);
     j->s->njobs--;
     free(j);
@@ -481,6 +483,24 @@ static void push_to_job(job *j, const rdzv_msg *msg) {
     push_send(j->s, &p);
 }
 
+/* One encoding for every member (not the attached workers). */
+static void push_to_nodes(job *j, const rdzv_msg *msg) {
+    push p;
+    if (push_init(&p, j->nranks) != 0) {
+        GB_ERROR("cannot send %s to job %s: out of memory", rdzv_type_name(msg->type), j->run_id);
+        return;
+    }
+    if (rdzv_encode(msg, &p.data) != GPL_OK) {
+        GB_ERROR("cannot encode %s for job %s", rdzv_type_name(msg->type), j->run_id);
+        push_send(j->s, &p);
+        return;
+    }
+    for (uint32_t i = 0; i < j->nranks; i++)
+        if (j->ranks[i])
+            push_add(&p, j->ranks[i]->c, 0, p.data.len);
+    push_send(j->s, &p);
+}
+
 static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt, ...) {
     if (j->state != JOB_RUNNING)
         return;
@@ -495,6 +515,8 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
     vsnprintf(m.u.round_over.message, sizeof m.u.round_over.message, fmt, ap);
     va_end(ap);
     GB_WARN("job %s: round %u over: %s", j->run_id, j->round, m.u.round_over.message);
+    rdzv_health_round_end(j->health, j->round, culprit ? culprit->hostname : NULL,
+                          m.u.round_over.message);
     if (reason != RDZV_REASON_SCALE_UP && /* growing is not a failure */
         reason < sizeof j->s->m.failures / sizeof j->s->m.failures[0])
         j->s->m.failures[reason]++;
@@ -609,6 +631,7 @@ static void complete_round(job *j) {
         a.req_id = m->join_req;
         a.u.assigned.node_rank = i;
         a.u.assigned.base_rank = base;
+        m->base_rank = base;
         base += m->nproc;
         size_t off = p.data.len;
         if (pushing && rdzv_encode(&a, &p.data) == GPL_OK)
@@ -619,6 +642,7 @@ static void complete_round(job *j) {
     if (pushing)
         push_send(j->s, &p);
     j->s->m.rounds++;
+    rdzv_health_round_start(j->health, j->round, n, world);
     GB_INFO("job %s: round %u assigned: %u nodes, world size %u, master %s:%u", j->run_id, j->round,
             n, world, a.u.assigned.master_addr, a.u.assigned.master_port);
     /* Nodes still pending (over max) are told they wait for the next round. */
@@ -835,10 +859,13 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
                        jn->round, j->run_id, j->round);
             return;
         }
+        if (j->health && j->health->round != j->round)
+            rdzv_health_round_start(j->health, j->round, jn->nnodes, jn->world_size);
         j->ranks[jn->node_rank] = m;
         j->nactive++;
         m->active = 1;
         m->node_rank = jn->node_rank;
+        m->base_rank = jn->base_rank;
         rdzv_msg a = {.type = RDZV_ASSIGNED, .req_id = msg->req_id};
         a.u.assigned.round = jn->round;
         a.u.assigned.node_rank = jn->node_rank;
@@ -862,6 +889,8 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
     if (j->is_static)
         j->static_slots[jn->static_rank] = m;
     GB_INFO("job %s: %s (%s) joined, %u pending", j->run_id, m->hostname, m->addr, j->npending);
+    rdzv_health_note(j->health, RDZV_TL_JOIN, j->round + 1, m->hostname, -1, "%s (%s) joined",
+                     m->hostname, m->addr);
     if (j->state == JOB_RUNNING) {
         rdzv_msg w = {.type = RDZV_WAITING};
         w.u.waiting.waiting = j->npending;
@@ -1070,12 +1099,43 @@ static void handle_event(conn *c, const rdzv_msg *msg) {
     GB_WARN("job %s: event %s from %s: %s", j->run_id,
             e.u.event.kind == RDZV_EVENT_CHECKPOINT ? "checkpoint" : "shutdown", e.u.event.node,
             e.u.event.reason);
+    rdzv_health_note(j->health,
+                     e.u.event.kind == RDZV_EVENT_CHECKPOINT ? RDZV_TL_PREEMPT : RDZV_TL_SHUTDOWN,
+                     j->round, e.u.event.node, -1, "%s from %s: %s",
+                     e.u.event.kind == RDZV_EVENT_CHECKPOINT ? "checkpoint" : "shutdown",
+                     e.u.event.node, e.u.event.reason);
     push_to_job(j, &e);
     /* Members between rounds hear it too. */
     member *m;
     LIST_FOREACH(m, &j->pending, plink)
     send_msg(m->c, &e);
     send_simple(c, RDZV_OK, msg->req_id);
+}
+
+/* Named and recovered stragglers: the server's log, and the job's nodes
+ * (their launchers print it); workers are not told. */
+static void straggler_notice(void *ctx, const rdzv_rank_health *r, int named, const char *text) {
+    job *j = ctx;
+    GB_WARN("job %s: round %u: %s", j->run_id, j->round, text);
+    rdzv_msg e = {.type = RDZV_EVENT};
+    e.u.event.kind = RDZV_EVENT_STRAGGLER;
+    e.u.event.round = j->round;
+    member *m = r->node_rank < j->nranks ? j->ranks[r->node_rank] : NULL;
+    if (m)
+        memcpy(e.u.event.node, m->hostname, sizeof e.u.event.node);
+    snprintf(e.u.event.reason, sizeof e.u.event.reason, "%s", text);
+    (void)named;
+    push_to_nodes(j, &e);
+}
+
+/* A launcher's per-rank summaries of its last window; no reply. */
+static void handle_stats(conn *c, const rdzv_msg *msg) {
+    member *m = c->m;
+    if (m == NULL || !m->active || m->j == NULL || m->j->state != JOB_RUNNING)
+        return; /* between rounds: stale, dropped */
+    job *j = m->j;
+    rdzv_health_stats(j->health, m->node_rank, m->hostname, m->base_rank, m->nproc, msg,
+                      gb_now_ms(), straggler_notice, j);
 }
 
 static void handle_ready(conn *c, const rdzv_msg *msg) {
@@ -1101,11 +1161,22 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
         handle_event(c, msg);
         return;
     case RDZV_FAIL:
-        if (c->m && c->m->active) {
+        if (c->m && c->m->active && (msg->flags & RDZV_FAIL_HANG)) {
+            job *j = c->m->j;
+            GB_WARN("job %s: rank %u on node %s (node rank %u) hung: %s", j->run_id,
+                    msg->u.fail.rank, c->m->hostname, c->m->node_rank, msg->u.fail.message);
+            rdzv_health_hang(j->health, j->round, c->m->hostname, msg->u.fail.rank,
+                             msg->u.fail.message);
+            end_round(j, c->m, RDZV_REASON_FAILED, "node %s (node rank %u): rank %u hung: %s",
+                      c->m->hostname, c->m->node_rank, msg->u.fail.rank, msg->u.fail.message);
+        } else if (c->m && c->m->active) {
             end_round(c->m->j, c->m, RDZV_REASON_FAILED, "node %s (node rank %u): %s",
                       c->m->hostname, c->m->node_rank, msg->u.fail.message);
         }
         send_simple(c, RDZV_OK, msg->req_id);
+        return;
+    case RDZV_STATS:
+        handle_stats(c, msg);
         return;
     case RDZV_DONE:
         if (c->m && c->m->active && !c->m->done) {
@@ -1113,6 +1184,8 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
             c->m->done = 1;
             if (++j->ndone == j->nranks) {
                 GB_INFO("job %s: every node finished round %u", j->run_id, j->round);
+                rdzv_health_note(j->health, RDZV_TL_DONE, j->round, NULL, -1,
+                                 "every node finished round %u", j->round);
                 rdzv_msg d = {.type = RDZV_JOB_DONE};
                 push_to_job(j, &d);
                 /* nodes still waiting to join will not be needed */
@@ -1374,6 +1447,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
+    ch.flags = RDZV_CHALLENGE_HEALTH;
     send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }

@@ -7,6 +7,7 @@
 
 #include "gpulaunch/rdzv.h"
 #include "rdzv_codec.h"
+#include "rdzv_health.h"
 
 typedef struct conn conn;
 typedef struct job job;
@@ -29,6 +30,7 @@ struct member {
     uint64_t join_seq; /* arrival order (joined_ms ties within a millisecond) */
     int pending, active, done;
     uint32_t node_rank;
+    uint32_t base_rank;     /* its first global rank in the current round */
     int64_t prev_rank;      /* rank in the last round this member was in, -1 none */
     uint32_t awaited_round; /* a survivor of this failed round, not re-joined yet (0: none) */
 };
@@ -81,6 +83,7 @@ struct job {
     LIST_HEAD(, waiter) waiters;
     LIST_HEAD(, conn) attached;
     uint32_t nmembers_total; /* member structs pointing here */
+    rdzv_health *health;     /* stats, stragglers, timeline (rdzv_health.c); NULL: no memory */
 };
 
 typedef struct rdzv_metrics {

@@ -1,0 +1,195 @@
+/* Job health for the HTTP side: each job's rounds, timeline, step rate,
+ * per-rank statistics, stragglers and last hang in /status, and bounded
+ * per-job and per-rank gauges in /metrics (docs/health.md lists them). */
+#include "rdzv_health_render.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static void json_ms(sbuf *b, const char *key, uint32_t us) {
+    if (us == UINT32_MAX)
+        sb_printf(b, ",\"%s\":null", key);
+    else
+        sb_printf(b, ",\"%s\":%.3f", key, us / 1000.0);
+}
+
+static const char *node_name(job *j, uint32_t node_rank) {
+    member *m = node_rank < j->nranks ? j->ranks[node_rank] : NULL;
+    return m ? m->hostname : "";
+}
+
+void rdzv_health_render_member(job *j, member *m, sbuf *b) {
+    sb_printf(b, ",\"base_rank\":%u,\"ngpus\":%u,\"gpus\":[", m->base_rank, m->ngpus);
+    const rdzv_health *h = j->health;
+    if (h && h->ranks) {
+        uint32_t shown = 0;
+        for (uint32_t r = m->base_rank; r < m->base_rank + m->nproc && r < h->nranks; r++) {
+            if (shown == 64)
+                break; /* a node's ranks: 64 are enough to read its binding */
+            sb_printf(b, "%s", shown ? "," : "");
+            sb_json_str(b, h->ranks[r].updated_ms ? h->ranks[r].st.gpu : "");
+            shown++;
+        }
+    }
+    sb_printf(b, "]");
+}
+
+static void render_event(sbuf *b, const rdzv_tl_event *e) {
+    sb_printf(b, "{\"unix_ms\":%llu,\"kind\":\"%s\",\"round\":%u,\"count\":%u,\"rank\":",
+              (unsigned long long)e->unix_ms, rdzv_tl_kind_name(e->kind), e->round, e->count);
+    if (e->rank >= 0)
+        sb_printf(b, "%lld", (long long)e->rank);
+    else
+        sb_printf(b, "null");
+    sb_printf(b, ",\"node\":");
+    sb_json_str(b, e->node);
+    sb_printf(b, ",\"text\":");
+    sb_json_str(b, e->text);
+    sb_printf(b, "}");
+}
+
+void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
+    const rdzv_health *h = j->health;
+    if (h == NULL)
+        return;
+    sb_printf(b, ",\"rounds\":[");
+    for (uint32_t i = 0; i < h->rounds_n; i++) {
+        const rdzv_round_rec *r = rdzv_health_round(h, i);
+        sb_printf(b,
+                  "%s{\"round\":%u,\"nnodes\":%u,\"world\":%u,\"start_unix_ms\":%llu,"
+                  "\"end_unix_ms\":%llu,\"end\":",
+                  i ? "," : "", r->round, r->nnodes, r->world, (unsigned long long)r->start_unix_ms,
+                  (unsigned long long)r->end_unix_ms);
+        sb_json_str(b, r->end);
+        sb_printf(b, "}");
+    }
+    sb_printf(b, "],\"events_total\":%llu,\"events\":[", (unsigned long long)h->events_total);
+    for (uint32_t i = 0; i < h->ev_n; i++) {
+        sb_printf(b, "%s", i ? "," : "");
+        render_event(b, rdzv_health_event(h, i));
+    }
+    sb_printf(b,
+              "],\"health\":{\"threshold\":%.3f,\"windows\":%u,\"round\":%u,\"world\":%u,"
+              "\"reported\":%u,\"steps_per_s\":%.3f",
+              h->threshold, h->windows, h->round, h->world, h->reported, (double)h->steps_per_s);
+    json_ms(b, "median_step_ms", h->median_step_us);
+    json_ms(b, "median_busy_ms", h->median_busy_us);
+    json_ms(b, "median_wait_ms", h->median_wait_us);
+    sb_printf(b,
+              ",\"stats_messages\":%llu,\"stats_dropped\":%llu,\"hangs_total\":%llu,"
+              "\"stragglers_total\":%llu,\"hang\":",
+              (unsigned long long)h->stats_msgs, (unsigned long long)h->stats_dropped,
+              (unsigned long long)h->hangs_total, (unsigned long long)h->stragglers_total);
+    if (h->has_hang)
+        render_event(b, &h->hang);
+    else
+        sb_printf(b, "null");
+    sb_printf(b, ",\"stragglers\":[");
+    uint32_t ns = 0;
+    for (uint32_t i = 0; h->ranks && i < h->nranks && ns < RDZV_STATUS_MAX_RANKS; i++)
+        if (h->ranks[i].straggler)
+            sb_printf(b, "%s%u", ns++ ? "," : "", i);
+    sb_printf(b, "],\"rate\":[");
+    for (uint32_t i = 0; i < h->rate_n; i++) {
+        const rdzv_rate_sample *r = rdzv_health_rate(h, i);
+        sb_printf(b, "%s[%llu,%.3f,%u]", i ? "," : "", (unsigned long long)r->unix_ms,
+                  (double)r->steps_per_s, r->round);
+    }
+    uint32_t top[RDZV_STATUS_MAX_RANKS];
+    uint32_t n = rdzv_health_top(h, top, RDZV_STATUS_MAX_RANKS);
+    sb_printf(b, "],\"ranks_shown\":%u,\"ranks\":[", n);
+    for (uint32_t k = 0; k < n; k++) {
+        const rdzv_rank_health *r = &h->ranks[top[k]];
+        sb_printf(b, "%s{\"rank\":%u,\"local_rank\":%u,\"node_rank\":%u,\"node\":", k ? "," : "",
+                  top[k], r->st.local_rank, r->node_rank);
+        sb_json_str(b, node_name(j, r->node_rank));
+        sb_printf(b, ",\"gpu\":");
+        sb_json_str(b, r->st.gpu);
+        sb_printf(b, ",\"step\":%llu,\"steps\":%u,\"window_ms\":%u", (unsigned long long)r->st.step,
+                  r->st.steps, r->window_ms);
+        json_ms(b, "step_ms", r->st.step_time_us);
+        json_ms(b, "wait_ms", r->st.wait_us);
+        json_ms(b, "busy_ms", r->busy_us);
+        sb_printf(b,
+                  ",\"ratio\":%.3f,\"since_progress_ms\":%u,\"report_age_ms\":%llu,"
+                  "\"straggler\":%s}",
+                  (double)r->ratio, r->st.since_progress_ms,
+                  (unsigned long long)(now_ms - r->updated_ms), r->straggler ? "true" : "false");
+    }
+    sb_printf(b, "]}");
+}
+
+static void rank_series(sbuf *b, const char *metric, job *j, const rdzv_rank_health *r,
+                        uint32_t rank, double v) {
+    sb_printf(b, "%s{job=", metric);
+    sb_label(b, j->run_id);
+    sb_printf(b, ",node=");
+    sb_label(b, node_name(j, r->node_rank));
+    sb_printf(b, ",rank=\"%u\"} %.6g\n", rank, v);
+}
+
+static void job_series(sbuf *b, const char *metric, job *j, double v) {
+    sb_printf(b, "%s{job=", metric);
+    sb_label(b, j->run_id);
+    sb_printf(b, "} %.6g\n", v);
+}
+
+void rdzv_health_render_metrics(rdzv_server *s, sbuf *b) {
+    static const struct {
+        const char *name, *type, *help;
+    } jm[] = {
+        {"gpulaunch_job_steps_per_second", "gauge", "The job's median step rate."},
+        {"gpulaunch_job_step_time_seconds", "gauge", "The job's median step time."},
+        {"gpulaunch_job_stragglers", "gauge", "Ranks named stragglers now."},
+        {"gpulaunch_job_stragglers_total", "counter", "Ranks named stragglers so far."},
+        {"gpulaunch_job_hangs_total", "counter", "Ranks reported hung by their launcher."},
+        {"gpulaunch_job_rank_stats_total", "counter", "Per-rank summaries received."},
+    };
+    job *j;
+    for (size_t k = 0; k < sizeof jm / sizeof jm[0]; k++) {
+        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", jm[k].name, jm[k].help, jm[k].name,
+                  jm[k].type);
+        LIST_FOREACH(j, &s->jobs, link) {
+            const rdzv_health *h = j->health;
+            if (h == NULL)
+                continue;
+            double v = k == 0   ? h->steps_per_s
+                       : k == 1 ? h->median_step_us / 1e6
+                       : k == 2 ? h->nstragglers
+                       : k == 3 ? (double)h->stragglers_total
+                       : k == 4 ? (double)h->hangs_total
+                                : (double)h->stats_ranks;
+            job_series(b, jm[k].name, j, v);
+        }
+    }
+    /* Per-rank series: at most RDZV_METRICS_RANKS per job and metric, the
+     * named stragglers first, then the ranks with the highest busy time. */
+    static const struct {
+        const char *name, *help;
+    } rm[] = {
+        {"gpulaunch_rank_step_time_seconds", "Mean step time of the rank's last window."},
+        {"gpulaunch_rank_wait_seconds",
+         "Mean time per step the rank waited for the last rank at collectives (when known)."},
+        {"gpulaunch_rank_busy_seconds", "Step time less that wait: what the straggler rule uses."},
+        {"gpulaunch_rank_straggler", "1 while the rank is named a straggler."},
+    };
+    uint32_t top[RDZV_METRICS_RANKS];
+    for (size_t k = 0; k < sizeof rm / sizeof rm[0]; k++) {
+        sb_printf(b, "# HELP %s %s (top %d ranks per job)\n# TYPE %s gauge\n", rm[k].name,
+                  rm[k].help, RDZV_METRICS_RANKS, rm[k].name);
+        LIST_FOREACH(j, &s->jobs, link) {
+            const rdzv_health *h = j->health;
+            uint32_t n = rdzv_health_top(h, top, RDZV_METRICS_RANKS);
+            for (uint32_t i = 0; i < n; i++) {
+                const rdzv_rank_health *r = &h->ranks[top[i]];
+                if (k == 1 && r->st.wait_us == UINT32_MAX)
+                    continue;
+                double v = k == 0   ? r->st.step_time_us / 1e6
+                           : k == 1 ? r->st.wait_us / 1e6
+                           : k == 2 ? r->busy_us / 1e6
+                                    : (double)r->straggler;
+                rank_series(b, rm[k].name, j, r, top[i], v);
+            }
+        }
+    }
+}

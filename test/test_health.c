@@ -1,0 +1,604 @@
+/* Job health on a real gpulaunch-rdzv: launcher clients (rdzv_client, on a
+ * libuv loop in this process) send per-rank statistics over real sockets; a
+ * rank slowed by 50 % is named within 3 windows and no other rank is, it
+ * recovers, a hang ends the round and is recorded, /status and /metrics say
+ * so within their bounds, the job page shows it in headless Chromium, and the
+ * server's CPU cost of statistics from 1,024 nodes x 8 ranks is measured. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <curl/curl.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static proc srv;
+static int port, hport;
+static uv_loop_t loop;
+
+typedef struct node {
+    rdzv_client *c;
+    int assigned, over, errors, stragglers, recovered;
+    rdzv_assignment a;
+    uint32_t over_reason;
+    char over_msg[1025], event[1025], event_node[256];
+} node;
+
+static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
+    node *n = rdzv_client_data(c);
+    n->assigned = 1;
+    n->a = *a;
+}
+
+static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
+                          const char *hostname, const char *message) {
+    node *n = rdzv_client_data(c);
+    n->assigned = 0;
+    n->over++;
+    n->over_reason = reason;
+    snprintf(n->over_msg, sizeof n->over_msg, "%s", message);
+}
+
+static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline, const char *nodename,
+                     const char *reason) {
+    node *n = rdzv_client_data(c);
+    if (kind != RDZV_EVENT_STRAGGLER)
+        return;
+    if (strstr(reason, "recovered"))
+        n->recovered++;
+    else
+        n->stragglers++;
+    snprintf(n->event, sizeof n->event, "%s", reason);
+    snprintf(n->event_node, sizeof n->event_node, "%s", nodename);
+}
+
+static void on_error(rdzv_client *c, gpl_result_t code, const char *message) {
+    node *n = rdzv_client_data(c);
+    n->errors++;
+    cr_log_error("client error %d: %s", code, message);
+}
+
+static void start_server(const char *const *more) {
+    const char *extra[16] = {"--http", "127.0.0.1:0"};
+    int k = 2;
+    for (int i = 0; more && more[i] && k < 15; i++)
+        extra[k++] = more[i];
+    extra[k] = NULL;
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
+    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000));
+    hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+    uv_loop_init(&loop);
+}
+
+static void stop_server(void) {
+    proc_kill(&srv, SIGTERM);
+    int st = proc_wait(&srv, 5000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit status %d: %s", st, srv.out);
+}
+
+/* Runs the loop for ms, draining the server's output (it must never block on it). */
+static void pump(int ms) {
+    uint64_t end = now_ms() + (uint64_t)ms;
+    do {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        proc_expect(&srv, "\x01never\x01", 0);
+        usleep(1000);
+    } while (now_ms() < end);
+}
+
+static node *start_nodes(const char *run, uint32_t n, uint32_t nproc) {
+    node *nodes = calloc(n, sizeof *nodes);
+    for (uint32_t i = 0; i < n; i++) {
+        char host[64], addr[64], inst[64];
+        snprintf(host, sizeof host, "%s-node-%u", run, i);
+        snprintf(addr, sizeof addr, "10.0.%u.%u", i / 250, i % 250 + 1);
+        snprintf(inst, sizeof inst, "i-%s-%u", run, i);
+        rdzv_join_params jp = {.run_id = run,
+                               .hostname = host,
+                               .addr = addr,
+                               .instance = inst,
+                               .master_port = 29500,
+                               .nproc = nproc,
+                               .ngpus = nproc,
+                               .static_rank = (int32_t)i,
+                               .min_nodes = n,
+                               .max_nodes = n,
+                               .join_timeout_ms = 60000,
+                               .heartbeat_interval_ms = 1000,
+                               .heartbeat_timeout_ms = 30000};
+        rdzv_client_options o = {.host = "127.0.0.1", .port = port, .connect_timeout_ms = 10000};
+        rdzv_client_callbacks cb = {.data = &nodes[i],
+                                    .on_assigned = on_assigned,
+                                    .on_round_over = on_round_over,
+                                    .on_event = on_event,
+                                    .on_error = on_error};
+        char err[256];
+        cr_assert_eq(rdzv_client_start(&loop, &o, &jp, &cb, &nodes[i].c, err, sizeof err), GPL_OK,
+                     "%s", err);
+    }
+    uint64_t deadline = now_ms() + 20000;
+    uint32_t ready = 0;
+    while (now_ms() < deadline) {
+        pump(5);
+        ready = 0;
+        for (uint32_t i = 0; i < n; i++)
+            ready += nodes[i].assigned;
+        if (ready == n)
+            break;
+    }
+    cr_assert_eq(ready, n, "only %u of %u nodes were assigned", ready, n);
+    return nodes;
+}
+
+static void close_nodes(node *nodes, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++)
+        rdzv_client_close(nodes[i].c);
+    pump(20);
+    free(nodes);
+}
+
+/* Synchronous data parallelism, modelled: each rank computes for its own
+ * time (20 ms with +-5 % noise, times its slowdown), then the all-reduce
+ * (2 ms) starts when the last rank arrives; every rank's step time is the
+ * slowest rank's, and the others wait the difference. */
+#define BASE_US 20000.0
+#define COMM_US 2000.0
+#define WINDOW_MS 200
+
+static double compute_us(uint32_t rank, uint32_t w, uint32_t slow_rank, double slow) {
+    double noise = (double)((int)((rank * 7 + w * 13) % 11) - 5) / 100.0;
+    return BASE_US * (1.0 + noise) * (rank == slow_rank ? slow : 1.0);
+}
+
+/* One window of every node; slow: the slowdown of slow_rank over it. The
+ * rank `steady` is 12 % slower throughout (a noise-level difference). */
+static void send_window(node *nodes, uint32_t n, uint32_t nproc, uint32_t w, uint32_t slow_rank,
+                        double slow, uint32_t steady) {
+    uint32_t world = n * nproc;
+    double step = 0;
+    for (uint32_t r = 0; r < world; r++) {
+        double c = compute_us(r, w, slow_rank, slow) * (r == steady ? 1.12 : 1.0);
+        if (c > step)
+            step = c;
+    }
+    step += COMM_US;
+    rdzv_rank_stats *st = calloc(nproc, sizeof *st);
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t l = 0; l < nproc; l++) {
+            uint32_t r = nodes[i].a.base_rank + l;
+            double c = compute_us(r, w, slow_rank, slow) * (r == steady ? 1.12 : 1.0);
+            st[l] = (rdzv_rank_stats){.rank = r,
+                                      .local_rank = l,
+                                      .step = (uint64_t)(w + 1) * 9,
+                                      .steps = (uint32_t)(WINDOW_MS * 1000.0 / step),
+                                      .step_time_us = (uint32_t)step,
+                                      .wait_us = (uint32_t)(step - COMM_US - c),
+                                      .since_progress_ms = 15};
+            snprintf(st[l].gpu, sizeof st[l].gpu, "%u", l);
+        }
+        rdzv_client_stats(nodes[i].c, WINDOW_MS, st, nproc);
+    }
+    free(st);
+}
+
+typedef struct sbuf_t {
+    char *p;
+    size_t len, cap;
+} sbuf_t;
+
+static size_t sink(char *p, size_t s, size_t n, void *ud) {
+    sbuf_t *b = ud;
+    size_t add = s * n;
+    if (b->len + add + 1 > b->cap) {
+        size_t cap = (b->len + add + 1) * 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL)
+            return 0;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, add);
+    b->len += add;
+    b->p[b->len] = 0;
+    return add;
+}
+
+static char *http_get(const char *path) {
+    sbuf_t b = {0};
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", hport, path);
+    CURL *c = curl_easy_init();
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
+    long code = 0;
+    if (curl_easy_perform(c) == CURLE_OK)
+        curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(c);
+    cr_assert_eq(code, 200, "GET %s: %ld", path, code);
+    return b.p ? b.p : strdup("");
+}
+
+/* Lines of text that start with prefix and contain every needle (NULL-ended). */
+static int count_lines(const char *text, const char *prefix, const char *const *needles) {
+    int n = 0;
+    for (const char *l = text; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), l);
+        if (strncmp(line, prefix, strlen(prefix)) == 0) {
+            int all = 1;
+            for (int i = 0; needles && needles[i]; i++)
+                all &= strstr(line, needles[i]) != NULL;
+            n += all;
+        }
+        l = e ? e + 1 : NULL;
+    }
+    return n;
+}
+
+static int total(node *nodes, uint32_t n, size_t off) {
+    int t = 0;
+    for (uint32_t i = 0; i < n; i++)
+        t += *(int *)((char *)&nodes[i] + off);
+    return t;
+}
+
+TestSuite(health, .timeout = 60);
+
+/* 3 nodes x 4 ranks. Windows 0-2 as usual (rank 2 steadily 12 % slower: not
+ * named); in window 3 rank 6 slows by 50 % from mid-window (1.25x over the
+ * window), then 1.5x: it must be named by the end of window 5, and no other
+ * rank ever. From window 9 it is back to normal and recovers. */
+Test(health, slowed_rank_named_within_3_windows_then_recovers) {
+    start_server(NULL);
+    const uint32_t n = 3, nproc = 4, slow_rank = 6, steady = 2, w0 = 3, fix = 9;
+    node *nodes = start_nodes("slow", n, nproc);
+    int named_at = -1, recovered_at = -1;
+    for (uint32_t w = 0; w < 14; w++) {
+        double slow = w < w0 ? 1.0 : w == w0 ? 1.25 : w < fix ? 1.5 : w == fix ? 1.25 : 1.0;
+        send_window(nodes, n, nproc, w, slow_rank, slow, steady);
+        pump(WINDOW_MS);
+        if (named_at < 0 && total(nodes, n, offsetof(node, stragglers)) == (int)n)
+            named_at = (int)w;
+        if (recovered_at < 0 && total(nodes, n, offsetof(node, recovered)) == (int)n)
+            recovered_at = (int)w;
+        if (w == fix - 1) {
+            char *st = http_get("/status");
+            cr_expect(strstr(st, "\"stragglers\":[6]") != NULL, "%s", st);
+            cr_expect(strstr(st,
+                             "\"rank\":6,\"local_rank\":2,\"node_rank\":1,\"node\":\"slow-node-1\""
+                             ",\"gpu\":\"2\"") != NULL,
+                      "%s", st);
+            cr_expect(strstr(st, "\"kind\":\"straggler\"") != NULL, "%s", st);
+            cr_expect(strstr(st, "\"gpus\":[\"0\",\"1\",\"2\",\"3\"]") != NULL, "%s", st);
+            free(st);
+            char *m = http_get("/metrics");
+            const char *named[] = {"rank=\"6\"", "node=\"slow-node-1\"", "job=\"slow\"", "} 1",
+                                   NULL};
+            cr_expect_eq(count_lines(m, "gpulaunch_rank_straggler{", named), 1, "%s", m);
+            const char *one[] = {"} 1", NULL};
+            cr_expect_eq(count_lines(m, "gpulaunch_rank_straggler{", one), 1,
+                         "exactly one rank is named: %s", m);
+            cr_expect(strstr(m, "gpulaunch_job_stragglers{job=\"slow\"} 1\n") != NULL, "%s", m);
+            const char *st6[] = {"rank=\"6\"", NULL};
+            cr_expect_eq(count_lines(m, "gpulaunch_rank_step_time_seconds{", st6), 1, "%s", m);
+            cr_expect_eq(count_lines(m, "gpulaunch_rank_wait_seconds{", st6), 1, "%s", m);
+            free(m);
+        }
+    }
+    cr_log_info("straggler named in window %d (slowdown from mid-window %u), recovered in "
+                "window %d (back to normal from mid-window %u)",
+                named_at, w0, recovered_at, fix);
+    cr_expect(named_at >= (int)w0 && named_at <= (int)w0 + 2,
+              "rank 6 named in window %d; the slowdown started in window %u", named_at, w0);
+    cr_expect_eq(total(nodes, n, offsetof(node, stragglers)), (int)n,
+                 "one straggler event per node, for rank 6 only");
+    cr_expect(strstr(nodes[0].event, "rank 6 (node slow-node-1, local rank 2, GPU 2)") != NULL,
+              "%s", nodes[0].event);
+    cr_expect_str_eq(nodes[2].event_node, "slow-node-1");
+    cr_expect(recovered_at >= (int)fix && recovered_at <= (int)fix + 3, "recovered in window %d",
+              recovered_at);
+    cr_expect(proc_expect(&srv, "straggler: rank 6 (node slow-node-1", 1000), "the server's log");
+    char *st = http_get("/status");
+    cr_expect(strstr(st, "\"stragglers\":[]") != NULL, "%s", st);
+    cr_expect(strstr(st, "\"kind\":\"recovered\"") != NULL, "%s", st);
+    cr_expect(strstr(st, "\"rate\":[[") != NULL, "step rate samples: %s", st);
+    free(st);
+    close_nodes(nodes, n);
+    stop_server();
+}
+
+/* The threshold and window count are the server's options. */
+Test(health, options_set_threshold_and_windows) {
+    const char *more[] = {"--straggler-threshold", "1.1", "--straggler-windows", "4", NULL};
+    start_server(more);
+    node *nodes = start_nodes("opt", 2, 4);
+    int named_at = -1;
+    for (uint32_t w = 0; w < 8 && named_at < 0; w++) {
+        send_window(nodes, 2, 4, w, 5, 1.25, 99); /* rank 5: 25 % slower, over 1.1x */
+        pump(WINDOW_MS);
+        if (total(nodes, 2, offsetof(node, stragglers)) == 2)
+            named_at = (int)w;
+    }
+    cr_expect_eq(named_at, 3, "named after 4 windows over 1.1x, at window %d", named_at);
+    cr_expect(strstr(nodes[0].event, "rank 5 ") != NULL, "%s", nodes[0].event);
+    char *st = http_get("/status");
+    cr_expect(strstr(st, "\"threshold\":1.100,\"windows\":4") != NULL, "%s", st);
+    free(st);
+    close_nodes(nodes, 2);
+    stop_server();
+    const char *bad[] = {"--straggler-threshold", "0.9", NULL};
+    proc p;
+    cr_expect_neq(rdzv_start(&p, &port, bad), 0, "a threshold under 1 is refused");
+    cr_expect(strstr(p.out, "--straggler-threshold takes a number over 1") != NULL, "%s", p.out);
+    proc_wait(&p, 2000);
+}
+
+/* A hang report ends the round like a failure, names the rank to every node
+ * and stays on the job's record (/status, /metrics, the timeline). */
+Test(health, hang_ends_the_round_and_is_recorded) {
+    start_server(NULL);
+    node *nodes = start_nodes("hang", 2, 2);
+    send_window(nodes, 2, 2, 0, 99, 1.0, 99);
+    pump(50);
+    rdzv_client_hang(nodes[1].c, 3,
+                     "rank 3 (pid 4242) made no progress for 12.0 s (timeout 10 s); last step 340");
+    uint64_t deadline = now_ms() + 5000;
+    while (now_ms() < deadline && (nodes[0].over == 0 || nodes[1].over == 0))
+        pump(5);
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(nodes[i].over, 1, "node %d told the round is over", i);
+        cr_expect_eq(nodes[i].over_reason, RDZV_REASON_FAILED);
+        cr_expect(strstr(nodes[i].over_msg, "rank 3 hung: rank 3 (pid 4242)") != NULL, "%s",
+                  nodes[i].over_msg);
+    }
+    char *st = http_get("/status");
+    cr_expect(strstr(st, "\"hang\":{\"unix_ms\":") != NULL, "%s", st);
+    cr_expect(
+        strstr(st,
+               "\"kind\":\"hang\",\"round\":1,\"count\":1,\"rank\":3,\"node\":\"hang-node-1\"") !=
+            NULL,
+        "%s", st);
+    cr_expect(strstr(st, "\"kind\":\"round_over\"") != NULL, "%s", st);
+    cr_expect(strstr(st, "\"hangs_total\":1") != NULL, "%s", st);
+    free(st);
+    char *m = http_get("/metrics");
+    cr_expect(strstr(m, "gpulaunch_job_hangs_total{job=\"hang\"} 1\n") != NULL, "%s", m);
+    cr_expect(strstr(m, "gpulaunch_rdzv_failures_total{reason=\"worker_failed\"} 1\n") != NULL,
+              "%s", m);
+    free(m);
+    cr_expect(proc_expect(&srv, "rank 3 on node hang-node-1 (node rank 1) hung", 1000));
+    /* the next round forms from both survivors, and the hang stays on the record */
+    for (int i = 0; i < 2; i++)
+        rdzv_client_rejoin(nodes[i].c);
+    deadline = now_ms() + 5000;
+    while (now_ms() < deadline && !(nodes[0].assigned && nodes[1].assigned))
+        pump(5);
+    cr_expect(nodes[0].assigned && nodes[1].assigned && nodes[0].a.round == 2);
+    st = http_get("/status");
+    cr_expect(strstr(st, "\"hang\":{") != NULL && strstr(st, "\"round\":2,\"nnodes\":2") != NULL,
+              "%s", st);
+    free(st);
+    close_nodes(nodes, 2);
+    stop_server();
+}
+
+/* Per-rank output is bounded: 2 nodes x 300 ranks give at most
+ * RDZV_METRICS_RANKS (16) series per metric and job, and 512 ranks in
+ * /status; the straggler is among them either way. */
+Test(health, per_rank_output_is_bounded) {
+    start_server(NULL);
+    const uint32_t n = 2, nproc = 300, slow_rank = 417;
+    node *nodes = start_nodes("wide", n, nproc);
+    for (uint32_t w = 0; w < 4; w++) {
+        send_window(nodes, n, nproc, w, slow_rank, 1.5, 99999);
+        pump(WINDOW_MS);
+    }
+    cr_expect_eq(total(nodes, n, offsetof(node, stragglers)), (int)n);
+    char *m = http_get("/metrics");
+    const char *job[] = {"job=\"wide\"", NULL};
+    cr_expect_eq(count_lines(m, "gpulaunch_rank_step_time_seconds{", job), 16, "%s", m);
+    cr_expect_eq(count_lines(m, "gpulaunch_rank_straggler{", job), 16);
+    const char *named[] = {"rank=\"417\"", "} 1", NULL};
+    cr_expect_eq(count_lines(m, "gpulaunch_rank_straggler{", named), 1);
+    free(m);
+    char *st = http_get("/status");
+    cr_expect(strstr(st, "\"world\":600,\"reported\":600") != NULL, "%s", st);
+    cr_expect(strstr(st, "\"ranks_shown\":512,") != NULL);
+    cr_expect(strstr(st, "{\"rank\":417,") != NULL, "the straggler is shown");
+    free(st);
+    close_nodes(nodes, n);
+    stop_server();
+}
+
+/* Runs a shell command while the loop keeps running (the nodes stay alive). */
+static int run_pumping(const char *cmd, int timeout_ms) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    int st = -1;
+    while (waitpid(pid, &st, WNOHANG) == 0) {
+        if (now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return -1;
+        }
+        pump(20);
+    }
+    return st;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = calloc(1, (size_t)n + 1);
+    if (fread(p, 1, (size_t)n, f) != (size_t)n)
+        p[0] = 0;
+    fclose(f);
+    return p;
+}
+
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+static const char *chromium(void) {
+    static const char *const paths[] = {"/usr/bin/chromium", "/usr/bin/chromium-browser"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (access(paths[i], X_OK) == 0)
+            return paths[i];
+    return NULL;
+}
+
+/* The page at / in a real browser: a job with a straggler and a second one
+ * with a hang; the DOM after the page's scripts ran shows the jobs, the
+ * members, the straggler highlighted, both plots with points; a screenshot
+ * is written for the docs. */
+Test(health, job_page_in_chromium, .timeout = 90) {
+    const char *browser = chromium();
+    if (browser == NULL)
+        cr_skip_test("chromium is not installed (Debian package chromium, scripts/deps.sh): the "
+                     "job page is not checked in a browser");
+    start_server(NULL);
+    node *hung = start_nodes("eval", 1, 2);
+    rdzv_client_hang(hung[0].c, 1, "rank 1 (pid 5151) made no progress for 31.0 s (timeout 30 s)");
+    node *nodes = start_nodes("train", 2, 4);
+    for (uint32_t w = 0; w < 14; w++) {
+        send_window(nodes, 2, 4, w, 5, w < 3 ? 1.0 : 1.5, 99);
+        pump(WINDOW_MS);
+    }
+    cr_assert_eq(total(nodes, 2, offsetof(node, stragglers)), 2, "rank 5 named");
+    char dir[256];
+    tmpdir_make(dir, sizeof dir, "gpl-page");
+    char cmd[2048];
+    const char *flags = "--headless --no-sandbox --disable-gpu --no-first-run "
+                        "--disable-dev-shm-usage --virtual-time-budget=4000";
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s %s --user-data-dir=%s/profile --dump-dom "
+             "'http://127.0.0.1:%d/#job=train' >%s/train.html 2>%s/chromium.log",
+             browser, flags, dir, hport, dir, dir);
+    int st = run_pumping(cmd, 70000);
+    char path[512];
+    snprintf(path, sizeof path, "%s/train.html", dir);
+    char *dom = slurp(path);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strlen(dom) > 1000,
+              "chromium failed (status %d); its DOM: %.2000s", st, dom);
+    /* every job listed, the selected one shown with its members */
+    cr_expect(strstr(dom, "data-run-id=\"train\"") != NULL, "%s", dom);
+    cr_expect(strstr(dom, "data-run-id=\"eval\"") != NULL, "%s", dom);
+    cr_expect(strstr(dom, "job train: running, round 1") != NULL, "%s", dom);
+    cr_expect(strstr(dom, "<td>train-node-0</td>") && strstr(dom, "<td>train-node-1</td>") &&
+                  strstr(dom, "<td>10.0.0.2</td>") && strstr(dom, "<td>4-7</td>") &&
+                  strstr(dom, "<td>0 1 2 3</td>"),
+              "members with address, ranks and GPUs: %s", dom);
+    /* the straggler highlighted: banner, bar, table row */
+    cr_expect(strstr(dom, "id=\"straggler-5\"") != NULL, "%s", dom);
+    cr_expect(strstr(dom, "Straggler: rank 5 on train-node-1 (local rank 1, GPU 1)") != NULL, "%s",
+              dom);
+    cr_expect_eq(count_of(dom, "class=\"bar straggler\""), 1, "one straggler bar");
+    cr_expect_eq(count_of(dom, "<tr class=\"straggler\">"), 1, "one straggler row");
+    /* both plots have their points: 8 rank bars, step-rate points */
+    cr_expect_eq(count_of(dom, "<g class=\"rank\""), 8, "%s", dom);
+    cr_expect_geq(count_of(dom, "<circle class=\"pt\""), 2, "step-rate points: %s", dom);
+    cr_expect(strstr(dom, "class=\"k-straggler\"") != NULL, "the timeline names it");
+    free(dom);
+
+    /* the other job: its hung rank highlighted */
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s %s --user-data-dir=%s/profile --dump-dom "
+             "'http://127.0.0.1:%d/#job=eval' >%s/eval.html 2>>%s/chromium.log",
+             browser, flags, dir, hport, dir, dir);
+    st = run_pumping(cmd, 70000);
+    snprintf(path, sizeof path, "%s/eval.html", dir);
+    dom = slurp(path);
+    cr_expect(strstr(dom, "id=\"hang\"") != NULL &&
+                  strstr(dom, "Hung: rank 1 on eval-node-0 in round 1") != NULL,
+              "%s", dom);
+    cr_expect(strstr(dom, "class=\"k-hang\"") != NULL, "%s", dom);
+    free(dom);
+
+    /* the screenshot for docs/health.md */
+    const char *shot = getenv("GPL_PAGE_SCREENSHOT");
+    char out[512];
+    snprintf(out, sizeof out, "%s", shot ? shot : GPL_BUILD_DIR "/job-page.png");
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s %s --user-data-dir=%s/profile --hide-scrollbars "
+             "--window-size=1280,900 --screenshot=%s 'http://127.0.0.1:%d/#job=train' "
+             ">>%s/chromium.log 2>&1",
+             browser, flags, dir, out, hport, dir);
+    st = run_pumping(cmd, 70000);
+    struct stat sb;
+    cr_expect(stat(out, &sb) == 0 && sb.st_size > 10000, "screenshot %s", out);
+    tmpdir_remove(dir);
+    close_nodes(nodes, 2);
+    close_nodes(hung, 1);
+    stop_server();
+}
+
+/* The server's CPU time for statistics: 1,024 nodes x 8 ranks each send one
+ * STATS per window, 10 windows. Measured from /proc/PID/schedstat (the
+ * server's CPU time over the windows, heartbeats included). */
+Test(health, stats_cost_1024_nodes_x_8_ranks, .timeout = 120) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < 4096) {
+        rl.rlim_cur = rl.rlim_max < 4096 ? rl.rlim_max : 4096;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < 1200)
+        cr_skip_test("the open-file limit (%llu) is under 1,200: 1,024 nodes do not fit",
+                     (unsigned long long)rl.rlim_cur);
+    start_server(NULL);
+    const uint32_t n = 1024, nproc = 8;
+    node *nodes = start_nodes("big", n, nproc);
+    pump(300);
+    /* the server's CPU time in ns: the first field of /proc/PID/schedstat */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/schedstat", (int)srv.pid);
+    unsigned long long t0 = 0, t1 = 0;
+    FILE *f = fopen(path, "r");
+    cr_assert(f != NULL && fscanf(f, "%llu", &t0) == 1);
+    fclose(f);
+    for (uint32_t w = 0; w < 10; w++) {
+        send_window(nodes, n, nproc, w, 77, w < 3 ? 1.0 : 1.5, 99999);
+        pump(WINDOW_MS);
+    }
+    f = fopen(path, "r");
+    cr_assert(f != NULL && fscanf(f, "%llu", &t1) == 1);
+    fclose(f);
+    double cpu_s = (double)(t1 - t0) / 1e9;
+    double msgs = 10.0 * n;
+    cr_log_info("server CPU for 10 windows of 1,024 nodes x 8 ranks (10,240 STATS, 81,920 rank "
+                "entries) and the heartbeats meanwhile: %.3f s, %.1f us per message, %.2f us per "
+                "rank entry; at one window per 5 s: %.2f %% of one core",
+                cpu_s, cpu_s * 1e6 / msgs, cpu_s * 1e6 / (msgs * nproc),
+                cpu_s / 10.0 / 5.0 * 100.0);
+    cr_expect_lt(cpu_s * 1e6 / msgs, 500.0, "under 0.5 ms of server CPU per STATS message");
+    cr_expect_eq(total(nodes, n, offsetof(node, stragglers)), (int)n, "rank 77 named to all");
+    char *st = http_get("/status");
+    cr_expect(strstr(st, "\"world\":8192,\"reported\":8192") != NULL, "%.500s", st);
+    cr_expect(strstr(st, "\"stragglers\":[77]") != NULL);
+    free(st);
+    close_nodes(nodes, n);
+    stop_server();
+}
