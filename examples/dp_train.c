@@ -226,18 +226,40 @@ static long arg_long(const char *name, const char *v, long lo, long hi) {
     return x;
 }
 
+/* --slow-rank: this rank's compute part of the step (forward and backward,
+ * plus --step-sleep-ms, which stands for the rest of a real step's compute)
+ * takes factor times as long, plus extra_ms, before the gradient all-reduce,
+ * as on a throttled GPU: the other ranks wait for it there. */
+static void slow_down(const struct timespec *t0, long sleep_ms, double factor, long extra_ms) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double compute_ns = (double)(t1.tv_sec - t0->tv_sec) * 1e9 + (double)(t1.tv_nsec - t0->tv_nsec);
+    double ns = (factor - 1.0) * (compute_ns + (double)sleep_ms * 1e6) + (double)extra_ms * 1e6;
+    if (ns <= 0)
+        return;
+    struct timespec ts = {(time_t)(ns / 1e9), (long)(ns - (double)(time_t)(ns / 1e9) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
     "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
     "                [--step-sleep-ms MS] [--device]\n"
+    "                [--slow-rank R [--slow-factor F] [--slow-ms MS] [--slow-from-step N]]\n"
     "--device (a build with CUDA): the gradients are averaged on the GPU, through NCCL.\n"
+    "--slow-rank R: from step N on (default 0), rank R's compute part of each step (forward,\n"
+    "backward and --step-sleep-ms) takes F times as long (default 1.5), plus MS, before the\n"
+    "gradient all-reduce: a straggler, as a throttled GPU would make one.\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
     "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
 
 int main(int argc, char **argv) {
     long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
+    long slow_rank = -1, slow_ms = 0, slow_from = 0;
+    double slow_factor = 1.5;
     int device = 0;
     double ckpt_every_s = 0;
     const char *ckpt_dir = NULL;
@@ -280,7 +302,21 @@ int main(int argc, char **argv) {
             ckpt_every_s = strtod(v, NULL);
         else if (strcmp(a, "--step-sleep-ms") == 0)
             sleep_ms = arg_long(a, v, 0, 60000);
-        else {
+        else if (strcmp(a, "--slow-rank") == 0)
+            slow_rank = arg_long(a, v, 0, 1L << 30);
+        else if (strcmp(a, "--slow-ms") == 0)
+            slow_ms = arg_long(a, v, 0, 600000);
+        else if (strcmp(a, "--slow-from-step") == 0)
+            slow_from = arg_long(a, v, 0, 1L << 40);
+        else if (strcmp(a, "--slow-factor") == 0) {
+            char *end;
+            slow_factor = strtod(v, &end);
+            if (*end || end == v || !(slow_factor >= 1.0 && slow_factor <= 100.0)) {
+                fprintf(stderr, "dp_train: --slow-factor takes a number from 1 to 100, not '%s'\n",
+                        v);
+                return 2;
+            }
+        } else {
             fprintf(stderr, "dp_train: unknown option %s\n%s", a, usage);
             return 2;
         }
@@ -378,7 +414,11 @@ int main(int argc, char **argv) {
     for (long step = start; step < steps; step++) {
         for (int k = 0; k < local; k++)
             idx[k] = (int)((step * batch + rank * local + k) % SAMPLES);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         float loss = forward_backward(&m, x, y, idx, local);
+        if (rank == slow_rank && step >= slow_from)
+            slow_down(&t0, sleep_ms, slow_factor, slow_ms);
         if (device_copy(dgrads, m.gw1, gtotal, 1) != 0)
             goto out;
         /* backward produced the last layer first */

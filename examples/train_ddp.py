@@ -43,6 +43,13 @@ buckets, so every counted step reduces the same bucket layout whether or not
 the run was resumed (the layout decides the order in which more than two
 ranks' gradients are summed).
 
+--slow-rank R makes rank R a straggler, as a throttled GPU would: from step
+--slow-from-step on, its compute part of each step (forward and backward, taken
+as 3 x the forward's time, plus --step-sleep-ms) takes --slow-factor times as
+long (default 1.5), plus --slow-ms; the extra sleep comes after the forward and
+before backward(), so before DDP's gradient all-reduce, where the other ranks
+wait for it.
+
 With --checkpoint-dir, a gpulaunch.Checkpointer saves rank 0's model and
 AdamW state (the data-parallel state is replicated; only rank 0 writes it)
 every --checkpoint-every steps and when the job is preempted, and every rank
@@ -186,6 +193,14 @@ def params_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def slow_down(forward_s: float, a: argparse.Namespace) -> None:
+    """--slow-rank: the rest of this step's compute, factor times as long."""
+    compute_s = 3.0 * forward_s + a.step_sleep_ms / 1000.0
+    extra = (a.slow_factor - 1.0) * compute_s + a.slow_ms / 1000.0
+    if extra > 0:
+        time.sleep(extra)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description="Data-parallel training of a small GPT on synthetic tokens (DDP).")
@@ -206,6 +221,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="checkpoint every K steps (0: only when preempted)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep after each step")
     ap.add_argument("--print-every", type=int, default=10)
+    ap.add_argument("--slow-rank", type=int, default=None,
+                    help="this rank's compute takes --slow-factor times as long (a straggler)")
+    ap.add_argument("--slow-factor", type=float, default=1.5)
+    ap.add_argument("--slow-ms", type=int, default=0, help="extra compute per step on --slow-rank")
+    ap.add_argument("--slow-from-step", type=int, default=0)
     ap.add_argument("--pg-timeout-s", type=float, default=None,
                     help="the process group's timeout in seconds (default torch's)")
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
@@ -218,9 +238,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                ("--print-every", a.print_every, 1),
                                ("--checkpoint-every", a.checkpoint_every, 0),
                                ("--step-sleep-ms", a.step_sleep_ms, 0),
+                               ("--slow-ms", a.slow_ms, 0),
+                               ("--slow-from-step", a.slow_from_step, 0),
                                ("--batch-size", a.batch_size or 1, 1)):
         if value < least:
             ap.error(f"{flag} must be at least {least}, not {value}")
+    if not 1.0 <= a.slow_factor <= 100.0:
+        ap.error(f"--slow-factor must be from 1 to 100, not {a.slow_factor}")
     if a.pg_timeout_s is not None and a.pg_timeout_s <= 0:
         ap.error(f"--pg-timeout-s must be above 0, not {a.pg_timeout_s}")
     return a
@@ -328,8 +352,11 @@ def main(argv: list[str]) -> int:
     preempted_at: Optional[int] = None
     t_train = time.monotonic()
     for step in range(start, a.steps):
+        t_step = time.monotonic()
         x = batch_of(a.seed, step, rank, size, batch, succ).to(device)
         loss = loss_of(x)
+        if rank == a.slow_rank and step >= a.slow_from_step:
+            slow_down(time.monotonic() - t_step, a)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
