@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gb_progress.h"
 #include "gb_stop.h"
 #include "gb_time.h"
 #include "gpl_int.h"
@@ -421,6 +422,7 @@ gpl_result_t gpl_step_end(gpl_comm_t c, int64_t step) {
     if (k == NULL)
         return c ? gb_seterr(&c->err, GPL_ERR_STATE, "gpl_step_end before gpl_ckpt_setup")
                  : GPL_ERR_INVALID_ARG;
+    gb_progress_step(step); /* the launcher's watchdog and straggler detection */
     const rdzv_push_state *push = NULL;
     if (c->rdzv) {
         rdzv_bclient_poll(c->rdzv, 0);
@@ -445,7 +447,9 @@ gpl_result_t gpl_step_end(gpl_comm_t c, int64_t step) {
             left = (double)push->checkpoint_deadline_unix_ms / 1000.0 - wall_s();
     }
     double t0 = wall_s();
+    gb_progress_set_state(GB_PROGRESS_SAVING); /* the hang watchdog waits for a save */
     gpl_result_t rc = save_step(k, step, left);
+    gb_progress_set_state(GB_PROGRESS_RUNNING);
     if (rc != GPL_OK)
         return rc;
     if (!flags[0])
@@ -510,7 +514,7 @@ static int step_valid(const char *stepdir, char *why, size_t whylen) {
     return 1;
 }
 
-gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
+static gpl_result_t restore(gpl_comm_t c, int64_t *out) {
     gpl_ckpt_t k = c ? c->ckpt : NULL;
     *out = -1;
     if (k == NULL)
@@ -547,6 +551,13 @@ gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
     k->last_saved_step = chosen;
     *out = chosen;
     return GPL_OK;
+}
+
+gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
+    gb_progress_set_state(GB_PROGRESS_SAVING); /* checkpoint I/O: the hang watchdog waits */
+    gpl_result_t rc = restore(c, out);
+    gb_progress_set_state(GB_PROGRESS_RUNNING);
+    return rc;
 }
 
 /* Inside the load callback: this rank's file `name`, else rank 0's (replicated

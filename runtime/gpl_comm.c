@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gb_progress.h"
 #include "gb_time.h"
 #include "gpl_int.h"
 
@@ -60,9 +61,14 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
         return GPL_ERR_NOMEM;
     *out = c;
     gpl_result_t rc = GPL_OK;
+    /* joins the launcher's progress channel; waiting for the peers is a collective */
+    gb_progress_attach();
+    gb_progress_coll_begin();
     c->rank = o->rank >= 0 ? o->rank : env_int("RANK", 0);
     c->world = o->world_size >= 0 ? o->world_size : env_int("WORLD_SIZE", 1);
-    c->local_rank = o->local_rank >= 0 ? o->local_rank : env_int("LOCAL_RANK", 0);
+    /* GPULAUNCH_LOCAL_RANK: the true one under --virtual-local-rank (LOCAL_RANK=0) */
+    c->local_rank = o->local_rank >= 0 ? o->local_rank
+                                       : env_int("GPULAUNCH_LOCAL_RANK", env_int("LOCAL_RANK", 0));
     c->local_world =
         o->local_world_size >= 0 ? o->local_world_size : env_int("LOCAL_WORLD_SIZE", c->world);
     c->nnodes = env_int("GROUP_WORLD_SIZE", 1);
@@ -166,6 +172,7 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
     if (c->backend == GPL_BACKEND_NCCL)
         rc = gpl_nccl_init(c, o->device);
 out:
+    gb_progress_coll_end();
     return rc;
 }
 
@@ -309,19 +316,29 @@ static gpl_result_t allreduce(gpl_comm_t c, const void *s, void *r, size_t count
     return gpl_nccl_wait(c, stream, "allreduce");
 }
 
+/* Every public collective is timed for the progress channel: the time a rank
+ * spends in collectives is mostly waiting for the last rank to arrive, which
+ * names the straggler (the one the others wait for), and a rank blocked in a
+ * collective is a hang's victim, not its cause. */
 gpl_result_t gpl_allreduce(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
                            gpl_op_t op, void *stream) {
-    return allreduce(c, s, r, count, t, op, stream, NULL);
+    gb_progress_coll_begin();
+    gpl_result_t rc = allreduce(c, s, r, count, t, op, stream, NULL);
+    gb_progress_coll_end();
+    return rc;
 }
 
 gpl_result_t gpl_allreduce_deferred(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
                                     gpl_op_t op, int *enqueued) {
     *enqueued = 0;
-    return allreduce(c, buf, buf, count, t, op, NULL, enqueued);
+    gb_progress_coll_begin();
+    gpl_result_t rc = allreduce(c, buf, buf, count, t, op, NULL, enqueued);
+    gb_progress_coll_end();
+    return rc;
 }
 
-gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
-                           void *stream) {
+static gpl_result_t broadcast_impl(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
+                                   void *stream) {
     gpl_result_t rc = check_args(c, "broadcast", buf, count, t, -1);
     if (rc != GPL_OK)
         return rc;
@@ -338,8 +355,8 @@ gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t,
     return gpl_cpu_broadcast(c, buf, count, t, root);
 }
 
-gpl_result_t gpl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
-                           void *stream) {
+static gpl_result_t allgather_impl(gpl_comm_t c, const void *s, void *r, size_t count,
+                                   gpl_dtype_t t, void *stream) {
     gpl_result_t rc = check_args(c, "allgather", r, count, t, -1);
     if (rc != GPL_OK)
         return rc;
@@ -357,7 +374,7 @@ gpl_result_t gpl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, g
     return gpl_cpu_allgather(c, s, r, count, t);
 }
 
-gpl_result_t gpl_barrier(gpl_comm_t c) {
+static gpl_result_t barrier_impl(gpl_comm_t c) {
     gpl_result_t rc = check_args(c, "barrier", NULL, 0, GPL_INT32, -1);
     if (rc != GPL_OK)
         return rc;
@@ -365,3 +382,34 @@ gpl_result_t gpl_barrier(gpl_comm_t c) {
         return c->world == 1 || c->ext.barrier(c->ext.user) == 0 ? GPL_OK : ext_failed(c);
     return gpl_cpu_barrier(c);
 }
+
+gpl_result_t gpl_broadcast(gpl_comm_t c, void *buf, size_t count, gpl_dtype_t t, int root,
+                           void *stream) {
+    gb_progress_coll_begin();
+    gpl_result_t rc = broadcast_impl(c, buf, count, t, root, stream);
+    gb_progress_coll_end();
+    return rc;
+}
+
+gpl_result_t gpl_allgather(gpl_comm_t c, const void *s, void *r, size_t count, gpl_dtype_t t,
+                           void *stream) {
+    gb_progress_coll_begin();
+    gpl_result_t rc = allgather_impl(c, s, r, count, t, stream);
+    gb_progress_coll_end();
+    return rc;
+}
+
+gpl_result_t gpl_barrier(gpl_comm_t c) {
+    gb_progress_coll_begin();
+    gpl_result_t rc = barrier_impl(c);
+    gb_progress_coll_end();
+    return rc;
+}
+
+void gpl_progress(int64_t step) { gb_progress_step(step); }
+
+void gpl_progress_stack_signal(int sig) { gb_progress_set_stack_signal(sig); }
+
+void gpl_progress_wait_begin(void) { gb_progress_coll_begin(); }
+
+void gpl_progress_wait_end(void) { gb_progress_coll_end(); }

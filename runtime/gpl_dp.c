@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gb_progress.h"
 #include "gpl_int.h"
 
 typedef struct dp_grad {
@@ -290,7 +291,9 @@ gpl_result_t gpl_dp_wait(gpl_dp_t dp) {
     /* The device buckets and their copies back went to the GPU in order on one
      * stream; their end is waited for here, errors and deadline watched. */
     if (enqueued) {
+        gb_progress_coll_begin();
         gpl_result_t src = gpl_nccl_wait(dp->comm, NULL, "gradient sync");
+        gb_progress_coll_end();
         if (rc == GPL_OK)
             rc = src;
     }

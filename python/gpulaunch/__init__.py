@@ -8,14 +8,21 @@ that every rank agrees on, periodic and on preemption.
         train_one_step()
         if ck.step_end(step, lambda w: torch.save(model.state_dict(), w.path("model.pt"))):
             sys.exit(gpulaunch.EXIT_PREEMPTED)
+
+progress(step) reports a step to the launcher's hang watchdog without
+checkpoints; allreduce_hook is a DDP communication hook that tells it who
+waits for whom (stragglers).
 """
 
 from ._native import GPL_EXIT_PREEMPTED as EXIT_PREEMPTED
 from ._native import Error
 from .checkpoint import Checkpointer, CheckpointReader, CheckpointWriter
 from .comm import Comm
+from .progress import _register_stack_dump, allreduce_hook, progress
 
 __version__ = "0.1.0"
+
+_register_stack_dump()
 
 __all__ = [
     "EXIT_PREEMPTED",
@@ -24,5 +31,7 @@ __all__ = [
     "Checkpointer",
     "CheckpointWriter",
     "CheckpointReader",
+    "progress",
+    "allreduce_hook",
     "__version__",
 ]

@@ -8,7 +8,7 @@ import ctypes.util
 import glob
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 GPL_OK = 0
 GPL_ERR_INVALID_ARG = 1
@@ -142,10 +142,25 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_ckpt_temp_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
     "gpl_ckpt_commit": (c_result, [_P, ctypes.c_char_p]),
     "gpl_ckpt_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpl_progress": (None, [ctypes.c_int64]),
+    "gpl_progress_stack_signal": (None, [ctypes.c_int]),
+    "gpl_progress_wait_begin": (None, []),
+    "gpl_progress_wait_end": (None, []),
 }
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
+_on_load: list[Callable[[ctypes.CDLL], Any]] = []
+
+
+def on_load(f: Callable[[ctypes.CDLL], Any]) -> None:
+    """Runs f(lib) once the library is loaded (now, if it is)."""
+    with _lock:
+        loaded = _lib
+        if loaded is None:
+            _on_load.append(f)
+    if loaded is not None:
+        f(loaded)
 
 
 def _candidates() -> list[str]:
@@ -176,6 +191,9 @@ def lib() -> ctypes.CDLL:
                 if f is not None:
                     f.restype, f.argtypes = res, args
             _lib = handle
+            for f in _on_load:
+                f(handle)
+            _on_load.clear()
             return handle
         raise Error(
             GPL_ERR_SYSTEM,

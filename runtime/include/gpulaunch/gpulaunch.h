@@ -230,6 +230,25 @@ GPL_API gpl_result_t gpl_ckpt_path(gpl_ckpt_t ck, const char *name, char *path, 
 /* The communicator a save or load callback's checkpoint belongs to. */
 GPL_API gpl_comm_t gpl_ckpt_comm(gpl_ckpt_t ck);
 
+/* ---- progress: the launcher's hang watchdog and straggler detection ---- */
+
+/* Tells this worker's launcher that `step` finished (gpulaunch
+ * --progress-timeout; docs/health.md): one clock read and a few stores into
+ * memory shared with the launcher, no system call, well under 1 us. A no-op
+ * outside gpulaunch. gpl_step_end calls it; programs that do not use
+ * checkpoints call it once per step. The collectives also count as progress,
+ * and the time spent in them (waiting for the last rank) names stragglers. */
+GPL_API void gpl_progress(int64_t step);
+/* This process prints its stacks on signal sig (Python's faulthandler): the
+ * watchdog sends it to a hung worker before stopping it. */
+GPL_API void gpl_progress_stack_signal(int sig);
+/* Bracket the time this process waits in a collective outside libgpulaunch
+ * (a framework's all-reduce; gpulaunch.allreduce_hook does it for PyTorch
+ * DDP), so that the launcher learns who waits for whom. Calls may nest and
+ * overlap across threads: the time with at least one open counts. */
+GPL_API void gpl_progress_wait_begin(void);
+GPL_API void gpl_progress_wait_end(void);
+
 #ifdef __cplusplus
 }
 #endif

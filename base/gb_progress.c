@@ -1,0 +1,127 @@
+/* The worker's side of the progress channel (see gb_progress.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gb_progress.h"
+
+static gb_progress_slot *slot;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+/* Collectives in progress in this process, over all threads: the time with
+ * at least one is the time spent in collectives (the union of overlapping
+ * ones, e.g. a framework's gradient buckets in flight together). */
+static _Atomic int coll_depth;
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void attach_once(void) {
+    const char *v = getenv("GPULAUNCH_PROGRESS_SHM");
+    if (v == NULL || *v == '\0')
+        return;
+    char *end;
+    errno = 0;
+    long fd = strtol(v, &end, 10);
+    long idx = -1;
+    if (!errno && *end == ':' && fd >= 0 && fd < 1 << 20)
+        idx = strtol(end + 1, &end, 10);
+    struct stat st;
+    const char *why = NULL;
+    if (errno || *end || idx < 0 || idx >= GB_PROGRESS_MAX_SLOTS)
+        why = "not FD:SLOT";
+    else if (fstat((int)fd, &st) != 0)
+        why = "its descriptor is not open (closed by the program, or not started by gpulaunch)";
+    else if ((uint64_t)st.st_size < gb_progress_region_bytes((uint32_t)idx + 1))
+        why = "its region is smaller than the slot";
+    void *p = MAP_FAILED;
+    if (why == NULL) {
+        p = mmap(NULL, gb_progress_region_bytes((uint32_t)idx + 1), PROT_READ | PROT_WRITE,
+                 MAP_SHARED, (int)fd, 0);
+        const gb_progress_header *h = p;
+        if (p == MAP_FAILED)
+            why = "mmap failed";
+        else if (h->magic != GB_PROGRESS_MAGIC || h->version != GB_PROGRESS_VERSION ||
+                 (uint32_t)idx >= h->nslots)
+            why = "the region is not a gpulaunch progress region of this version";
+    }
+    if (why) {
+        if (p != MAP_FAILED)
+            munmap(p, gb_progress_region_bytes((uint32_t)idx + 1));
+        fprintf(stderr,
+                "gpulaunch: GPULAUNCH_PROGRESS_SHM=%s: %s; this worker's progress is not "
+                "reported (the launcher's --progress-timeout does not watch it)\n",
+                v, why);
+        return;
+    }
+    gb_progress_slot *s = (gb_progress_slot *)((char *)p + GB_PROGRESS_SLOT_BYTES) + idx;
+    atomic_store_explicit(&s->pid, (int32_t)getpid(), memory_order_relaxed);
+    uint64_t now = mono_ns();
+    atomic_store_explicit(&s->beat_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&s->joined_ns, now, memory_order_release);
+    slot = s;
+}
+
+gb_progress_slot *gb_progress_attach(void) {
+    pthread_once(&once, attach_once);
+    return slot;
+}
+
+void gb_progress_step(int64_t step) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s == NULL)
+        return;
+    uint64_t now = mono_ns();
+    atomic_store_explicit(&s->step, step, memory_order_relaxed);
+    atomic_store_explicit(&s->steps, atomic_load_explicit(&s->steps, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    atomic_store_explicit(&s->step_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&s->beat_ns, now, memory_order_release);
+}
+
+void gb_progress_coll_begin(void) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (atomic_fetch_add(&coll_depth, 1) == 0 && s)
+        atomic_store_explicit(&s->coll_since_ns, mono_ns(), memory_order_release);
+}
+
+void gb_progress_coll_end(void) {
+    int d = atomic_load(&coll_depth);
+    do {
+        if (d <= 0)
+            return; /* an end without its begin */
+    } while (!atomic_compare_exchange_weak(&coll_depth, &d, d - 1));
+    gb_progress_slot *s = slot;
+    if (d > 1 || s == NULL)
+        return;
+    uint64_t t0 = atomic_load_explicit(&s->coll_since_ns, memory_order_relaxed);
+    uint64_t now = mono_ns();
+    if (t0 && now > t0)
+        atomic_fetch_add_explicit(&s->coll_ns, now - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->colls, 1, memory_order_relaxed);
+    atomic_store_explicit(&s->coll_since_ns, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->beat_ns, now, memory_order_release);
+}
+
+void gb_progress_set_state(enum gb_progress_state st) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s == NULL)
+        return;
+    atomic_store_explicit(&s->state, (uint32_t)st, memory_order_relaxed);
+    /* leaving a save is progress: the watchdog measures from here */
+    atomic_store_explicit(&s->beat_ns, mono_ns(), memory_order_release);
+}
+
+void gb_progress_set_stack_signal(int sig) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s)
+        atomic_store_explicit(&s->stack_signal, sig, memory_order_release);
+}
