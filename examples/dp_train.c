@@ -439,6 +439,8 @@ int main(int argc, char **argv) {
             struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000};
             nanosleep(&ts, NULL);
         }
+        if (!ckpt_dir)
+            gpl_progress(step + 1); /* gpl_step_end reports it when checkpointing */
         if (ckpt_dir) {
             gpl_result_t rc2 = gpl_step_end(comm, step + 1);
             if (rc2 == GPL_ERR_PREEMPTED) {

@@ -33,6 +33,9 @@ typedef struct worker {
     char tail[GL_ERR_TAIL_LINES][256];
     int tail_n;
     int log_fd;
+    char prefix[256]; /* the console prefix of its lines (--log-line-prefix-template) */
+    size_t prefix_len;
+    char gpu[64]; /* its CUDA_VISIBLE_DEVICES, "" without */
 } worker;
 
 typedef struct failure {
@@ -42,6 +45,8 @@ typedef struct failure {
     int64_t exit_code;
     int signal;
     char tail[GL_ERR_TAIL_LINES * 256];
+    int hung;      /* the hang watchdog stopped it (gl_watchdog.c) */
+    char why[1024]; /* then: who, for how long, behind which collective */
 } failure;
 
 struct launcher {
@@ -64,7 +69,7 @@ struct launcher {
     uv_timer_t kill_timer, done_timer, cloud_timer, discard_timer;
     gl_cloud *cloud;
     uv_signal_t sigchld;
-    uv_signal_t sigs[4];
+    uv_signal_t sigs[GL_MAX_SIGNALS]; /* --signals-to-handle */
     char hostname[256], addr[256], run_id[256], instance[64];
     char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
     char *token;

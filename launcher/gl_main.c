@@ -12,6 +12,7 @@
 #include <string.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -20,8 +21,11 @@
 #include "gb_time.h"
 #include "gl_cloud.h"
 #include "gl_launch.h"
+#include "gl_numa.h"
 #include "gl_options.h"
 #include "gl_preflight.h"
+#include "gl_progress.h"
+#include "gl_watchdog.h"
 #include "gl_workers.h"
 #include "gpulaunch/rdzv.h"
 
@@ -45,8 +49,10 @@ static void report_failure(void) {
     struct tm tm;
     gmtime_r(&t, &tm);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    char what[64];
-    if (f->signal)
+    char what[1100];
+    if (f->hung)
+        snprintf(what, sizeof what, "hung: %s", f->why);
+    else if (f->signal)
         snprintf(what, sizeof what, "signal %d (%s)", f->signal, gl_signame(f->signal));
     else
         snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
@@ -75,14 +81,16 @@ static void report_failure(void) {
             ef[0] ? ef : "(none written)", f->tail[0] ? f->tail : "    (none)\n");
     if (L.cfg.val[GL_LOG_DIR][0]) {
         char path[PATH_MAX];
+        mkdir(L.cfg.val[GL_LOG_DIR], 0755); /* as the workers' logs would have */
         snprintf(path, sizeof path, "%s/failure.json", L.cfg.val[GL_LOG_DIR]);
         FILE *j = fopen(path, "w");
         if (j) {
             fprintf(j,
                     "{\"time\":\"%s\",\"node\":\"%s\",\"node_rank\":%u,\"rank\":%d,"
-                    "\"local_rank\":%d,\"pid\":%d,\"exit_code\":%lld,\"signal\":%d}\n",
+                    "\"local_rank\":%d,\"pid\":%d,\"exit_code\":%lld,\"signal\":%d,"
+                    "\"hung\":%s}\n",
                     when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid,
-                    (long long)f->exit_code, f->signal);
+                    (long long)f->exit_code, f->signal, f->hung ? "true" : "false");
             fclose(j);
         }
     }
@@ -132,6 +140,8 @@ void gl_maybe_finish_round(void) {
     }
     if (L.restarts >= L.cfg.max_restarts) {
         if (L.first.set) {
+            if (L.first.hung)
+                finish(GL_EXIT_HUNG);
             if (L.first.signal)
                 finish(128 + L.first.signal);
             finish(L.first.exit_code > 0 && L.first.exit_code < 128 ? (int)L.first.exit_code : 1);
@@ -186,6 +196,8 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
     gl_spawn_workers();
+    gl_watchdog_round();
+    gl_progress_start_stats(L.cfg.stats_interval_s);
 }
 
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
@@ -266,6 +278,10 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
 
 static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
                      const char *reason) {
+    if (kind == RDZV_EVENT_STRAGGLER) {
+        fprintf(stderr, "gpulaunch: straggler: %s\n", reason);
+        return;
+    }
     if (kind != RDZV_EVENT_CHECKPOINT)
         return;
     char why[512];
@@ -289,7 +305,49 @@ static void on_cloud_timer(uv_timer_t *t) {
                                  L.cfg.preemption_poll_s, on_cloud_notice, NULL);
 }
 
+/* ---- Slurm's preemption signals ---- */
+
+/* Inside a Slurm job (--slurm auto), SIGUSR1 and SIGUSR2 are preemption
+ * notices (sbatch --signal=USR1@90, scancel --signal=USR1): like SIGTERM, one
+ * checkpoint of the same step on every node, then exit 143, which the batch
+ * script requeues (docs/slurm.md). They are not forwarded as
+ * --signals-to-handle would: a program that dies of SIGUSR1 would lose the
+ * step. 1 when sig was such a notice. */
+static int slurm_notice(int sig) {
+    if (!L.cfg.slurm || (sig != SIGUSR1 && sig != SIGUSR2))
+        return 0;
+    if (L.exit_requested)
+        return 1;
+    uint64_t deadline = (uint64_t)((gb_wall_s() + L.cfg.shutdown_timeout_s) * 1000.0);
+    char why[320];
+    snprintf(why, sizeof why, "Slurm's %s on %s", gl_signame(sig), L.hostname);
+    if (L.cli)
+        rdzv_client_event(L.cli, RDZV_EVENT_CHECKPOINT, deadline, why);
+    preempt(deadline, why);
+    return 1;
+}
+
+static void on_slurm_signal(uv_signal_t *h, int sig) { slurm_notice(sig); }
+
+/* Handles for the notices that --signals-to-handle does not already route
+ * through on_signal. */
+static void slurm_signals_start(void) {
+    static uv_signal_t hs[2];
+    static const int sigs[2] = {SIGUSR1, SIGUSR2};
+    for (int i = 0; i < 2 && L.cfg.slurm; i++) {
+        int routed = 0;
+        for (int k = 0; k < L.cfg.nsignals; k++)
+            routed |= L.cfg.signals[k] == sigs[i];
+        if (routed)
+            continue;
+        uv_signal_init(L.loop, &hs[i]);
+        uv_signal_start(&hs[i], on_slurm_signal, sigs[i]);
+    }
+}
+
 static void on_signal(uv_signal_t *h, int sig) {
+    if (slurm_notice(sig))
+        return;
     if (sig == SIGTERM && !L.exit_requested && L.cli) {
         /* tell every node first, so that all ranks save the same step */
         uint64_t deadline = (uint64_t)((gb_wall_s() + L.cfg.shutdown_timeout_s) * 1000.0);
@@ -416,6 +474,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_USAGE;
     }
+    if (L.cfg.val[GL_PRINT_COMPLETION][0]) {
+        gl_print_completion(L.cfg.val[GL_PRINT_COMPLETION], stdout);
+        return 0;
+    }
     if (L.cfg.print_config) {
         gl_config_print(&L.cfg, stdout);
         if (L.cfg.prog_argc == 0)
@@ -439,6 +501,10 @@ int main(int argc, char **argv) {
     if (preflight(0)) {
         fprintf(stderr, "gpulaunch: preflight failed (see above); nothing was started\n");
         return GL_EXIT_PREFLIGHT;
+    }
+    if (gl_numa_prepare(L.cfg.numa_binding, L.cfg.nproc, err, sizeof err) != 0) {
+        fprintf(stderr, "gpulaunch: %s\n", err);
+        return GL_EXIT_USAGE;
     }
     fflush(stdout);
 
@@ -516,11 +582,11 @@ int main(int argc, char **argv) {
     uv_timer_init(L.loop, &L.discard_timer);
     uv_timer_init(L.loop, &L.done_timer);
     uv_timer_init(L.loop, &L.cloud_timer);
-    static const int sigs[4] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < L.cfg.nsignals; i++) { /* --signals-to-handle */
         uv_signal_init(L.loop, &L.sigs[i]);
-        uv_signal_start(&L.sigs[i], on_signal, sigs[i]);
+        uv_signal_start(&L.sigs[i], on_signal, L.cfg.signals[i]);
     }
+    slurm_signals_start();
     uv_signal_init(L.loop, &L.sigchld);
     uv_signal_start(&L.sigchld, gl_on_sigchld, SIGCHLD);
     L.t_join_ns = gb_now_ns();

@@ -8,7 +8,9 @@
 #include <yaml.h>
 
 #include "gl_cloud.h"
+#include "gl_numa.h"
 #include "gl_options.h"
+#include "gl_slurm.h"
 #include "gpulaunch/rdzv.h"
 
 typedef struct gl_opt {
@@ -55,6 +57,30 @@ static const gl_opt table[GL_OPT_COUNT] = {
     {GL_PREEMPTION_ENDPOINT, "preemption-endpoint", 0, 0, "",
      "the metadata service's base URL (default: the cloud's)"},
     {GL_PREEMPTION_POLL, "preemption-poll", 0, 0, "5", "seconds between polls (> 0)"},
+    {GL_START_METHOD, "start-method", 0, 0, "spawn",
+     "spawn, fork or forkserver (accepted for torchrun compatibility; workers are exec'd)"},
+    {GL_EVENT_LOG_HANDLER, "event-log-handler", 0, 0, "null",
+     "null or console (torchrun's Python event handlers are not loaded)"},
+    {GL_RUN_PATH, "run-path", 0, 1, "0", "a flag"},
+    {GL_DUPLICATE_STDOUT_FILTERS, "duplicate-stdout-filters", 0, 0, "",
+     "a comma list of substrings (,, for a comma)"},
+    {GL_DUPLICATE_STDERR_FILTERS, "duplicate-stderr-filters", 0, 0, "",
+     "a comma list of substrings (,, for a comma)"},
+    {GL_LOGS_SPECS, "logs-specs", 0, 0, "",
+     "nothing: a Python LogsSpecs plugin cannot run in gpulaunch"},
+    {GL_NUMA_BINDING, "numa-binding", 0, 0, "", "node, socket, exclusive or core-complex"},
+    {GL_SIGNALS_TO_HANDLE, "signals-to-handle", 0, 0,
+     "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2",
+     "a comma list of signal names such as SIGTERM,SIGUSR1"},
+    {GL_VIRTUAL_LOCAL_RANK, "virtual-local-rank", 0, 1, "0", "a flag"},
+    {GL_LOG_LINE_PREFIX_TEMPLATE, "log-line-prefix-template", 0, 0, "",
+     "a template with ${role_name}, ${rank}, ${local_rank}, ${pid}, ${hostname}"},
+    {GL_PRINT_COMPLETION, "print-completion", 0, 0, "", "bash, zsh or tcsh"},
+    [GL_SLURM] = {GL_SLURM, "slurm", 0, 0, "auto", "auto or off"},
+    [GL_PROGRESS_TIMEOUT] = {GL_PROGRESS_TIMEOUT, "progress-timeout", 0, 0, "auto",
+                             "seconds, auto, auto:FLOOR_SECONDS or 0 (off)"},
+    [GL_STATS_INTERVAL] = {GL_STATS_INTERVAL, "stats-interval", 0, 0, "5",
+                           "seconds between per-rank summaries to the rendezvous (0: off)"},
 };
 
 const char gl_usage[] =
@@ -67,7 +93,8 @@ const char gl_usage[] =
     "--no-python runs PROGRAM directly.\n"
     "\n"
     "Every option is spelled --a-b or --a_b, and also read from PET_A_B in the\n"
-    "environment and from the --config YAML file (CLI > environment > file).\n"
+    "environment and from the --config YAML file; under srun, SLURM_* give the\n"
+    "node count, node rank, master, job id and GPUs (CLI > PET_* > SLURM_* > file).\n"
     "\n"
     "  --nnodes N|MIN:MAX          nodes in the job (default 1:1)\n"
     "  --nproc-per-node N|auto|gpu|cpu   workers on this node (default 1)\n"
@@ -93,10 +120,44 @@ const char gl_usage[] =
     "                              checkpoints every rank and exits 143\n"
     "  --preemption-endpoint URL   metadata base URL (IMDS proxies, tests)\n"
     "  --preemption-poll S         seconds between polls (default 5)\n"
+    "  --slurm auto|off            auto (default): under srun, options from SLURM_*, and\n"
+    "                              SIGUSR1/SIGUSR2 are preemption notices like SIGTERM;\n"
+    "                              off: ignore Slurm (docs/slurm.md)\n"
+    "  --progress-timeout S|auto[:FLOOR]|0   a rank without progress (steps, collectives)\n"
+    "                              for S seconds is hung: named, stacks dumped, the job\n"
+    "                              restarts (auto, default: 10x the slowest step after 5\n"
+    "                              steps, at least FLOOR = 300 s; docs/health.md)\n"
+    "  --stats-interval S          per-rank step time summaries to the rendezvous (default 5)\n"
     "  --config FILE.yaml          options from a YAML mapping\n"
     "  --check                     run the preflight checks only\n"
     "  --print-config              print every effective option and its source\n"
     "  -m/--module, --no-python    how PROGRAM runs\n"
+    "  --run-path                  run PROGRAM (a .py) with python3 -u, before --no-python\n"
+    "\n"
+    "torchrun 2.4+ options (docs/torchrun.md):\n"
+    "  --numa-binding MODE         bind each worker's CPUs (and prefer its memory) to\n"
+    "                              its GPU's NUMA node, read from sysfs; without GPUs\n"
+    "                              local ranks are spread over the nodes in blocks:\n"
+    "                              node: every CPU of the node; socket: every CPU of\n"
+    "                              the node's socket; exclusive: the node's physical\n"
+    "                              cores split among its GPUs; core-complex: one L3\n"
+    "                              cache's cores per GPU\n"
+    "  --signals-to-handle LIST    signals forwarded to the workers, which then stop\n"
+    "                              (default SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2;\n"
+    "                              SIGTERM also checkpoints every node, exit 143; in\n"
+    "                              a Slurm job SIGUSR1/SIGUSR2 do that instead: --slurm)\n"
+    "  --virtual-local-rank        LOCAL_RANK=0 for every worker, CUDA_VISIBLE_DEVICES\n"
+    "                              narrowed to its own GPU\n"
+    "  --log-line-prefix-template T   console prefix of worker lines, default\n"
+    "                              [${role_name}${local_rank}]: ; also ${rank}, ${pid},\n"
+    "                              ${hostname} (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)\n"
+    "  --duplicate-stdout-filters A,B   copy --tee'd stdout lines containing A or B to\n"
+    "                              LOG_DIR/RUN_ID/attempt_N/filtered_stdout.log\n"
+    "  --duplicate-stderr-filters A,B   the same for stderr (filtered_stderr.log)\n"
+    "  --print-completion SHELL    print a bash, zsh or tcsh completion script\n"
+    "  --start-method M            accepted (spawn, fork, forkserver): workers are exec'd\n"
+    "  --event-log-handler H       null or console: events are gpulaunch's stderr lines\n"
+    "  --logs-specs NAME           refused: a Python plugin; the options above do its work\n"
     "\n"
     "Exit codes: 0 success; 2 usage or configuration; 3 preflight failed;\n"
     "1-127 a worker's own exit code once restarts are exhausted; 128+N a worker\n"
@@ -242,6 +303,116 @@ int64_t gl_parse_size(const char *s) {
     return (int64_t)(v * mul);
 }
 
+/* "SIGUSR1" or "USR1" -> the number; 0 when unknown or not forwardable. */
+static int signal_number(const char *name, size_t len) {
+    if (len > 3 && strncmp(name, "SIG", 3) == 0) {
+        name += 3;
+        len -= 3;
+    }
+    /* KILL and STOP cannot be caught; the launcher reaps workers by CHLD,
+     * ignores PIPE, and its own faults must not be forwarded */
+    static const char *const never[] = {"KILL", "STOP", "CHLD", "PIPE", "SEGV",
+                                        "BUS",  "FPE",  "ILL",  "TRAP", "SYS"};
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++)
+        if (strlen(never[i]) == len && strncmp(name, never[i], len) == 0)
+            return 0;
+    for (int sig = 1; sig < 32; sig++) {
+        const char *n = sigabbrev_np(sig);
+        if (n && strlen(n) == len && strncmp(name, n, len) == 0)
+            return sig;
+    }
+    return 0;
+}
+
+/* The options torchrun gained since 2.3 (docs/torchrun.md). */
+static int resolve_torchrun(gl_config *c, char *err, size_t errlen) {
+    const char *v = c->val[GL_START_METHOD];
+    if (strcmp(v, "spawn") && strcmp(v, "fork") && strcmp(v, "forkserver"))
+        return bad(err, errlen, GL_START_METHOD, v);
+    v = c->val[GL_EVENT_LOG_HANDLER];
+    if (strcmp(v, "null") && strcmp(v, "console")) {
+        snprintf(err, errlen,
+                 "--event-log-handler %s: torchrun loads a Python handler registered in "
+                 "torch.distributed.elastic.events; gpulaunch runs no Python of its own. Its "
+                 "events are its stderr lines and the rendezvous server's /metrics and /status: "
+                 "use null or console, or drop the option",
+                 v);
+        return 2;
+    }
+    if (c->val[GL_LOGS_SPECS][0]) {
+        snprintf(err, errlen,
+                 "--logs-specs %s: torchrun loads a Python LogsSpecs plugin (entry point group "
+                 "torchrun.logs_specs); gpulaunch writes worker logs itself: --log-dir, "
+                 "--redirects, --tee, --local-ranks-filter, --log-line-prefix-template and "
+                 "--duplicate-stdout-filters do what the default LogsSpecs does; drop the option",
+                 c->val[GL_LOGS_SPECS]);
+        return 2;
+    }
+    c->numa_binding = gl_numa_parse_mode(c->val[GL_NUMA_BINDING]);
+    if (c->numa_binding < 0)
+        return bad(err, errlen, GL_NUMA_BINDING, c->val[GL_NUMA_BINDING]);
+    v = c->val[GL_PRINT_COMPLETION];
+    if (*v && strcmp(v, "bash") && strcmp(v, "zsh") && strcmp(v, "tcsh"))
+        return bad(err, errlen, GL_PRINT_COMPLETION, v);
+    c->run_path = c->val[GL_RUN_PATH][0] == '1' || c->val[GL_RUN_PATH][0] == 't';
+    c->virtual_local_rank =
+        c->val[GL_VIRTUAL_LOCAL_RANK][0] == '1' || c->val[GL_VIRTUAL_LOCAL_RANK][0] == 't';
+    if (c->no_python && c->module && !c->run_path) {
+        snprintf(err, errlen, "--no-python and --module contradict each other; drop one");
+        return 2;
+    }
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (c->virtual_local_rank && cvd && *cvd) {
+        int n = 1;
+        for (const char *p = cvd; *p; p++)
+            n += *p == ',';
+        if (n < c->nproc) {
+            snprintf(err, errlen,
+                     "--virtual-local-rank gives local rank i the i-th device of "
+                     "CUDA_VISIBLE_DEVICES=%s, which lists %d for %d workers; lower "
+                     "--nproc-per-node or widen CUDA_VISIBLE_DEVICES",
+                     cvd, n, c->nproc);
+            return 2;
+        }
+    }
+    for (int id = GL_DUPLICATE_STDOUT_FILTERS; id <= GL_DUPLICATE_STDERR_FILTERS; id++)
+        if (c->val[id][0] && c->val[GL_LOG_DIR][0] == '\0') {
+            snprintf(err, errlen,
+                     "--%s writes LOG_DIR/RUN_ID/attempt_N/filtered_%s.log from the --tee'd "
+                     "streams; give --log-dir (and --tee)",
+                     table[id].name, id == GL_DUPLICATE_STDOUT_FILTERS ? "stdout" : "stderr");
+            return 2;
+        }
+    c->nsignals = 0;
+    for (const char *p = c->val[GL_SIGNALS_TO_HANDLE]; *p;) {
+        p += strspn(p, " \t");
+        size_t n = strcspn(p, ",");
+        size_t m = n;
+        while (m > 0 && (p[m - 1] == ' ' || p[m - 1] == '\t'))
+            m--;
+        if (m > 0) {
+            int sig = signal_number(p, m);
+            if (sig == 0 || c->nsignals == GL_MAX_SIGNALS) {
+                snprintf(err, errlen,
+                         "--signals-to-handle: '%.*s' is not a signal gpulaunch can forward; "
+                         "expected up to %d names such as SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,"
+                         "SIGUSR2 (not SIGKILL, SIGSTOP, SIGCHLD, SIGPIPE or a fault)",
+                         (int)m, p, GL_MAX_SIGNALS);
+                return 2;
+            }
+            int dup = 0;
+            for (int i = 0; i < c->nsignals; i++)
+                dup |= c->signals[i] == sig;
+            if (!dup)
+                c->signals[c->nsignals++] = sig;
+        }
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
 static int resolve(gl_config *c, char *err, size_t errlen) {
     const char *v;
     long n;
@@ -333,6 +504,29 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
             return bad(err, errlen, GL_REDIRECTS, r);
     if (strspn(c->val[GL_TEE], "0123:,") != strlen(c->val[GL_TEE]))
         return bad(err, errlen, GL_TEE, c->val[GL_TEE]);
+    /* progress-timeout, stats-interval */
+    v = c->val[GL_PROGRESS_TIMEOUT];
+    c->progress_floor_s = GL_AUTO_FLOOR_DEFAULT_S;
+    if (strncmp(v, "auto", 4) == 0) {
+        c->progress_auto = 1;
+        if (v[4] == ':') {
+            c->progress_floor_s = strtod(v + 5, &end);
+            if (*end || end == v + 5 || !(c->progress_floor_s > 0) ||
+                c->progress_floor_s > 86400 * 7)
+                return bad(err, errlen, GL_PROGRESS_TIMEOUT, v);
+        } else if (v[4]) {
+            return bad(err, errlen, GL_PROGRESS_TIMEOUT, v);
+        }
+    } else {
+        c->progress_timeout_s = strtod(v, &end);
+        if (*end || end == v || !(c->progress_timeout_s >= 0) ||
+            c->progress_timeout_s > 86400 * 7)
+            return bad(err, errlen, GL_PROGRESS_TIMEOUT, v);
+    }
+    c->stats_interval_s = strtod(c->val[GL_STATS_INTERVAL], &end);
+    if (*end || end == c->val[GL_STATS_INTERVAL] || !(c->stats_interval_s >= 0) ||
+        (c->stats_interval_s > 0 && c->stats_interval_s < 0.1) || c->stats_interval_s > 3600)
+        return bad(err, errlen, GL_STATS_INTERVAL, c->val[GL_STATS_INTERVAL]);
     /* rdzv-conf */
     c->join_timeout_ms = RDZV_DEFAULT_JOIN_TIMEOUT_MS;
     c->last_call_ms = RDZV_DEFAULT_LAST_CALL_MS;
@@ -410,12 +604,42 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
             return bad(err, errlen, GL_RDZV_ENDPOINT, c->val[GL_RDZV_ENDPOINT]);
         c->mode = GL_MODE_DYNAMIC;
     }
-    if (c->prog_argc == 0 && !c->check && !c->print_config) {
+    int rt = resolve_torchrun(c, err, errlen);
+    if (rt)
+        return rt;
+    if (c->prog_argc == 0 && !c->check && !c->print_config && !c->val[GL_PRINT_COMPLETION][0]) {
         snprintf(err, errlen,
                  "no PROGRAM to run; usage: gpulaunch [options] PROGRAM [ARGS...] "
                  "(see --help)");
         return 2;
     }
+    return 0;
+}
+
+static const char *env_get(const char *name) { return getenv(name); }
+
+/* --slurm auto: inside a job, SIGUSR1/SIGUSR2 become preemption notices; in
+ * an srun step (not --standalone) its SLURM_* give options (gl_slurm.c). */
+static int load_slurm(gl_config *c, char *err, size_t errlen) {
+    const char *mode = c->val[GL_SLURM];
+    if (strcmp(mode, "auto") && strcmp(mode, "off"))
+        return bad(err, errlen, GL_SLURM, mode);
+    const char *job = getenv("SLURM_JOB_ID");
+    c->slurm = strcmp(mode, "auto") == 0 && job && *job;
+    const char *sa = c->val[GL_STANDALONE];
+    if (!c->slurm || strcmp(sa, "1") == 0 || strcmp(sa, "true") == 0)
+        return 0;
+    gl_slurm s;
+    int rc = gl_slurm_read(env_get, &s, err, errlen);
+    if (rc || !s.active)
+        return rc;
+    set_val(c, GL_NNODES, s.nnodes, GL_SRC_SLURM);
+    set_val(c, GL_NODE_RANK, s.node_rank, GL_SRC_SLURM);
+    set_val(c, GL_MASTER_ADDR, s.master_addr, GL_SRC_SLURM);
+    set_val(c, GL_MASTER_PORT, s.master_port, GL_SRC_SLURM);
+    set_val(c, GL_RDZV_ID, s.rdzv_id, GL_SRC_SLURM);
+    if (s.nproc[0])
+        set_val(c, GL_NPROC_PER_NODE, s.nproc, GL_SRC_SLURM);
     return 0;
 }
 
@@ -474,6 +698,17 @@ int gl_config_load(gl_config *c, int argc, char **argv, char *err, size_t errlen
     }
     c->prog_argv = argv + i;
     c->prog_argc = argc - i;
+    /* 2. torchrun's own variables for two options, below PET_* */
+    static const struct {
+        int id;
+        const char *env;
+    } alias[] = {{GL_LOG_LINE_PREFIX_TEMPLATE, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"},
+                 {GL_SHUTDOWN_TIMEOUT, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"}};
+    for (size_t k = 0; k < sizeof alias / sizeof alias[0]; k++) {
+        const char *e = getenv(alias[k].env);
+        if (e && *e)
+            set_val(c, alias[k].id, e, GL_SRC_ENV);
+    }
     /* 2. PET_* environment */
     for (int k = 0; k < GL_OPT_COUNT; k++) {
         char env[64] = "PET_";
@@ -491,7 +726,10 @@ int gl_config_load(gl_config *c, int argc, char **argv, char *err, size_t errlen
         if (rc)
             return rc;
     }
-    return resolve(c, err, errlen);
+    /* 4. an srun job step's SLURM_*: ranked between PET_* and the file by
+     * set_val, so it may come last (the file may say slurm: off) */
+    int rc = load_slurm(c, err, errlen);
+    return rc ? rc : resolve(c, err, errlen);
 }
 
 void gl_config_free(gl_config *c) {
@@ -500,7 +738,7 @@ void gl_config_free(gl_config *c) {
 }
 
 void gl_config_print(const gl_config *c, FILE *out) {
-    static const char *const src[] = {"default", "file", "env", "cli"};
+    static const char *const src[] = {"default", "file", "slurm", "env", "cli"};
     for (int i = 0; i < GL_OPT_COUNT; i++)
         fprintf(out, "%-20s %-24s (%s)\n", table[i].name, c->val[i], src[c->src[i]]);
     fprintf(out, "%-20s %d\n", "nproc (resolved)", c->nproc);
@@ -508,4 +746,36 @@ void gl_config_print(const gl_config *c, FILE *out) {
             c->mode == GL_MODE_STANDALONE ? "standalone"
             : c->mode == GL_MODE_STATIC   ? "static"
                                           : "dynamic");
+}
+
+void gl_print_completion(const char *shell, FILE *out) {
+    char opts[4096];
+    size_t off = 0;
+    for (int i = 0; i < GL_OPT_COUNT && off < sizeof opts; i++) {
+        int k = snprintf(opts + off, sizeof opts - off, "%s--%s", off ? " " : "", table[i].name);
+        if (k > 0)
+            off += (size_t)k;
+    }
+    if (off < sizeof opts)
+        snprintf(opts + off, sizeof opts - off, " --help -m -r -t");
+    if (strcmp(shell, "tcsh") == 0) {
+        fprintf(out, "complete gpulaunch 'c/--/(");
+        for (int i = 0; i < GL_OPT_COUNT; i++)
+            fprintf(out, "%s%s", i ? " " : "", table[i].name);
+        fprintf(out, " help)/' 'p/*/f/'\n");
+        return;
+    }
+    if (strcmp(shell, "zsh") == 0)
+        fprintf(out, "#compdef gpulaunch\nautoload -U +X bashcompinit && bashcompinit\n");
+    fprintf(out,
+            "_gpulaunch() {\n"
+            "    local cur=\"${COMP_WORDS[COMP_CWORD]}\"\n"
+            "    if [[ \"$cur\" == -* ]]; then\n"
+            "        COMPREPLY=($(compgen -W \"%s\" -- \"$cur\"))\n"
+            "    else\n"
+            "        COMPREPLY=($(compgen -f -- \"$cur\"))\n"
+            "    fi\n"
+            "}\n"
+            "complete -o default -F _gpulaunch gpulaunch\n",
+            opts);
 }

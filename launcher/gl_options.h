@@ -1,6 +1,7 @@
 /* The launcher's one option table: every option resolves through it from
- * the command line, the PET_* environment and the YAML file, in that order of
- * precedence, and remembers where its value came from. */
+ * the command line, the PET_* environment, an srun job step's SLURM_*
+ * (gl_slurm.c) and the YAML file, in that order of precedence, and remembers
+ * where its value came from. */
 #ifndef GPULAUNCH_GL_OPTIONS_H
 #define GPULAUNCH_GL_OPTIONS_H
 
@@ -8,7 +9,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum gl_src { GL_SRC_DEFAULT = 0, GL_SRC_FILE = 1, GL_SRC_ENV = 2, GL_SRC_CLI = 3 };
+/* Sources in rising precedence: a value replaces one of a lower source only. */
+enum gl_src {
+    GL_SRC_DEFAULT = 0,
+    GL_SRC_FILE = 1,
+    GL_SRC_SLURM = 2,
+    GL_SRC_ENV = 3,
+    GL_SRC_CLI = 4
+};
 
 enum gl_opt_id {
     GL_NNODES,
@@ -42,8 +50,25 @@ enum gl_opt_id {
     GL_PREEMPTION_SOURCE,
     GL_PREEMPTION_ENDPOINT,
     GL_PREEMPTION_POLL,
+    GL_START_METHOD,
+    GL_EVENT_LOG_HANDLER,
+    GL_RUN_PATH,
+    GL_DUPLICATE_STDOUT_FILTERS,
+    GL_DUPLICATE_STDERR_FILTERS,
+    GL_LOGS_SPECS,
+    GL_NUMA_BINDING,
+    GL_SIGNALS_TO_HANDLE,
+    GL_VIRTUAL_LOCAL_RANK,
+    GL_LOG_LINE_PREFIX_TEMPLATE,
+    GL_PRINT_COMPLETION,
+    GL_SLURM,
+    GL_PROGRESS_TIMEOUT,
+    GL_STATS_INTERVAL,
     GL_OPT_COUNT
 };
+
+#define GL_MAX_SIGNALS 16             /* --signals-to-handle entries */
+#define GL_AUTO_FLOOR_DEFAULT_S 300.0 /* --progress-timeout auto: the least timeout */
 
 typedef struct gl_config {
     /* raw values and their sources, indexed by gl_opt_id */
@@ -65,6 +90,16 @@ typedef struct gl_config {
     int preemption_source; /* GL_CLOUD_* */
     double preemption_poll_s;
     enum { GL_MODE_STANDALONE, GL_MODE_STATIC, GL_MODE_DYNAMIC } mode;
+    /* torchrun 2.4+ options */
+    int run_path, virtual_local_rank;
+    int numa_binding;                      /* GL_NUMA_* (gl_numa.h) */
+    int signals[GL_MAX_SIGNALS], nsignals; /* --signals-to-handle */
+    int slurm; /* options were read from an srun job step's SLURM_* (--slurm auto) */
+    /* job health (docs/health.md) */
+    double progress_timeout_s; /* --progress-timeout S; 0: auto or off */
+    int progress_auto;         /* --progress-timeout auto[:FLOOR] */
+    double progress_floor_s;   /* auto's floor */
+    double stats_interval_s;   /* --stats-interval; 0: off */
 } gl_config;
 
 /* Resolves argv, the environment and the YAML file into cfg. Returns 0, or 2
@@ -76,6 +111,8 @@ void gl_config_print(const gl_config *cfg, FILE *out);
 const char *gl_opt_name(int id);
 /* The --help text. */
 extern const char gl_usage[];
+/* --print-completion SHELL: a completion script for bash, zsh or tcsh. */
+void gl_print_completion(const char *shell, FILE *out);
 
 /* GPUs visible to this node (gl_gpus.c). */
 int gpl_visible_gpu_count(void);

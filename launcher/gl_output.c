@@ -1,6 +1,7 @@
 /* Worker output lines: line buffers, the rank prefix, the console and the
  * --log-dir files (--redirects, --tee, --local-ranks-filter), and the last
  * stderr lines kept for the failure report. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,9 +26,59 @@ static void write_all(int fd, const char *p, size_t n) {
     }
 }
 
+size_t gl_subst(const char *t, const char *const *names, const char *const *vals, int n,
+                int dollar_escape, char *out, size_t len) {
+    size_t o = 0;
+    while (*t && o + 1 < len) {
+        if (*t == '$' && dollar_escape && t[1] == '$') {
+            out[o++] = '$';
+            t += 2;
+            continue;
+        }
+        if (*t == '$') {
+            int braced = t[1] == '{';
+            const char *id = t + 1 + braced;
+            size_t l = 0;
+            while (isalnum((unsigned char)id[l]) || id[l] == '_')
+                l++;
+            int k = 0;
+            while (k < n && (strlen(names[k]) != l || strncmp(names[k], id, l) != 0))
+                k++;
+            if (l > 0 && k < n && (!braced || id[l] == '}')) {
+                for (const char *v = vals[k]; *v && o + 1 < len; v++)
+                    out[o++] = *v;
+                t = id + l + braced;
+                continue;
+            }
+        }
+        out[o++] = *t++;
+    }
+    out[o] = '\0';
+    return o;
+}
+
+/* --duplicate-stdout-filters / --duplicate-stderr-filters: the attempt's
+ * filtered_stdout.log / filtered_stderr.log and the substrings that select
+ * --tee'd lines for it (torchrun's PContext does the same). */
+#define GL_DUP_FILTERS_MAX 64
+static struct dup_filter {
+    int fd;
+    int n;
+    char *needle[GL_DUP_FILTERS_MAX];
+    char text[4096];
+} dup_filter[2] = {{.fd = -1}, {.fd = -1}};
+
+static int dup_match(const struct dup_filter *d, const char *line, size_t n) {
+    for (int i = 0; i < d->n; i++)
+        if (memmem(line, n, d->needle[i], strlen(d->needle[i])) != NULL)
+            return 1;
+    return 0;
+}
+
 static void emit_line(worker *w, int is_err, const char *line, size_t n) {
-    char out[GL_LINE_MAX + 64];
-    int h = snprintf(out, sizeof out, "[%s%d]:", L.cfg.val[GL_ROLE], w->local_rank);
+    char out[GL_LINE_MAX + 300];
+    int h = (int)w->prefix_len;
+    memcpy(out, w->prefix, w->prefix_len);
     if (n > sizeof out - (size_t)h - 1)
         n = sizeof out - (size_t)h - 1;
     memcpy(out + h, line, n);
@@ -38,6 +89,9 @@ static void emit_line(worker *w, int is_err, const char *line, size_t n) {
         write_all(is_err ? 2 : 1, out, (size_t)h + n + 1);
     if (w->log_fd >= 0 && ((w->redirect | w->tee) & bit))
         write_all(w->log_fd, out + h, n + 1);
+    const struct dup_filter *d = &dup_filter[is_err];
+    if (d->fd >= 0 && (w->tee & bit) && dup_match(d, line, n))
+        write_all(d->fd, out, (size_t)h + n + 1);
     if (is_err) {
         size_t k = n < 255 ? n : 255;
         memcpy(w->tail[w->tail_n % GL_ERR_TAIL_LINES], line, k);
@@ -150,8 +204,57 @@ static void mkdirs(const char *path) {
     mkdir(p, 0755);
 }
 
+/* "a,b,,c" -> "a" and "b,c" (a doubled comma is a comma). */
+static void dup_parse(struct dup_filter *d, const char *spec) {
+    d->n = 0;
+    snprintf(d->text, sizeof d->text, "%s", spec);
+    char *w = d->text, *start = d->text;
+    for (const char *r = d->text;; r++) {
+        if (*r == ',' && r[1] == ',') {
+            *w++ = ',';
+            r++;
+            continue;
+        }
+        if (*r == ',' || *r == '\0') {
+            int end = *r == '\0';
+            *w++ = '\0';
+            if (d->n < GL_DUP_FILTERS_MAX)
+                d->needle[d->n++] = start;
+            start = w;
+            if (end)
+                break;
+            continue;
+        }
+        *w++ = *r;
+    }
+}
+
+static void dup_open(void) {
+    for (int s = 0; s < 2; s++) {
+        struct dup_filter *d = &dup_filter[s];
+        if (d->fd >= 0)
+            close(d->fd);
+        d->fd = -1;
+        const char *spec = L.cfg.val[s ? GL_DUPLICATE_STDERR_FILTERS : GL_DUPLICATE_STDOUT_FILTERS];
+        if (*spec == '\0' || L.cfg.val[GL_LOG_DIR][0] == '\0')
+            continue;
+        dup_parse(d, spec);
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s/attempt_%d", L.cfg.val[GL_LOG_DIR], L.run_id,
+                 L.restarts);
+        mkdirs(path);
+        snprintf(path + strlen(path), sizeof path - strlen(path), "/filtered_%s.log",
+                 s ? "stderr" : "stdout");
+        d->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+        if (d->fd < 0)
+            fprintf(stderr, "gpulaunch: cannot write %s: %s\n", path, strerror(errno));
+    }
+}
+
 void gl_output_open(worker *w) {
     int i = w->local_rank;
+    if (i == 0)
+        dup_open();
     w->redirect = stream_bits(L.cfg.val[GL_REDIRECTS], i);
     w->tee = stream_bits(L.cfg.val[GL_TEE], i);
     w->show = rank_shown(i);
@@ -168,6 +271,19 @@ void gl_output_open(worker *w) {
 }
 
 void gl_output_start(worker *w) {
+    const char *tpl = L.cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE];
+    if (*tpl) {
+        char rank[16], lr[16], pid[16];
+        snprintf(rank, sizeof rank, "%d", w->rank);
+        snprintf(lr, sizeof lr, "%d", w->local_rank);
+        snprintf(pid, sizeof pid, "%d", (int)w->pid);
+        static const char *const names[] = {"role_name", "rank", "local_rank", "pid", "hostname"};
+        const char *vals[] = {L.cfg.val[GL_ROLE], rank, lr, pid, L.hostname};
+        w->prefix_len = gl_subst(tpl, names, vals, 5, 1, w->prefix, sizeof w->prefix);
+    } else {
+        int k = snprintf(w->prefix, sizeof w->prefix, "[%s%d]:", L.cfg.val[GL_ROLE], w->local_rank);
+        w->prefix_len = k > 0 && (size_t)k < sizeof w->prefix ? (size_t)k : strlen(w->prefix);
+    }
     uv_read_start((uv_stream_t *)&w->out, on_alloc, on_out);
     uv_read_start((uv_stream_t *)&w->err, on_alloc, on_out);
 }

@@ -16,6 +16,11 @@ void gl_output_open(worker *w);
 void gl_output_start(worker *w);
 /* Closes w's two pipes (a worker that did not start). */
 void gl_output_close(worker *w);
+/* Expands $name and ${name} for the n names in t into out (as Python's
+ * string.Template.safe_substitute: other names stay as they are); with
+ * dollar_escape, $$ becomes $. Returns the length written. */
+size_t gl_subst(const char *t, const char *const *names, const char *const *vals, int n,
+                int dollar_escape, char *out, size_t len);
 /* w's last stderr lines, oldest first, each as "    line\n", into out. */
 void gl_output_tail(const worker *w, char *out, size_t len);
 

@@ -18,7 +18,9 @@
 #include "gb_log.h"
 #include "gb_stop.h"
 #include "gb_time.h"
+#include "gl_numa.h"
 #include "gl_output.h"
+#include "gl_progress.h"
 #include "gl_workers.h"
 
 #define GB_COMPONENT "launcher"
@@ -109,6 +111,9 @@ static const char *const managed[] = {"RANK",
                                       "TORCHELASTIC_MAX_RESTARTS",
                                       "TORCHELASTIC_RUN_ID",
                                       "TORCHELASTIC_ERROR_FILE",
+                                      "TORCHELASTIC_USE_AGENT_STORE",
+                                      "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                                      "GPULAUNCH_LOCAL_RANK",
                                       "GPULAUNCH_RDZV_ENDPOINT",
                                       "GPULAUNCH_RUN_ID",
                                       "GPULAUNCH_ROUND",
@@ -117,6 +122,9 @@ static const char *const managed[] = {"RANK",
                                       "GPULAUNCH_HOSTNAME",
                                       "GPULAUNCH_NODE_ADDR",
                                       "GPULAUNCH_GRACE_S",
+                                      "GPULAUNCH_PROGRESS_SHM",
+                                      "GPULAUNCH_PROGRESS_FD",
+                                      "GPULAUNCH_STACK_SIGNAL",
                                       NULL};
 
 /* The i-th device this node exposes, for --bind-gpus. */
@@ -161,7 +169,8 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     int n = 0;
     int have_omp = 0, have_async = 0;
     for (char **e = environ; *e; e++) {
-        if (is_managed(*e) || (L.cfg.bind_gpus && strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0))
+        if (is_managed(*e) || ((L.cfg.bind_gpus || L.cfg.virtual_local_rank) &&
+                               strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0))
             continue;
         if (strncmp(*e, "OMP_NUM_THREADS=", 16) == 0)
             have_omp = 1;
@@ -172,7 +181,10 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     const rdzv_assignment *a = &L.a;
     const char *role = L.cfg.val[GL_ROLE];
     n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
-    n = env_add(env, n, max, "LOCAL_RANK", "%d", w->local_rank);
+    /* --virtual-local-rank: every worker is local rank 0 of its one GPU;
+     * libgpulaunch still needs the true one */
+    n = env_add(env, n, max, "LOCAL_RANK", "%d", L.cfg.virtual_local_rank ? 0 : w->local_rank);
+    n = env_add(env, n, max, "GPULAUNCH_LOCAL_RANK", "%d", w->local_rank);
     n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
     n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
     n = env_add(env, n, max, "ROLE_NAME", "%s", role);
@@ -188,6 +200,10 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s/gpulaunch-%s-error-%u.json", dir,
                 L.run_id, a->base_rank + (uint32_t)w->local_rank);
+    /* workers create their own store on MASTER_PORT (rank 0 listens) */
+    n = env_add(env, n, max, "TORCHELASTIC_USE_AGENT_STORE", "False");
+    n = env_add(env, n, max, "TORCHELASTIC_SIGNALS_TO_HANDLE", "%s",
+                L.cfg.val[GL_SIGNALS_TO_HANDLE]);
     if (!have_omp && L.cfg.nproc > 1)
         n = env_add(env, n, max, "OMP_NUM_THREADS", "1");
     if (!have_async)
@@ -199,11 +215,12 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
     n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", L.addr);
     n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", L.cfg.shutdown_timeout_s);
+    n = gl_progress_env(w->local_rank, env, n, max);
     if (L.token)
         n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
     if (L.nccl_ifname[0])
         n = env_add(env, n, max, "NCCL_SOCKET_IFNAME", "%s", L.nccl_ifname);
-    if (L.cfg.bind_gpus) {
+    if (L.cfg.bind_gpus || L.cfg.virtual_local_rank) {
         char dev[128];
         bound_device(w->local_rank, dev, sizeof dev);
         n = env_add(env, n, max, "CUDA_VISIBLE_DEVICES", "%s", dev);
@@ -215,7 +232,7 @@ static char **build_env(worker *w, const char *rdzv_ep) {
 /* fork, then in the child: its own session (signals reach its whole process
  * group), death with the launcher (PR_SET_PDEATHSIG, which no spawn API
  * offers), the pipes as stdout and stderr, exec. 0 or -errno. */
-static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) {
+static int spawn_one(char **argv, char **env, int out_w, int err_w, int local_rank, pid_t *pid) {
     pid_t parent = getpid();
     /* Signals stay blocked across the fork: a signal that reaches the child
      * before it has reset our handlers must not run them (they would write to
@@ -231,9 +248,17 @@ static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) 
             return -e;
     }
     if (p == 0) {
-        static const int sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
+        static const int sigs[] = {SIGTERM, SIGINT,  SIGHUP,  SIGQUIT,
+                                   SIGCHLD, SIGPIPE, SIGUSR1, SIGUSR2};
         for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
             signal(sigs[i], SIG_DFL);
+        for (int i = 0; i < L.cfg.nsignals; i++) /* SIGUSR1 & co. */
+            signal(L.cfg.signals[i], SIG_DFL);
+        if (L.cfg.slurm) { /* Slurm signals every process of the step; the
+                              launcher alone makes the notice a checkpoint */
+            signal(SIGUSR1, SIG_IGN);
+            signal(SIGUSR2, SIG_IGN);
+        }
         setsid();
         sigset_t none;
         sigemptyset(&none);
@@ -243,6 +268,13 @@ static int spawn_one(char **argv, char **env, int out_w, int err_w, pid_t *pid) 
             _exit(137);
         if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
             _exit(127);
+        if (gl_numa_apply(gl_numa_for(local_rank)) != 0) {
+            static const char m[] = "gpulaunch: --numa-binding: sched_setaffinity failed\n";
+            if (write(2, m, sizeof m - 1) < 0)
+                _exit(126);
+            _exit(127);
+        }
+        gl_progress_child(local_rank);
         execvpe(argv[0], argv, env);
         static const char msg[] = "gpulaunch: cannot run the program: exec failed\n";
         if (write(2, msg, sizeof msg - 1) < 0)
@@ -277,6 +309,35 @@ static const char *python_for_workers(void) {
     return access(py, X_OK) == 0 ? py : "python3";
 }
 
+/* torchrun's ${local_rank} macro in the program's arguments (also
+ * $local_rank): a copy of argv for local rank lr, or NULL when no argument
+ * uses it. $$ is left alone (a shell's pid), unlike torchrun. */
+static char **argv_for_rank(char **argv, int lr) {
+    int n = 0, uses = 0;
+    for (; argv[n]; n++)
+        uses |= strstr(argv[n], "$local_rank") != NULL || strstr(argv[n], "${local_rank}") != NULL;
+    if (!uses)
+        return NULL;
+    char **out = calloc((size_t)n + 1, sizeof *out);
+    char num[16];
+    snprintf(num, sizeof num, "%d", lr);
+    static const char *const names[] = {"local_rank"};
+    const char *vals[] = {num};
+    for (int i = 0; out && i < n; i++) {
+        size_t len = strlen(argv[i]) + 16; /* a number is shorter than the macro */
+        out[i] = malloc(len);
+        if (out[i])
+            gl_subst(argv[i], names, vals, 1, 0, out[i], len);
+    }
+    return out;
+}
+
+static void argv_free(char **a) {
+    for (char **p = a; p && *p; p++)
+        free(*p);
+    free(a);
+}
+
 void gl_spawn_workers(void) {
     int np = L.cfg.nproc;
     if (L.w == NULL)
@@ -287,16 +348,33 @@ void gl_spawn_workers(void) {
     int k = 0;
     const char *prog = L.cfg.prog_argv[0];
     size_t pl = strlen(prog);
-    if (L.cfg.module) {
-        argv[k++] = (char *)python_for_workers();
+    /* python -u as torchrun runs it (PYTHON_EXEC overrides the interpreter);
+     * --run-path runs the script in a fresh interpreter, as runpy would */
+    const char *py = getenv("PYTHON_EXEC") && *getenv("PYTHON_EXEC") ? getenv("PYTHON_EXEC")
+                                                                     : python_for_workers();
+    if (L.cfg.run_path ||
+        (!L.cfg.no_python && !L.cfg.module && pl > 3 && strcmp(prog + pl - 3, ".py") == 0)) {
+        argv[k++] = (char *)py;
+        argv[k++] = "-u";
+    } else if (L.cfg.module) {
+        argv[k++] = (char *)py;
+        argv[k++] = "-u";
         argv[k++] = "-m";
-    } else if (!L.cfg.no_python && pl > 3 && strcmp(prog + pl - 3, ".py") == 0) {
-        argv[k++] = (char *)python_for_workers();
     }
     for (int i = 0; i < pa; i++)
         argv[k++] = L.cfg.prog_argv[i];
     argv[k] = NULL;
     L.stopping = 0;
+    static int told_omp;
+    if (!told_omp && np > 1 && getenv("OMP_NUM_THREADS") == NULL) {
+        told_omp = 1; /* torchrun's warning, at INFO */
+        GB_INFO("OMP_NUM_THREADS=1 for each worker (unset and %d workers, as torchrun does); "
+                "set it to tune",
+                np);
+    }
+    /* the channel, unless nothing reads it (--progress-timeout 0 --stats-interval 0) */
+    if (L.cfg.progress_timeout_s > 0 || L.cfg.progress_auto || L.cfg.stats_interval_s > 0)
+        gl_progress_round(np);
     for (int i = 0; i < np; i++) {
         worker *w = &L.w[i];
         memset(w, 0, sizeof *w);
@@ -308,12 +386,18 @@ void gl_spawn_workers(void) {
         uv_pipe_init(L.loop, &w->err, 0);
         w->out.data = w->err.data = w;
         char **env = build_env(w, L.rdzv_ep);
+        for (char **e = env; e && *e; e++)
+            if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0)
+                snprintf(w->gpu, sizeof w->gpu, "%s", *e + 21);
         int po[2] = {-1, -1}, pe[2] = {-1, -1};
         int r = 0;
         if (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0)
             r = -errno;
-        else
-            r = spawn_one(argv, env, po[1], pe[1], &w->pid);
+        else {
+            char **wargv = argv_for_rank(argv, i);
+            r = spawn_one(wargv ? wargv : argv, env, po[1], pe[1], i, &w->pid);
+            argv_free(wargv);
+        }
         for (char **e = env; e && *e; e++)
             free(*e);
         free(env);
@@ -342,6 +426,7 @@ void gl_spawn_workers(void) {
         w->running = 1;
         L.nrunning++;
         gl_output_start(w);
+        gl_progress_started(i);
     }
     free(argv);
     if (L.group_failed) {

@@ -1,0 +1,273 @@
+/* The launcher's side of the progress channel (see gl_progress.h). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "gl_launch.h"
+#include "gl_progress.h"
+
+#define GB_COMPONENT "launcher"
+
+typedef struct reader {
+    uv_pipe_t pipe;
+    int local_rank;
+    char line[GL_PROGRESS_LINE_MAX];
+    size_t len;
+    int bad; /* said once that its lines are malformed */
+} reader;
+
+static struct {
+    int fd; /* the memfd */
+    uint32_t nslots;
+    gb_progress_header *hdr;
+    gb_progress_slot *slots;
+    int *pipe_r, *pipe_w;
+    reader **rd;
+    /* the summaries */
+    uv_timer_t stats_timer;
+    int stats_on;
+    uint64_t win_start_ns;
+    uint64_t *prev_steps, *prev_step_ns, *prev_coll_ns;
+} P = {.fd = -1};
+
+static void on_reader_closed(uv_handle_t *h) { free(h->data); }
+
+static void close_readers(void) {
+    for (uint32_t i = 0; P.rd && i < P.nslots; i++) {
+        if (P.rd[i]) { /* the handle owns the read end */
+            uv_close((uv_handle_t *)&P.rd[i]->pipe, on_reader_closed);
+            P.rd[i] = NULL;
+            P.pipe_r[i] = -1;
+        }
+        if (P.pipe_r[i] >= 0)
+            close(P.pipe_r[i]);
+        if (P.pipe_w[i] >= 0)
+            close(P.pipe_w[i]);
+        P.pipe_r[i] = P.pipe_w[i] = -1;
+    }
+}
+
+int gl_progress_round(int nproc) {
+    if (P.fd < 0) {
+        if (nproc < 1 || nproc > GB_PROGRESS_MAX_SLOTS)
+            return -1;
+        size_t bytes = gb_progress_region_bytes((uint32_t)nproc);
+        int fd = memfd_create("gpulaunch-progress", MFD_CLOEXEC);
+        void *p = MAP_FAILED;
+        if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0)
+            p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            fprintf(stderr,
+                    "gpulaunch: cannot make the progress channel (%s): the job runs without "
+                    "the hang watchdog and straggler summaries\n",
+                    strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            return -1;
+        }
+        P.fd = fd;
+        P.nslots = (uint32_t)nproc;
+        P.hdr = p;
+        P.slots = (gb_progress_slot *)((char *)p + GB_PROGRESS_SLOT_BYTES);
+        P.pipe_r = malloc((size_t)nproc * sizeof *P.pipe_r);
+        P.pipe_w = malloc((size_t)nproc * sizeof *P.pipe_w);
+        P.rd = calloc((size_t)nproc, sizeof *P.rd);
+        P.prev_steps = calloc((size_t)nproc, sizeof *P.prev_steps);
+        P.prev_step_ns = calloc((size_t)nproc, sizeof *P.prev_step_ns);
+        P.prev_coll_ns = calloc((size_t)nproc, sizeof *P.prev_coll_ns);
+        for (int i = 0; i < nproc; i++)
+            P.pipe_r[i] = P.pipe_w[i] = -1;
+    }
+    close_readers();
+    /* a new round: every slot starts empty (the last round's workers are gone) */
+    memset(P.hdr, 0, gb_progress_region_bytes(P.nslots));
+    P.hdr->magic = GB_PROGRESS_MAGIC;
+    P.hdr->version = GB_PROGRESS_VERSION;
+    P.hdr->nslots = P.nslots;
+    P.hdr->slot_bytes = GB_PROGRESS_SLOT_BYTES;
+    memset(P.prev_steps, 0, P.nslots * sizeof *P.prev_steps);
+    memset(P.prev_step_ns, 0, P.nslots * sizeof *P.prev_step_ns);
+    memset(P.prev_coll_ns, 0, P.nslots * sizeof *P.prev_coll_ns);
+    P.win_start_ns = gb_now_ns();
+    for (uint32_t i = 0; i < P.nslots; i++) {
+        int fds[2];
+        if (pipe2(fds, O_CLOEXEC) == 0) {
+            P.pipe_r[i] = fds[0];
+            P.pipe_w[i] = fds[1];
+        }
+    }
+    return 0;
+}
+
+void gl_progress_child(int local_rank) {
+    if (P.fd < 0 || (uint32_t)local_rank >= P.nslots)
+        return;
+    fcntl(P.fd, F_SETFD, 0);
+    if (P.pipe_w[local_rank] >= 0)
+        fcntl(P.pipe_w[local_rank], F_SETFD, 0);
+}
+
+int gl_progress_env(int local_rank, char **env, int n, int max) {
+    if (P.fd < 0 || (uint32_t)local_rank >= P.nslots)
+        return n;
+    char kv[64];
+    if (n < max) {
+        snprintf(kv, sizeof kv, "GPULAUNCH_PROGRESS_SHM=%d:%d", P.fd, local_rank);
+        env[n++] = strdup(kv);
+    }
+    if (n < max && P.pipe_w[local_rank] >= 0) {
+        snprintf(kv, sizeof kv, "GPULAUNCH_PROGRESS_FD=%d", P.pipe_w[local_rank]);
+        env[n++] = strdup(kv);
+    }
+    if (n < max) {
+        snprintf(kv, sizeof kv, "GPULAUNCH_STACK_SIGNAL=%d", GL_STACK_SIGNAL);
+        env[n++] = strdup(kv);
+    }
+    return n;
+}
+
+gb_progress_slot *gl_progress_slot(int local_rank) {
+    return P.fd >= 0 && (uint32_t)local_rank < P.nslots ? &P.slots[local_rank] : NULL;
+}
+
+/* ---- line reports: "STEP\n" on the pipe ---- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    static char chunk[4096];
+    buf->base = chunk;
+    buf->len = sizeof chunk;
+}
+
+static void line_report(reader *r) {
+    r->line[r->len] = '\0';
+    char *end;
+    errno = 0;
+    long long step = strtoll(r->line, &end, 10);
+    while (*end == ' ' || *end == '\t' || *end == '\r')
+        end++;
+    if (errno || end == r->line || *end) {
+        if (!r->bad)
+            fprintf(stderr,
+                    "gpulaunch: local rank %d wrote '%.32s' to GPULAUNCH_PROGRESS_FD: expected "
+                    "one step number per line (e.g. echo $STEP >&$GPULAUNCH_PROGRESS_FD); "
+                    "ignored\n",
+                    r->local_rank, r->line);
+        r->bad = 1;
+        return;
+    }
+    gb_progress_slot *s = &P.slots[r->local_rank];
+    uint64_t now = gb_now_ns();
+    if (atomic_load(&s->joined_ns) == 0)
+        atomic_store(&s->joined_ns, now);
+    atomic_store(&s->step, (int64_t)step);
+    atomic_store(&s->steps, atomic_load(&s->steps) + 1);
+    atomic_store(&s->step_ns, now);
+    atomic_store(&s->beat_ns, now);
+}
+
+static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
+    reader *r = st->data;
+    if (n < 0) {
+        uv_close((uv_handle_t *)st, on_reader_closed);
+        if (P.rd && (uint32_t)r->local_rank < P.nslots && P.rd[r->local_rank] == r) {
+            P.rd[r->local_rank] = NULL;
+            P.pipe_r[r->local_rank] = -1; /* closed with the handle */
+        }
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        char ch = buf->base[i];
+        if (ch == '\n') {
+            line_report(r);
+            r->len = 0;
+        } else if (r->len < sizeof r->line - 1) {
+            r->line[r->len++] = ch;
+        }
+    }
+}
+
+void gl_progress_started(int local_rank) {
+    if (P.fd < 0 || (uint32_t)local_rank >= P.nslots)
+        return;
+    if (P.pipe_w[local_rank] >= 0) {
+        close(P.pipe_w[local_rank]);
+        P.pipe_w[local_rank] = -1;
+    }
+    if (P.pipe_r[local_rank] < 0)
+        return;
+    reader *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return;
+    r->local_rank = local_rank;
+    r->pipe.data = r;
+    uv_pipe_init(L.loop, &r->pipe, 0);
+    if (uv_pipe_open(&r->pipe, P.pipe_r[local_rank]) != 0 ||
+        uv_read_start((uv_stream_t *)&r->pipe, on_alloc, on_read) != 0) {
+        uv_close((uv_handle_t *)&r->pipe, on_reader_closed);
+        P.pipe_r[local_rank] = -1;
+        return;
+    }
+    P.rd[local_rank] = r;
+}
+
+/* ---- the summaries ---- */
+
+static void on_stats_timer(uv_timer_t *t) {
+    if (P.fd < 0 || L.w == NULL || L.nrunning == 0 || L.stopping || L.cli == NULL)
+        return;
+    uint64_t now = gb_now_ns();
+    rdzv_rank_stats *rs = calloc(P.nslots, sizeof *rs);
+    if (rs == NULL)
+        return;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < P.nslots; i++) {
+        gb_progress_slot *s = &P.slots[i];
+        if (atomic_load(&s->joined_ns) == 0)
+            continue;
+        rdzv_rank_stats *r = &rs[n++];
+        uint64_t steps = atomic_load(&s->steps), step_ns = atomic_load(&s->step_ns);
+        uint64_t coll_ns = atomic_load(&s->coll_ns), beat = atomic_load(&s->beat_ns);
+        r->rank = (uint32_t)L.w[i].rank;
+        r->local_rank = i;
+        r->step = (uint64_t)atomic_load(&s->step);
+        r->wait_us = UINT32_MAX;
+        uint64_t ds = steps - P.prev_steps[i];
+        /* the first report of a window starts its first step interval */
+        if (ds > 0 && P.prev_steps[i] > 0 && step_ns > P.prev_step_ns[i]) {
+            r->steps = (uint32_t)ds;
+            uint64_t st = (step_ns - P.prev_step_ns[i]) / ds / 1000;
+            r->step_time_us = st > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)st;
+            if (atomic_load(&s->colls) > 0) {
+                uint64_t w = (coll_ns - P.prev_coll_ns[i]) / ds / 1000;
+                r->wait_us = w > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)w;
+            }
+        }
+        if (ds > 0) {
+            P.prev_steps[i] = steps;
+            P.prev_step_ns[i] = step_ns;
+            P.prev_coll_ns[i] = coll_ns;
+        }
+        r->since_progress_ms = now > beat ? (uint32_t)((now - beat) / 1000000) : 0;
+        snprintf(r->gpu, sizeof r->gpu, "%s", L.w[i].gpu);
+    }
+    uint32_t window_ms = (uint32_t)((now - P.win_start_ns) / 1000000);
+    P.win_start_ns = now;
+    if (n)
+        rdzv_client_stats(L.cli, window_ms, rs, n);
+    free(rs);
+}
+
+void gl_progress_start_stats(double interval_s) {
+    if (P.stats_on || !(interval_s > 0))
+        return;
+    P.stats_on = 1;
+    uv_timer_init(L.loop, &P.stats_timer);
+    uint64_t ms = (uint64_t)(interval_s * 1000);
+    uv_timer_start(&P.stats_timer, on_stats_timer, ms, ms);
+}

@@ -1,0 +1,248 @@
+/* The hang watchdog (see gl_watchdog.h). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "gl_launch.h"
+#include "gl_output.h"
+#include "gl_progress.h"
+#include "gl_watchdog.h"
+#include "gl_workers.h"
+
+#define GB_COMPONENT "launcher"
+
+typedef struct watch {
+    uint64_t last_beat;  /* the beat seen at the last tick */
+    uint64_t max_gap_ns; /* auto: the slowest step interval seen after warm-up */
+    int saving_seen;     /* a save since the last beat: that gap is not a step */
+} watch;
+
+static struct {
+    uv_timer_t tick, dump;
+    int inited;
+    watch *w;
+    int n;
+    int fired;
+    uint64_t victims_since; /* every silent rank waits in a collective: since when */
+    double learned_s;       /* auto: the timeout learned (0: still warming up) */
+    double said_s;          /* auto: the timeout last said */
+    int culprit;            /* local rank named */
+    int *kill;              /* per local rank: SIGKILL it after the stack dump */
+    int *silent;            /* per local rank: no progress for the timeout */
+    char detail[768];
+    char msg[1024];
+} W;
+
+/* The timeout now, in seconds; 0 when not judging (off, or auto warming up). */
+static double timeout_s(void) {
+    if (L.cfg.progress_timeout_s > 0)
+        return L.cfg.progress_timeout_s;
+    if (!L.cfg.progress_auto)
+        return 0;
+    return W.learned_s;
+}
+
+static void learn(uint64_t now) {
+    if (!L.cfg.progress_auto)
+        return;
+    uint64_t max_gap = 0;
+    int warm = 0;
+    for (int i = 0; i < W.n; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        if (atomic_load(&s->steps) >= GL_AUTO_WARMUP_STEPS)
+            warm = 1;
+        if (W.w[i].max_gap_ns > max_gap)
+            max_gap = W.w[i].max_gap_ns;
+    }
+    if (!warm)
+        return;
+    double t = GL_AUTO_FACTOR * (double)max_gap / 1e9;
+    if (t < L.cfg.progress_floor_s)
+        t = L.cfg.progress_floor_s;
+    W.learned_s = t;
+    if (W.said_s == 0 || t > W.said_s * 1.5) {
+        W.said_s = t;
+        fprintf(stderr,
+                "gpulaunch: progress watchdog: steps take up to %.3f s here; a rank without "
+                "progress for %.1f s is hung (%dx the slowest step, at least %.0f s)\n",
+                (double)max_gap / 1e9, t, GL_AUTO_FACTOR, L.cfg.progress_floor_s);
+    }
+    (void)now;
+}
+
+static void on_dump_done(uv_timer_t *t) {
+    if (L.stopping || L.round_over || L.exit_requested)
+        return;
+    worker *cw = &L.w[W.culprit];
+    if (!L.first.set) {
+        failure *f = &L.first;
+        f->set = 1;
+        f->hung = 1;
+        f->when = gb_wall_s();
+        f->rank = cw->rank;
+        f->local_rank = cw->local_rank;
+        f->pid = cw->pid;
+        f->exit_code = -1;
+        snprintf(f->why, sizeof f->why, "%s", W.detail);
+        gl_output_tail(cw, f->tail, sizeof f->tail);
+    }
+    L.group_failed = 1;
+    rdzv_client_hang(L.cli, (uint32_t)cw->rank, W.detail);
+    /* a hung rank's state is lost anyway, and a stopped one would hold
+     * SIGTERM pending: it goes at once; the others stop as after a failure */
+    for (int i = 0; i < W.n; i++)
+        if (W.kill[i] && L.w[i].running && L.w[i].pid > 0) {
+            kill(-L.w[i].pid, SIGKILL);
+            kill(L.w[i].pid, SIGKILL);
+        }
+    gl_stop_group(0);
+}
+
+static void fire(uint64_t now, double tmo, const int *silent, int only_victims) {
+    W.fired = 1;
+    memset(W.kill, 0, (size_t)W.n * sizeof *W.kill);
+    /* the culprit: the silent rank with the oldest progress not waiting in a
+     * collective (else, all waiting, the oldest) */
+    int c = -1;
+    uint64_t oldest = UINT64_MAX;
+    for (int i = 0; i < W.n; i++) {
+        if (!silent[i])
+            continue;
+        gb_progress_slot *s = gl_progress_slot(i);
+        int waiting = atomic_load(&s->coll_since_ns) != 0;
+        if (waiting && !only_victims)
+            continue;
+        uint64_t b = atomic_load(&s->beat_ns);
+        if (b < oldest) {
+            oldest = b;
+            c = i;
+        }
+    }
+    if (c < 0)
+        return;
+    W.culprit = c;
+    gb_progress_slot *cs = gl_progress_slot(c);
+    worker *cw = &L.w[c];
+    double quiet = (double)(now - atomic_load(&cs->beat_ns)) / 1e9;
+    char last[96];
+    if (atomic_load(&cs->steps))
+        snprintf(last, sizeof last, "last step %lld, %.1f s ago", (long long)atomic_load(&cs->step),
+                 (double)(now - atomic_load(&cs->step_ns)) / 1e9);
+    else
+        snprintf(last, sizeof last, "no step reported yet");
+    /* the detail goes to the rendezvous, which names rank and node itself */
+    int len = snprintf(W.detail, sizeof W.detail,
+                       "no progress for %.1f s (--progress-timeout %.1f s; %s)%s", quiet, tmo, last,
+                       only_victims ? " while waiting in a collective; the rank it waits for "
+                                      "is on another node or stuck too"
+                                    : "");
+    /* the ranks blocked in a collective behind it */
+    int nv = 0;
+    for (int i = 0; i < W.n && len > 0 && (size_t)len < sizeof W.detail - 64; i++) {
+        if (i == c || !L.w[i].running || atomic_load(&gl_progress_slot(i)->coll_since_ns) == 0)
+            continue;
+        len += snprintf(W.detail + len, sizeof W.detail - (size_t)len, "%s%d",
+                        nv++ ? "," : "; waiting for it in a collective: rank ", L.w[i].rank);
+    }
+    snprintf(W.msg, sizeof W.msg, "rank %d (node %s, local rank %d, pid %d) hung: %s", cw->rank,
+             L.hostname, c, (int)cw->pid, W.detail);
+    fprintf(stderr, "gpulaunch: %s\n", W.msg);
+    GB_ERROR("%s", W.msg);
+    /* stacks first (Python's faulthandler prints them to stderr) */
+    int dumped = 0;
+    for (int i = 0; i < W.n; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        int sig = atomic_load(&s->stack_signal);
+        if (!silent[i] || !L.w[i].running)
+            continue;
+        if (i == c || atomic_load(&s->coll_since_ns) == 0)
+            W.kill[i] = 1;
+        if (sig > 0 && sig < 65) {
+            kill(L.w[i].pid, sig);
+            dumped++;
+        }
+    }
+    if (dumped)
+        fprintf(stderr, "gpulaunch: stacks of %d hung rank(s) follow in their stderr\n", dumped);
+    uv_timer_start(&W.dump, on_dump_done, dumped ? GL_STACK_DUMP_MS : 0, 0);
+}
+
+static void on_tick(uv_timer_t *t) {
+    if (W.fired || L.w == NULL || L.nrunning == 0 || L.stopping || L.round_over ||
+        L.exit_requested || L.group_failed)
+        return;
+    uint64_t now = gb_now_ns();
+    int *silent = W.silent;
+    int any = 0, all_waiting = 1;
+    /* the slowest step interval, from the beats seen (exact for gaps longer
+     * than a tick, which are the ones that matter) */
+    for (int i = 0; i < W.n; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        watch *w = &W.w[i];
+        uint64_t b = atomic_load(&s->beat_ns);
+        if (atomic_load(&s->state) != GB_PROGRESS_RUNNING)
+            w->saving_seen = 1;
+        if (b != w->last_beat) {
+            if (w->last_beat && !w->saving_seen && atomic_load(&s->steps) >= 2 &&
+                b - w->last_beat > w->max_gap_ns)
+                w->max_gap_ns = b - w->last_beat;
+            w->last_beat = b;
+            w->saving_seen = atomic_load(&s->state) != GB_PROGRESS_RUNNING;
+        }
+    }
+    learn(now);
+    double tmo = timeout_s();
+    if (tmo <= 0)
+        return;
+    for (int i = 0; i < W.n; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        silent[i] = 0;
+        if (!L.w[i].running || atomic_load(&s->joined_ns) == 0 ||
+            atomic_load(&s->state) != GB_PROGRESS_RUNNING)
+            continue;
+        uint64_t b = atomic_load(&s->beat_ns);
+        if (now > b && (double)(now - b) / 1e9 > tmo) {
+            silent[i] = 1;
+            any = 1;
+            if (atomic_load(&s->coll_since_ns) == 0)
+                all_waiting = 0;
+        }
+    }
+    if (!any) {
+        W.victims_since = 0;
+        return;
+    }
+    if (!all_waiting) {
+        fire(now, tmo, silent, 0);
+        return;
+    }
+    if (W.victims_since == 0)
+        W.victims_since = now;
+    else if (now - W.victims_since >= (uint64_t)GL_HANG_VICTIM_GRACE_MS * 1000000)
+        fire(now, tmo, silent, 1);
+}
+
+void gl_watchdog_round(void) {
+    if (!W.inited) {
+        W.inited = 1;
+        uv_timer_init(L.loop, &W.tick);
+        uv_timer_init(L.loop, &W.dump);
+        W.n = L.cfg.nproc;
+        W.w = calloc((size_t)W.n, sizeof *W.w);
+        W.kill = calloc((size_t)W.n, sizeof *W.kill);
+        W.silent = calloc((size_t)W.n, sizeof *W.silent);
+        if (W.w == NULL || W.kill == NULL || W.silent == NULL)
+            return;
+        if (L.cfg.progress_timeout_s > 0 || L.cfg.progress_auto)
+            uv_timer_start(&W.tick, on_tick, GL_WATCH_TICK_MS, GL_WATCH_TICK_MS);
+    }
+    if (gl_progress_slot(0) == NULL)
+        uv_timer_stop(&W.tick);
+    memset(W.w, 0, (size_t)W.n * sizeof *W.w);
+    W.fired = 0;
+    W.victims_since = 0;
+    W.learned_s = 0;
+}
