@@ -483,8 +483,8 @@ Test(health, job_page_in_chromium, .timeout = 90) {
     node *hung = start_nodes("eval", 1, 2);
     rdzv_client_hang(hung[0].c, 1, "rank 1 (pid 5151) made no progress for 31.0 s (timeout 30 s)");
     node *nodes = start_nodes("train", 2, 4);
-    for (uint32_t w = 0; w < 14; w++) {
-        send_window(nodes, 2, 4, w, 5, w < 3 ? 1.0 : 1.5, 99);
+    for (uint32_t w = 0; w < 20; w++) {
+        send_window(nodes, 2, 4, w, 5, w < 8 ? 1.0 : 1.5, 99);
         pump(WINDOW_MS);
     }
     cr_assert_eq(total(nodes, 2, offsetof(node, stragglers)), 2, "rank 5 named");
