@@ -4,6 +4,7 @@
  * environments, preflight failures, and the training example. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -786,4 +787,262 @@ Test(launcher, example_device_without_nccl_is_refused) {
     int st = proc_wait(&p, 30000);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "--device needs") != NULL, "%s", p.out);
+}
+
+/* ---- torchrun 2.4+ behaviour (docs/torchrun.md) ---- */
+
+/* The variables torchrun's agent sets that gpulaunch added, the
+ * ${local_rank} macro in the program's arguments, and --virtual-local-rank. */
+Test(launcher, torchrun_worker_environment_and_virtual_local_rank) {
+    setenv("D", dir, 1);
+    setenv("NCCL_DEBUG", "INFO", 1);
+    unsetenv("OMP_NUM_THREADS");
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       ENV_DUMP "; echo \"arg=$1\" >>\"$D/env.$RANK\"",
+                       "sh",
+                       "rank${local_rank}/$local_rank/$$",
+                       NULL};
+    int st = run(&p, a, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    for (int r = 0; r < 2; r++) {
+        check_env(r, r, 2, 2, 0, 1);
+        char path[128], want[64];
+        snprintf(path, sizeof path, "%s/env.%d", dir, r);
+        char *e = slurp(path);
+        cr_expect_str_eq(envval(e, "TORCHELASTIC_USE_AGENT_STORE"), "False");
+        cr_expect_str_eq(envval(e, "TORCHELASTIC_SIGNALS_TO_HANDLE"),
+                         "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
+        snprintf(want, sizeof want, "%d", r);
+        cr_expect_str_eq(envval(e, "GPULAUNCH_LOCAL_RANK"), want);
+        cr_expect_null(envval(e, "CUDA_VISIBLE_DEVICES"));
+        snprintf(want, sizeof want, "rank%d/%d/$$", r, r);
+        cr_expect_str_eq(envval(e, "arg"), want, "${local_rank} and $local_rank expand, $$ stays");
+    }
+    /* every worker is local rank 0 of its own GPU */
+    setenv("CUDA_VISIBLE_DEVICES", "5,GPU-7f3a", 1);
+    const char *b[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--virtual-local-rank",
+                       "--signals-to-handle",
+                       "SIGTERM,SIGUSR2",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       ENV_DUMP,
+                       NULL};
+    st = run(&p, b, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    const char *dev[] = {"5", "GPU-7f3a"};
+    for (int r = 0; r < 2; r++) {
+        char path[128], want[16];
+        snprintf(path, sizeof path, "%s/env.%d", dir, r);
+        char *e = slurp(path);
+        snprintf(want, sizeof want, "%d", r);
+        cr_expect_str_eq(envval(e, "LOCAL_RANK"), "0");
+        cr_expect_str_eq(envval(e, "RANK"), want);
+        cr_expect_str_eq(envval(e, "GPULAUNCH_LOCAL_RANK"), want);
+        cr_expect_str_eq(envval(e, "LOCAL_WORLD_SIZE"), "2");
+        cr_expect_str_eq(envval(e, "CUDA_VISIBLE_DEVICES"), dev[r]);
+        cr_expect_str_eq(envval(e, "TORCHELASTIC_SIGNALS_TO_HANDLE"), "SIGTERM,SIGUSR2");
+    }
+}
+
+/* SIGUSR1 (Slurm's --signal=USR1@90) reaches every worker through the
+ * launcher, which exits 128+10 once they are gone; with a list that leaves
+ * it out, SIGUSR2 is forwarded and exits 128+12. */
+Test(launcher, sigusr1_and_sigusr2_are_forwarded_to_workers) {
+    unsetenv("SLURM_JOB_ID");
+    const char *sh = "trap 'echo got-usr1; exit 0' USR1; trap 'echo got-usr2; exit 0' USR2; "
+                     "echo up; while :; do sleep 0.05; done";
+    struct {
+        const char *list;
+        int sig, code;
+        const char *seen;
+    } c[] = {{NULL, SIGUSR1, 138, "got-usr1"}, {"SIGTERM,SIGUSR2", SIGUSR2, 140, "got-usr2"}};
+    for (int i = 0; i < 2; i++) {
+        proc p;
+        char *argv[12];
+        int n = 0;
+        argv[n++] = GL;
+        argv[n++] = "--standalone";
+        argv[n++] = "--nproc-per-node";
+        argv[n++] = "2";
+        if (c[i].list) {
+            argv[n++] = "--signals-to-handle";
+            argv[n++] = (char *)c[i].list;
+        }
+        argv[n++] = "--no-python";
+        argv[n++] = "/bin/sh";
+        argv[n++] = "-c";
+        argv[n++] = (char *)sh;
+        argv[n] = NULL;
+        cr_assert_eq(proc_start(&p, argv, NULL), 0);
+        cr_assert(proc_expect(&p, "[default1]:up", 5000), "%s", p.out);
+        cr_assert(proc_expect(&p, "[default0]:up", 5000), "%s", p.out);
+        kill(p.pid, c[i].sig); /* the launcher only: the workers hear it from it */
+        int st = proc_wait(&p, 10000);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == c[i].code, "status %d: %s", st, p.out);
+        char w0[32], w1[32];
+        snprintf(w0, sizeof w0, "[default0]:%s", c[i].seen);
+        snprintf(w1, sizeof w1, "[default1]:%s", c[i].seen);
+        cr_expect(strstr(p.out, w0) && strstr(p.out, w1), "%s", p.out);
+    }
+}
+
+/* --log-line-prefix-template and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, and
+ * --duplicate-stdout-filters copying matching --tee'd lines to one file. */
+Test(launcher, log_prefix_template_and_duplicate_filters) {
+    char host[256];
+    gethostname(host, sizeof host);
+    char logdir[128];
+    snprintf(logdir, sizeof logdir, "%s/logs", dir);
+    proc p;
+    const char *a[] = {"--standalone",
+                       "--nproc-per-node",
+                       "2",
+                       "--role",
+                       "trainer",
+                       "--log_line_prefix_template",
+                       "<${hostname}|${role_name}|${rank}|${local_rank}|${pid}|$$>",
+                       "--log-dir",
+                       logdir,
+                       "--tee",
+                       "1",
+                       "--duplicate-stdout-filters",
+                       "apple,or,,ange",
+                       "--no-python",
+                       "/bin/sh",
+                       "-c",
+                       "echo pid=$$; echo apple-$LOCAL_RANK; echo banana; echo or,ange; "
+                       "echo apple-err >&2",
+                       NULL};
+    int st = run(&p, a, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    for (int r = 0; r < 2; r++) {
+        /* the shell's own pid is the worker's: exec'd directly */
+        char want[512], pidline[300];
+        snprintf(want, sizeof want, "<%s|trainer|%d|%d|", host, r, r);
+        const char *at = strstr(p.out, want);
+        cr_assert_not_null(at, "no '%s' in: %s", want, p.out);
+        int pid = 0;
+        cr_assert_eq(sscanf(at + strlen(want), "%d|$>", &pid), 1, "%s", at);
+        snprintf(pidline, sizeof pidline, "%s%d|$>pid=%d", want, pid, pid);
+        cr_expect(strstr(p.out, pidline), "'%s' not in: %s", pidline, p.out);
+    }
+    char cmd[768];
+    snprintf(cmd, sizeof cmd,
+             "f=$(ls %s/*/attempt_0/filtered_stdout.log) && test $(wc -l <$f) -eq 4 && "
+             "grep -q 'trainer|0|0|.*apple-0$' $f && grep -q 'trainer|1|1|.*apple-1$' $f && "
+             "test $(grep -c 'or,ange$' $f) -eq 2 && ! grep -q 'banana\\|apple-err' $f && "
+             "test ! -e %s/*/attempt_0/filtered_stderr.log",
+             logdir, logdir);
+    cr_expect_eq(system(cmd), 0, "filtered_stdout.log has not exactly the matching lines");
+    /* torchrun's variable, when no option is given */
+    setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${role_name}@${local_rank}> ", 1);
+    const char *b[] = {"--standalone", "--no-python", "/bin/echo", "hello", NULL};
+    st = run(&p, b, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "default@0> hello"), "%s", p.out);
+}
+
+/* --numa-binding node: the workers' real CPU affinity and memory policy,
+ * on a fake two-node topology (GPULAUNCH_SYSFS_ROOT) and on this machine's. */
+#define MPOL_PY                                                                                    \
+    "import ctypes, platform\n"                                                                    \
+    "libc = ctypes.CDLL(None, use_errno=True)\n"                                                   \
+    "nr = {'x86_64': 239, 'aarch64': 236}[platform.machine()]\n"                                   \
+    "mode = ctypes.c_int(-1)\n"                                                                    \
+    "mask = (ctypes.c_ulong * 16)()\n"                                                             \
+    "libc.syscall(nr, ctypes.byref(mode), mask, ctypes.c_ulong(1024), ctypes.c_ulong(0), "         \
+    "ctypes.c_ulong(0))\n"                                                                         \
+    "print('mempolicy=%d:%d' % (mode.value, mask[0]))\n"
+
+static const char *numa_line(int rank, const char *key) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/numa.%d", dir, rank);
+    char *e = slurp(path);
+    cr_assert_not_null(e, "rank %d wrote nothing", rank);
+    static char tmp[8192];
+    snprintf(tmp, sizeof tmp, "\n%s", e);
+    const char *v = envval(tmp, key);
+    return v ? v : "(none)";
+}
+
+Test(launcher, numa_binding_sets_real_affinity_and_memory_policy) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    if (sched_getaffinity(0, sizeof s, &s) != 0 || !CPU_ISSET(0, &s) || !CPU_ISSET(1, &s))
+        cr_skip_test("needs CPUs 0 and 1");
+    char py[160];
+    snprintf(py, sizeof py, "%s/mpol.py", dir);
+    FILE *f = fopen(py, "w");
+    cr_assert_not_null(f);
+    fputs(MPOL_PY, f);
+    fclose(f);
+    setenv("D", dir, 1);
+    setenv("PY", py, 1);
+    const char *worker = "sed -n 's/^Cpus_allowed_list:[[:space:]]*/cpus=/p' /proc/self/status "
+                         ">\"$D/numa.$RANK\"; /usr/bin/python3 \"$PY\" >>\"$D/numa.$RANK\"";
+    /* two GPUs on two NUMA nodes: node 0 has CPU 0, node 1 CPU 1 */
+    char root[128], cmd[1024];
+    snprintf(root, sizeof root, "%s/sysfs", dir);
+    snprintf(cmd, sizeof cmd,
+             "set -e; r=%s; for g in 0000:17:00.0=0 0000:b3:00.0=1; do b=${g%%=*}; "
+             "mkdir -p $r/proc/driver/nvidia/gpus/$b $r/sys/bus/pci/devices/$b; "
+             "echo ${g#*=} >$r/sys/bus/pci/devices/$b/numa_node; done; for n in 0 1; do "
+             "mkdir -p $r/sys/devices/system/node/node$n; "
+             "echo $n >$r/sys/devices/system/node/node$n/cpulist; done",
+             root);
+    cr_assert_eq(system(cmd), 0);
+    setenv("GPULAUNCH_SYSFS_ROOT", root, 1);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+    unsetenv("NVIDIA_VISIBLE_DEVICES");
+    proc p;
+    const char *a[] = {"--standalone", "--nproc-per-node", "2",  "--numa-binding", "node",
+                       "--no-python",  "/bin/sh",          "-c", worker,           NULL};
+    int st = run(&p, a, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect_str_eq(numa_line(0, "cpus"), "0");
+    cr_expect_str_eq(numa_line(1, "cpus"), "1");
+    /* MPOL_PREFERRED (1) on node 0; node 1 does not exist on this machine, so
+     * the kernel refuses that preference and rank 1 keeps the default */
+    cr_expect_str_eq(numa_line(0, "mempolicy"), "1:1");
+    cr_expect_str_eq(numa_line(1, "mempolicy"), "0:0");
+    /* this machine's own sysfs: no GPU, one node; both ranks on its CPUs */
+    unsetenv("GPULAUNCH_SYSFS_ROOT");
+    char mine[64] = "";
+    FILE *st_f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (st_f && fgets(line, sizeof line, st_f))
+        if (sscanf(line, "Cpus_allowed_list: %63s", mine) == 1)
+            break;
+    if (st_f)
+        fclose(st_f);
+    const char *c[] = {"--standalone", "--nproc-per-node", "2",  "--numa-binding", "exclusive",
+                       "--no-python",  "/bin/sh",          "-c", worker,           NULL};
+    st = run(&p, c, 20000);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 2 && strstr(p.out, "physical core(s)")) {
+        cr_log_info("exclusive refused here (hyperthreads of one core): %s", p.out);
+        return;
+    }
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    char c0[64];
+    snprintf(c0, sizeof c0, "%s", numa_line(0, "cpus"));
+    cr_expect_str_neq(c0, numa_line(1, "cpus"), "exclusive cores");
+    cr_expect_str_eq(numa_line(0, "mempolicy"), "1:1");
+    cr_expect_str_eq(numa_line(1, "mempolicy"), "1:1");
+    const char *d[] = {"--standalone", "--nproc-per-node", "2",  "--numa-binding", "node",
+                       "--no-python",  "/bin/sh",          "-c", worker,           NULL};
+    st = run(&p, d, 20000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect_str_eq(numa_line(0, "cpus"), mine);
+    cr_expect_str_eq(numa_line(1, "cpus"), mine);
 }

@@ -2,11 +2,14 @@
  * every refusal; and the preflight checks with injected node facts. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "gl_numa.h"
 #include "gl_options.h"
 #include "gl_preflight.h"
 
@@ -268,4 +271,310 @@ Test(preflight, ifname_and_gpus_injected) {
     e.nccl_ifname = "^docker";
     e.gpus_needed = 4;
     cr_expect_eq(run_pf(&e), 0, "%s", out);
+}
+
+/* ---- torchrun 2.4+ options (docs/torchrun.md) ---- */
+
+static void clean_torchrun_env(void) {
+    clean_env();
+    const char *vars[] = {"PET_NUMA_BINDING",
+                          "PET_SIGNALS_TO_HANDLE",
+                          "PET_VIRTUAL_LOCAL_RANK",
+                          "PET_LOG_LINE_PREFIX_TEMPLATE",
+                          "PET_SHUTDOWN_TIMEOUT",
+                          "PET_START_METHOD",
+                          "PET_LOG_DIR",
+                          "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+                          "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                          "GPULAUNCH_SYSFS_ROOT",
+                          "NVIDIA_VISIBLE_DEVICES",
+                          NULL};
+    for (int i = 0; vars[i]; i++)
+        unsetenv(vars[i]);
+}
+
+TestSuite(torchrun_options, .init = clean_torchrun_env, .fini = NULL);
+
+Test(torchrun_options, defaults_match_torchrun_plus_slurm_signals) {
+    const char *a[] = {"gpulaunch", "prog", NULL};
+    cr_assert_eq(load(2, a), 0, "%s", err);
+    cr_expect_eq(cfg.numa_binding, GL_NUMA_NONE);
+    cr_expect_eq(cfg.virtual_local_rank, 0);
+    cr_expect_eq(cfg.run_path, 0);
+    cr_expect_str_eq(cfg.val[GL_START_METHOD], "spawn");
+    cr_expect_str_eq(cfg.val[GL_EVENT_LOG_HANDLER], "null");
+    cr_expect_str_eq(cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE], "");
+    int want[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    cr_assert_eq(cfg.nsignals, 6);
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(cfg.signals[i], want[i], "signal %d", i);
+    gl_config_free(&cfg);
+}
+
+Test(torchrun_options, both_spellings) {
+    const char *a[] = {"gpulaunch",
+                       "--numa_binding",
+                       "socket",
+                       "--signals-to-handle=SIGUSR1, TERM ,SIGUSR1",
+                       "--virtual_local_rank",
+                       "--start_method",
+                       "forkserver",
+                       "--event-log-handler",
+                       "console",
+                       "--run_path",
+                       "--log_line_prefix_template",
+                       "[${rank}]",
+                       "--log-dir",
+                       "/tmp/x",
+                       "--duplicate_stdout_filters",
+                       "a,,b,c",
+                       "--duplicate-stderr-filters=err",
+                       "--nproc-per-node",
+                       "2",
+                       "train.py",
+                       NULL};
+    cr_assert_eq(load(20, a), 0, "%s", err);
+    cr_expect_eq(cfg.numa_binding, GL_NUMA_SOCKET);
+    cr_expect_eq(cfg.nsignals, 2, "duplicates dropped, names with or without SIG, spaces");
+    cr_expect_eq(cfg.signals[0], SIGUSR1);
+    cr_expect_eq(cfg.signals[1], SIGTERM);
+    cr_expect(cfg.virtual_local_rank);
+    cr_expect(cfg.run_path);
+    cr_expect_str_eq(cfg.val[GL_START_METHOD], "forkserver");
+    cr_expect_str_eq(cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE], "[${rank}]");
+    cr_expect_str_eq(cfg.val[GL_DUPLICATE_STDOUT_FILTERS], "a,,b,c");
+    cr_expect_str_eq(cfg.val[GL_DUPLICATE_STDERR_FILTERS], "err");
+    for (int id = GL_START_METHOD; id <= GL_LOG_LINE_PREFIX_TEMPLATE; id++)
+        if (id != GL_LOGS_SPECS)
+            cr_expect_eq(cfg.src[id], GL_SRC_CLI, "--%s", gl_opt_name(id));
+    gl_config_free(&cfg);
+}
+
+Test(torchrun_options, pet_and_torchelastic_environment) {
+    setenv("PET_NUMA_BINDING", "core-complex", 1);
+    setenv("PET_SIGNALS_TO_HANDLE", "SIGUSR2", 1);
+    setenv("PET_VIRTUAL_LOCAL_RANK", "1", 1);
+    setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${hostname}:", 1);
+    setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7", 1);
+    const char *a[] = {"gpulaunch", "prog", NULL};
+    cr_assert_eq(load(2, a), 0, "%s", err);
+    cr_expect_eq(cfg.numa_binding, GL_NUMA_CORE_COMPLEX);
+    cr_expect_eq(cfg.src[GL_NUMA_BINDING], GL_SRC_ENV);
+    cr_expect_eq(cfg.nsignals, 1);
+    cr_expect_eq(cfg.signals[0], SIGUSR2);
+    cr_expect(cfg.virtual_local_rank);
+    cr_expect_str_eq(cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE], "${hostname}:");
+    cr_expect_float_eq(cfg.shutdown_timeout_s, 7.0, 1e-9);
+    gl_config_free(&cfg);
+    /* PET_* beats torchrun's own variable, the command line beats both */
+    setenv("PET_LOG_LINE_PREFIX_TEMPLATE", "pet:", 1);
+    setenv("PET_SHUTDOWN_TIMEOUT", "9", 1);
+    cr_assert_eq(load(2, a), 0, "%s", err);
+    cr_expect_str_eq(cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE], "pet:");
+    cr_expect_float_eq(cfg.shutdown_timeout_s, 9.0, 1e-9);
+    gl_config_free(&cfg);
+    const char *b[] = {
+        "gpulaunch", "--log-line-prefix-template", "cli:", "--shutdown-timeout", "3", "prog", NULL};
+    cr_assert_eq(load(6, b), 0, "%s", err);
+    cr_expect_str_eq(cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE], "cli:");
+    cr_expect_eq(cfg.src[GL_LOG_LINE_PREFIX_TEMPLATE], GL_SRC_CLI);
+    cr_expect_float_eq(cfg.shutdown_timeout_s, 3.0, 1e-9);
+    gl_config_free(&cfg);
+}
+
+Test(torchrun_options, print_completion_needs_no_program) {
+    const char *a[] = {"gpulaunch", "--print-completion", "bash", NULL};
+    cr_assert_eq(load(3, a), 0, "%s", err);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    gl_print_completion("bash", f);
+    fclose(f);
+    cr_expect(strstr(buf, "complete -o default -F _gpulaunch gpulaunch") &&
+                  strstr(buf, "--numa-binding") && strstr(buf, "--signals-to-handle"),
+              "%s", buf);
+    free(buf);
+    gl_config_free(&cfg);
+}
+
+/* Each refusal exits 2 and says what to do. */
+static void refused(const char *const *argv, int argc, const char *needle) {
+    cr_expect_eq(load(argc, (const char **)argv), 2, "accepted: %s", argv[1]);
+    cr_expect(strstr(err, needle) != NULL, "'%s' not in: %s", needle, err);
+    gl_config_free(&cfg);
+}
+
+Test(torchrun_options, refusals) {
+    const char *a1[] = {"gpulaunch", "--numa-binding", "numa", "p", NULL};
+    refused(a1, 4, "node, socket, exclusive or core-complex");
+    const char *a2[] = {"gpulaunch", "--signals-to-handle", "SIGTERM,SIGKILL", "p", NULL};
+    refused(a2, 4, "'SIGKILL' is not a signal gpulaunch can forward");
+    const char *a3[] = {"gpulaunch", "--signals-to-handle", "SIGNOPE", "p", NULL};
+    refused(a3, 4, "'SIGNOPE'");
+    const char *a4[] = {"gpulaunch", "--signals-to-handle", "SIGCHLD", "p", NULL};
+    refused(a4, 4, "'SIGCHLD'");
+    const char *a5[] = {"gpulaunch", "--logs-specs", "mine", "p", NULL};
+    refused(a5, 4, "Python LogsSpecs plugin");
+    const char *a6[] = {"gpulaunch", "--event-log-handler", "scuba", "p", NULL};
+    refused(a6, 4, "use null or console");
+    const char *a7[] = {"gpulaunch", "--start-method", "thread", "p", NULL};
+    refused(a7, 4, "spawn, fork or forkserver");
+    const char *a8[] = {"gpulaunch", "--print-completion", "fish", NULL};
+    refused(a8, 3, "bash, zsh or tcsh");
+    const char *a9[] = {"gpulaunch", "--duplicate-stdout-filters", "x", "p", NULL};
+    refused(a9, 4, "give --log-dir");
+    const char *a10[] = {"gpulaunch", "--no-python", "-m", "mod", NULL};
+    refused(a10, 4, "contradict");
+    const char *a11[] = {"gpulaunch", "--virtual-local-rank=maybe", "p", NULL};
+    refused(a11, 3, "a flag");
+    setenv("CUDA_VISIBLE_DEVICES", "3", 1);
+    const char *a12[] = {"gpulaunch", "--virtual-local-rank", "--nproc-per-node", "2", "p", NULL};
+    refused(a12, 5, "lists 1 for 2 workers");
+}
+
+/* A fake sysfs: GPUs on NUMA nodes, nodes' CPUs, cores and caches. */
+static char sysroot[64];
+
+static void put(const char *rel, const char *text) {
+    char path[512], cmd[600];
+    snprintf(path, sizeof path, "%s/%s", sysroot, rel);
+    snprintf(cmd, sizeof cmd, "mkdir -p \"$(dirname '%s')\"", path);
+    cr_assert_eq(system(cmd), 0);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void fake_gpu(const char *bus, int node, const char *uuid) {
+    char rel[128], text[128];
+    snprintf(rel, sizeof rel, "proc/driver/nvidia/gpus/%s/information", bus);
+    snprintf(text, sizeof text, "Model: Fake\nGPU UUID: %s\n", uuid);
+    put(rel, text);
+    snprintf(rel, sizeof rel, "sys/bus/pci/devices/%s/numa_node", bus);
+    snprintf(text, sizeof text, "%d\n", node);
+    put(rel, text);
+}
+
+static const char *cpus(const gl_numa_bind *b) {
+    static char s[4][64];
+    static int k;
+    char *o = s[k++ % 4];
+    gl_cpuset_format(b->cpus, b->cpus_size, o, 64);
+    return o;
+}
+
+static void need_two_cpus(void) {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    if (sched_getaffinity(0, sizeof s, &s) != 0 || !CPU_ISSET(0, &s) || !CPU_ISSET(1, &s))
+        cr_skip_test("the fake topology uses CPUs 0 and 1; this process may not run on both");
+    snprintf(sysroot, sizeof sysroot, "/tmp/gpl-sysfs-XXXXXX");
+    cr_assert_not_null(mkdtemp(sysroot));
+    setenv("GPULAUNCH_SYSFS_ROOT", sysroot, 1);
+}
+
+static void drop_sysroot(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", sysroot);
+    cr_expect_eq(system(cmd), 0);
+}
+
+Test(numa, gpus_on_two_nodes_node_socket_and_uuids) {
+    need_two_cpus();
+    put("sys/devices/system/node/node0/cpulist", "0\n");
+    put("sys/devices/system/node/node1/cpulist", "1\n");
+    put("sys/devices/system/cpu/cpu0/topology/physical_package_id", "0\n");
+    put("sys/devices/system/cpu/cpu1/topology/physical_package_id", "0\n");
+    fake_gpu("0000:17:00.0", 0, "GPU-1111aaaa");
+    fake_gpu("0000:b3:00.0", 1, "GPU-2222bbbb");
+    gl_numa_bind b[2];
+    char e[512];
+    cr_assert_eq(gl_numa_plan(GL_NUMA_NODE, 2, b, e, sizeof e), 0, "%s", e);
+    cr_expect_str_eq(cpus(&b[0]), "0");
+    cr_expect_str_eq(cpus(&b[1]), "1");
+    cr_expect_eq(b[0].node, 0);
+    cr_expect_eq(b[1].node, 1);
+    gl_numa_free(b, 2);
+    /* one socket holds both nodes */
+    cr_assert_eq(gl_numa_plan(GL_NUMA_SOCKET, 2, b, e, sizeof e), 0, "%s", e);
+    cr_expect_str_eq(cpus(&b[0]), "0-1");
+    cr_expect_str_eq(cpus(&b[1]), "0-1");
+    cr_expect_eq(b[1].node, 1, "memory still on the GPU's node");
+    gl_numa_free(b, 2);
+    /* local rank i follows the i-th visible device, by UUID prefix or index */
+    setenv("CUDA_VISIBLE_DEVICES", "GPU-2222,0", 1);
+    cr_assert_eq(gl_numa_plan(GL_NUMA_NODE, 2, b, e, sizeof e), 0, "%s", e);
+    cr_expect_str_eq(cpus(&b[0]), "1");
+    cr_expect_str_eq(cpus(&b[1]), "0");
+    gl_numa_free(b, 2);
+    setenv("CUDA_VISIBLE_DEVICES", "MIG-abc", 1);
+    cr_expect_eq(gl_numa_plan(GL_NUMA_NODE, 1, b, e, sizeof e), -1);
+    cr_expect(strstr(e, "MIG instances are not"), "%s", e);
+    setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+    cr_expect_eq(gl_numa_plan(GL_NUMA_NODE, 2, b, e, sizeof e), -1);
+    cr_expect(strstr(e, "local rank 1 has no GPU of its own (1 visible)"), "%s", e);
+    drop_sysroot();
+}
+
+Test(numa, exclusive_and_core_complex_split_one_node) {
+    need_two_cpus();
+    put("sys/devices/system/node/node0/cpulist", "0-1\n");
+    put("sys/devices/system/cpu/cpu0/topology/thread_siblings_list", "0\n");
+    put("sys/devices/system/cpu/cpu1/topology/thread_siblings_list", "1\n");
+    for (int c = 0; c < 2; c++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "sys/devices/system/cpu/cpu%d/cache/index0/type", c);
+        put(rel, "Instruction\n");
+        snprintf(rel, sizeof rel, "sys/devices/system/cpu/cpu%d/cache/index0/level", c);
+        put(rel, "1\n");
+        snprintf(rel, sizeof rel, "sys/devices/system/cpu/cpu%d/cache/index0/shared_cpu_list", c);
+        put(rel, "0-1\n"); /* an instruction cache: ignored */
+        snprintf(rel, sizeof rel, "sys/devices/system/cpu/cpu%d/cache/index1/type", c);
+        put(rel, "Unified\n");
+        snprintf(rel, sizeof rel, "sys/devices/system/cpu/cpu%d/cache/index1/level", c);
+        put(rel, "3\n");
+        snprintf(rel, sizeof rel, "sys/devices/system/cpu/cpu%d/cache/index1/shared_cpu_list", c);
+        put(rel, c == 0 ? "0\n" : "1\n");
+    }
+    fake_gpu("0000:17:00.0", 0, "GPU-1111aaaa");
+    fake_gpu("0000:18:00.0", -1, "GPU-3333cccc"); /* -1: the one node */
+    gl_numa_bind b[2];
+    char e[512];
+    cr_assert_eq(gl_numa_plan(GL_NUMA_EXCLUSIVE, 2, b, e, sizeof e), 0, "%s", e);
+    cr_expect_str_eq(cpus(&b[0]), "0");
+    cr_expect_str_eq(cpus(&b[1]), "1");
+    gl_numa_free(b, 2);
+    cr_assert_eq(gl_numa_plan(GL_NUMA_CORE_COMPLEX, 2, b, e, sizeof e), 0, "%s", e);
+    cr_expect_str_eq(cpus(&b[0]), "0");
+    cr_expect_str_eq(cpus(&b[1]), "1");
+    gl_numa_free(b, 2);
+    /* hyperthreads of one core cannot be split among two GPUs */
+    put("sys/devices/system/cpu/cpu0/topology/thread_siblings_list", "0-1\n");
+    put("sys/devices/system/cpu/cpu1/topology/thread_siblings_list", "0-1\n");
+    cr_expect_eq(gl_numa_plan(GL_NUMA_EXCLUSIVE, 2, b, e, sizeof e), -1);
+    cr_expect(strstr(e, "1 physical core(s) for 2 GPU(s)"), "%s", e);
+    drop_sysroot();
+}
+
+Test(numa, without_gpus_local_ranks_spread_over_nodes) {
+    need_two_cpus();
+    put("sys/devices/system/node/node0/cpulist", "0\n");
+    put("sys/devices/system/node/node1/cpulist", "1\n");
+    put("sys/devices/system/node/node2/cpulist", "\n"); /* memory only: not used */
+    gl_numa_bind b[4];
+    char e[512];
+    cr_assert_eq(gl_numa_plan(GL_NUMA_NODE, 4, b, e, sizeof e), 0, "%s", e);
+    const char *want[] = {"0", "0", "1", "1"};
+    for (int i = 0; i < 4; i++) {
+        cr_expect_str_eq(cpus(&b[i]), want[i], "local rank %d", i);
+        cr_expect_eq(b[i].gpu, -1);
+    }
+    gl_numa_free(b, 4);
+    cr_expect_eq(gl_numa_parse_mode("core-complex"), GL_NUMA_CORE_COMPLEX);
+    cr_expect_eq(gl_numa_parse_mode("numa"), -1);
+    setenv("GPULAUNCH_SYSFS_ROOT", "/nonexistent-root", 1);
+    cr_expect_eq(gl_numa_plan(GL_NUMA_NODE, 1, b, e, sizeof e), -1);
+    cr_expect(strstr(e, "cannot list the NUMA nodes"), "%s", e);
+    drop_sysroot();
 }
