@@ -358,7 +358,7 @@ Test(health, hang_ends_the_round_and_is_recorded) {
         pump(5);
     for (int i = 0; i < 2; i++) {
         cr_expect_eq(nodes[i].over, 1, "node %d told the round is over", i);
-        cr_expect_eq(nodes[i].over_reason, RDZV_REASON_FAILED);
+        cr_expect_eq(nodes[i].over_reason, RDZV_REASON_HUNG);
         cr_expect(strstr(nodes[i].over_msg, "rank 3 hung: rank 3 (pid 4242)") != NULL, "%s",
                   nodes[i].over_msg);
     }
@@ -374,7 +374,7 @@ Test(health, hang_ends_the_round_and_is_recorded) {
     free(st);
     char *m = http_get("/metrics");
     cr_expect(strstr(m, "gpulaunch_job_hangs_total{job=\"hang\"} 1\n") != NULL, "%s", m);
-    cr_expect(strstr(m, "gpulaunch_rdzv_failures_total{reason=\"worker_failed\"} 1\n") != NULL,
+    cr_expect(strstr(m, "gpulaunch_rdzv_failures_total{reason=\"hung\"} 1\n") != NULL,
               "%s", m);
     free(m);
     cr_expect(proc_expect(&srv, "rank 3 on node hang-node-1 (node rank 1) hung", 1000));
@@ -600,5 +600,99 @@ Test(health, stats_cost_1024_nodes_x_8_ranks, .timeout = 120) {
     cr_expect(strstr(st, "\"stragglers\":[77]") != NULL);
     free(st);
     close_nodes(nodes, n);
+    stop_server();
+}
+
+/* End to end: gpulaunch-rdzv and 2 launchers x 2 workers of dp_train, whose
+ * rank 3 computes 50 % longer from step 60 on (--slow-rank): the launchers'
+ * summaries (--stats-interval 0.5) make the server name rank 3 within 3
+ * windows of the slowdown, and no other rank; the launchers print it. */
+Test(health, dp_train_slowed_rank_named_end_to_end, .timeout = 90) {
+    start_server(NULL);
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    proc l[2];
+    for (int i = 0; i < 2; i++) {
+        char *argv[] = {GPL_BUILD_DIR "/launcher/gpulaunch",
+                        "--nnodes",
+                        "2",
+                        "--nproc-per-node",
+                        "2",
+                        "--rdzv-backend",
+                        "c10d",
+                        "--rdzv-endpoint",
+                        ep,
+                        "--rdzv-id",
+                        "e2e",
+                        "--stats-interval",
+                        "0.5",
+                        "--no-python",
+                        GPL_BUILD_DIR "/examples/dp_train",
+                        "--steps",
+                        "500",
+                        "--step-sleep-ms",
+                        "8",
+                        "--print-every",
+                        "100000",
+                        "--slow-rank",
+                        "3",
+                        "--slow-factor",
+                        "1.5",
+                        "--slow-from-step",
+                        "60",
+                        NULL};
+        cr_assert_eq(proc_start(&l[i], argv, NULL), 0);
+    }
+    /* the slowdown starts when a rank reports step 60; the straggler is named when /status says so
+     */
+    uint64_t t_slow = 0, t_named = 0, deadline = now_ms() + 30000;
+    char *st = NULL;
+    while (now_ms() < deadline && t_named == 0) {
+        for (int i = 0; i < 2; i++)
+            proc_expect(&l[i], "\x01never\x01", 0);
+        pump(100);
+        free(st);
+        st = http_get("/status");
+        const char *p = strstr(st, "\"run_id\":\"e2e\"");
+        if (p == NULL)
+            continue;
+        if (t_slow == 0) {
+            for (const char *q = strstr(p, "\"step\":"); q; q = strstr(q + 1, "\"step\":"))
+                if (strtol(q + 7, NULL, 10) >= 60) {
+                    t_slow = now_ms();
+                    break;
+                }
+        }
+        if (strstr(p, "\"stragglers\":[3]"))
+            t_named = now_ms();
+        cr_assert(strstr(p, "\"stragglers\":[]") || strstr(p, "\"stragglers\":[3]") ||
+                      !strstr(p, "\"stragglers\":["),
+                  "only rank 3 may be named: %s", p);
+    }
+    cr_assert(t_named, "rank 3 was never named: %s\n%s\n%s", st, l[0].out, l[1].out);
+    free(st);
+    cr_log_info("dp_train rank 3 slowed 1.5x from step 60: named %.2f s after a rank reported step "
+                "60 (windows of 0.5 s)",
+                t_slow ? (double)(t_named - t_slow) / 1000.0 : -1.0);
+    cr_expect(t_slow && t_named - t_slow <= 3 * 500 + 500,
+              "named %llu ms after the slowdown was seen (3 windows: 1500 ms, + 1 window of "
+              "reporting lag)",
+              (unsigned long long)(t_named - t_slow));
+    cr_expect(proc_expect(&srv, "straggler: rank 3 (node ", 2000), "the server's log");
+    int told = 0;
+    for (int i = 0; i < 2; i++)
+        told += proc_expect(&l[i], "rank 3 (node ", 5000);
+    cr_expect_eq(told, 2, "both launchers print it: %s\n%s", l[0].out, l[1].out);
+    char *m = http_get("/metrics");
+    const char *one[] = {"} 1", NULL};
+    cr_expect_eq(count_lines(m, "gpulaunch_rank_straggler{", one), 1, "%s", m);
+    const char *r3[] = {"job=\"e2e\"", "rank=\"3\"", "} 1", NULL};
+    cr_expect_eq(count_lines(m, "gpulaunch_rank_straggler{", r3), 1, "%s", m);
+    free(m);
+    for (int i = 0; i < 2; i++) {
+        int ws = proc_wait(&l[i], 30000);
+        cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "launcher %d: status %d: %s", i, ws,
+                  l[i].out);
+    }
     stop_server();
 }
