@@ -61,6 +61,7 @@ struct launcher {
     int stopping;       /* SIGTERM sent to the group */
     int group_failed;   /* a local worker failed this round */
     int round_over;     /* the rendezvous ended the round */
+    int round_hung;     /* ... because a rank hung (exit 201 when no restarts are left) */
     int scale_up;       /* ... to take in waiting nodes: not a failure */
     int assigned;       /* holds an assignment of the current round */
     int exit_requested; /* a signal to us: exit once workers are gone */

@@ -148,7 +148,7 @@ void gl_maybe_finish_round(void) {
         }
         fprintf(stderr, "gpulaunch: the round ended and no restarts are left (--max-restarts %d)\n",
                 L.cfg.max_restarts);
-        finish(GL_EXIT_RDZV);
+        finish(L.round_hung ? GL_EXIT_HUNG : GL_EXIT_RDZV);
     }
     L.restarts++;
     GB_WARN("restarting the worker group (restart %d of %d)", L.restarts, L.cfg.max_restarts);
@@ -206,6 +206,7 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
     L.round_over = 1;
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
+    L.round_hung = reason == RDZV_REASON_HUNG;
     if (L.nrunning)
         gl_stop_group(0);
     else

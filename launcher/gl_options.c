@@ -162,7 +162,8 @@ const char gl_usage[] =
     "Exit codes: 0 success; 2 usage or configuration; 3 preflight failed;\n"
     "1-127 a worker's own exit code once restarts are exhausted; 128+N a worker\n"
     "killed by signal N; 143 after SIGTERM (retryable under PyTorchJob\n"
-    "restartPolicy: ExitCode); 200 rendezvous failed (unreachable, timed out).\n";
+    "restartPolicy: ExitCode); 200 rendezvous failed (unreachable, timed out);\n"
+    "201 a rank hung (--progress-timeout) and no restarts were left.\n";
 
 const char *gl_opt_name(int id) { return table[id].name; }
 

@@ -30,6 +30,8 @@ const char *rdzv_reason_name(uint32_t reason) {
         return "node left";
     case RDZV_REASON_SCALE_UP:
         return "nodes waiting to join";
+    case RDZV_REASON_HUNG:
+        return "rank hung";
     }
     return "unknown";
 }

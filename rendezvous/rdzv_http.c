@@ -56,9 +56,9 @@ char *rdzv_render_metrics(rdzv_server *s) {
     sb_printf(&b, "# HELP gpulaunch_rdzv_failures_total Rounds ended by a node, by reason.\n"
                   "# TYPE gpulaunch_rdzv_failures_total counter\n");
     static const uint32_t reasons[] = {RDZV_REASON_DISCONNECT, RDZV_REASON_HEARTBEAT,
-                                       RDZV_REASON_FAILED, RDZV_REASON_LEFT};
-    static const char *const names[] = {"disconnect", "heartbeat", "worker_failed", "left"};
-    for (size_t i = 0; i < 4; i++)
+                                       RDZV_REASON_FAILED, RDZV_REASON_LEFT, RDZV_REASON_HUNG};
+    static const char *const names[] = {"disconnect", "heartbeat", "worker_failed", "left", "hung"};
+    for (size_t i = 0; i < 5; i++)
         sb_printf(&b, "gpulaunch_rdzv_failures_total{reason=\"%s\"} %llu\n", names[i],
                   (unsigned long long)s->m.failures[reasons[i]]);
     sb_printf(&b,

@@ -534,7 +534,8 @@ static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt,
             x->active = 0;
             x->done = 0;
             x->prev_rank = x->node_rank;
-            if (reform && (x != culprit || reason == RDZV_REASON_FAILED)) {
+            if (reform &&
+                (x != culprit || reason == RDZV_REASON_FAILED || reason == RDZV_REASON_HUNG)) {
                 x->awaited_round = j->round;
                 survivors++;
             }
@@ -1167,7 +1168,7 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
                     msg->u.fail.rank, c->m->hostname, c->m->node_rank, msg->u.fail.message);
             rdzv_health_hang(j->health, j->round, c->m->hostname, msg->u.fail.rank,
                              msg->u.fail.message);
-            end_round(j, c->m, RDZV_REASON_FAILED, "node %s (node rank %u): rank %u hung: %s",
+            end_round(j, c->m, RDZV_REASON_HUNG, "node %s (node rank %u): rank %u hung: %s",
                       c->m->hostname, c->m->node_rank, msg->u.fail.rank, msg->u.fail.message);
         } else if (c->m && c->m->active) {
             end_round(c->m->j, c->m, RDZV_REASON_FAILED, "node %s (node rank %u): %s",

@@ -89,7 +89,7 @@ struct job {
 typedef struct rdzv_metrics {
     uint64_t connections_total, connections_open, joins, rounds, kv_ops, auth_refused,
         protocol_errors, jobs_done;
-    uint64_t failures[6]; /* by rdzv_reason */
+    uint64_t failures[7]; /* by rdzv_reason */
 } rdzv_metrics;
 
 struct rdzv_server {

@@ -22,6 +22,7 @@ enum rdzv_reason {
     RDZV_REASON_FAILED = 3,     /* the node reported a failed worker */
     RDZV_REASON_LEFT = 4,       /* the node left */
     RDZV_REASON_SCALE_UP = 5,   /* nodes waiting and room to grow: re-rendezvous */
+    RDZV_REASON_HUNG = 6,       /* the node's hang watchdog found a rank hung */
 };
 
 /* Job events broadcast to every node and attached worker. */
