@@ -360,6 +360,8 @@ int gl_slurm_read(gl_getenv_fn env, gl_slurm *o, char *err, size_t errlen) {
         return bad_var(err, errlen, jn, job, "a job number");
     if (parse_ulong(step, 0, 4294967295ul, &stepid))
         return bad_var(err, errlen, sn, step, "a step number");
+    if (stepid > GL_SLURM_MAX_NORMAL_STEP)
+        return 0; /* salloc's interactive step, the batch or extern step: not srun's */
     const char *v = first_var(env, nodes_v, &nn);
     if (v == NULL) {
         snprintf(err, errlen,

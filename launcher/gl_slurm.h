@@ -35,6 +35,10 @@ int gl_hostlist_nth(const char *list, long n, char *out, size_t outlen, char *er
  * sharing a node do not both take 29500. */
 #define GL_SLURM_PORT_BASE 15000
 
+/* Step ids above this are Slurm's own steps (interactive 0xfffffffa, extern,
+ * batch), not srun's; Slurm calls it SLURM_MAX_NORMAL_STEP_ID. */
+#define GL_SLURM_MAX_NORMAL_STEP 0xfffffff0ul
+
 /* What a Slurm job step says about this node, as option values; "" where
  * it says nothing. */
 typedef struct gl_slurm {
@@ -52,10 +56,10 @@ typedef struct gl_slurm {
 typedef const char *(*gl_getenv_fn)(const char *name);
 
 /* Reads the job step's variables through env. Outside an srun step (no
- * SLURM_JOB_ID or no SLURM_STEP_ID: the batch script itself, salloc's shell,
- * no Slurm) returns 0 with active 0. Returns 2 with a message in err when a
- * variable is malformed or the step runs several tasks on a node (gpulaunch
- * is one task per node and starts the workers itself). */
+ * SLURM_JOB_ID, no SLURM_STEP_ID or one of Slurm's own steps: the batch
+ * script itself, salloc's shell, no Slurm) returns 0 with active 0. Returns 2 with a message in err
+ * when a variable is malformed or the step runs several tasks on a node (gpulaunch is one task per
+ * node and starts the workers itself). */
 int gl_slurm_read(gl_getenv_fn env, gl_slurm *out, char *err, size_t errlen);
 
 #endif

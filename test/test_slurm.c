@@ -214,6 +214,11 @@ Test(slurm_env, outside_srun_nothing_is_read) {
     memset(fake, 0, sizeof fake);
     cr_assert_eq(gl_slurm_read(fake_get, &s, err, sizeof err), 0);
     cr_expect_eq(s.active, 0);
+    /* salloc's interactive step (use_interactive_step) is not an srun step */
+    two_node_step();
+    fake_set("SLURM_STEP_ID", "4294967290");
+    cr_assert_eq(gl_slurm_read(fake_get, &s, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(s.active, 0);
 }
 
 Test(slurm_env, the_step_wins_over_the_job) {
