@@ -46,7 +46,7 @@ DP=$B/examples/dp_train
 [ -x "$GL" ] && [ -x "$DP" ] || { echo "slurm_real: build gpulaunch and dp_train in $B first"; exit 1; }
 # this test may itself run inside a Slurm job: nothing of that one leaks in
 for v in $(env | sed -n 's/^\(SLURM_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
-unset MASTER_ADDR MASTER_PORT
+unset MASTER_ADDR MASTER_PORT PET_SLURM # (ctest sets PET_SLURM=off for every other test)
 
 T0=$(date +%s.%N)
 D=$(mktemp -d /tmp/gpulaunch-slurm.XXXXXX)
