@@ -91,6 +91,7 @@ typedef struct job_args {
     const char *dump;       /* --dump-params file, or NULL */
     int pytorch;            /* train_ddp.py (PyTorch DDP) instead of dp_train */
     int default_last_call;  /* leave out last_call_timeout=1: the default 30 s */
+    const char *progress;   /* --progress-timeout, or NULL for the default */
 } job_args;
 
 static void start_node(int host, const job_args *ja) {
@@ -119,6 +120,10 @@ static void start_node(int host, const job_args *ja) {
     argv[n++] = "3";
     argv[n++] = "--shutdown-timeout";
     argv[n++] = "5";
+    if (ja->progress) {
+        argv[n++] = "--progress-timeout";
+        argv[n++] = (char *)ja->progress;
+    }
     if (ja->preempt_ep) {
         argv[n++] = "--preemption-source";
         argv[n++] = "aws";
@@ -810,3 +815,82 @@ Test(faults, preemption_notice_on_one_node, .timeout = 200) {
 
 /* 8. SIGTERM to every node at once */
 Test(faults, sigterm_to_every_node, .timeout = 200) { preemption_case("8-sigterm-all", 0); }
+
+/* The worker of this job with RANK=rank, whichever host holds it: 0 when none. */
+static pid_t job_worker(int rank) {
+    DIR *d = opendir("/proc");
+    char want[32];
+    int wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1; /* with its NUL */
+    static const char run[] = "GPULAUNCH_RUN_ID=matrix";
+    pid_t found = 0;
+    struct dirent *e;
+    while (d && found == 0 && (e = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%ld/environ", pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        static char env[1 << 16];
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        env[n] = '\0';
+        int has_rank = 0, has_run = 0;
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
+            has_rank |= memcmp(env + i, want, (size_t)wl) == 0;
+            has_run |= strcmp(env + i, run) == 0;
+        }
+        if (has_rank && has_run)
+            found = (pid_t)pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* 9. a rank hangs (SIGSTOP) on one node: its launcher names it within the
+ * progress timeout + 1 s, every node is told, and the job restarts together
+ * from the last checkpoint and finishes with equal parameters everywhere. */
+Test(faults, hung_rank_restarts_the_job, .timeout = 200) {
+    setup_bed("9-hung-rank", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "4", .steps = "500", .sleep_ms = "10", .progress = "3"};
+    start_job(&ja);
+    usleep(1500000);
+    pid_t w = job_worker(5);
+    cr_assert(w > 0, "no worker of rank 5");
+    uint64_t t0 = now_ms();
+    cr_assert_eq(kill(w, SIGSTOP), 0);
+    uint64_t told[NODES];
+    int seen = expect_all(all_nodes, NODES, "round 1 is over", t0, 15000, told);
+    cr_assert_eq(seen, NODES, "not every node was told: %s", nodes[1].out);
+    uint64_t worst = max_ms(told, NODES);
+    /* the namer's own line: "gpulaunch: rank R (node H, local rank L, pid P) hung: ..." */
+    int namers = 0;
+    for (int i = 1; i <= NODES; i++) {
+        const char *l = strstr(nodes[i].out, "gpulaunch: rank ");
+        const char *eol = l ? strchr(l, '\n') : NULL;
+        const char *h = l ? strstr(l, ") hung: no progress") : NULL;
+        namers += h != NULL && (eol == NULL || h < eol);
+    }
+    cr_expect_eq(namers, 1, "%d launchers named a hung rank (one should)", namers);
+    int named = 0;
+    for (int i = 1; i <= NODES; i++)
+        named += strstr(nodes[i].out, "rank 5 (node host") != NULL;
+    cr_expect_eq(named, 1, "rank 5 was not the one named");
+    cr_expect_leq(worst, 3000 + 1000, "the last node was told %llu ms after SIGSTOP",
+                  (unsigned long long)worst);
+    uint64_t back[NODES];
+    seen = expect_all(all_nodes, NODES, "round 2: node rank", t0, 30000, back);
+    cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[1].out);
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    cr_log_info("scenario 9: rank 5 stopped; every node told %llu ms after (progress timeout "
+                "3 s), round 2 on all 4 nodes %llu ms after",
+                (unsigned long long)worst, (unsigned long long)max_ms(back, NODES));
+    expect_resumed(all_nodes, NODES);
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}
