@@ -213,7 +213,7 @@ static int load_nodes(topo *t, char *err, size_t errlen) {
                     "--numa-binding: cannot list the NUMA nodes (%s: %s); this kernel or "
                     "container shows no NUMA topology: drop --numa-binding",
                     path, strerror(errno));
-    int ids[NUMA_MAX_NODES], n = 0;
+    int ids[NUMA_MAX_NODES] = {0}, n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL && n < NUMA_MAX_NODES) {
         const char *s = e->d_name;
