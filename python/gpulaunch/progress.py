@@ -90,6 +90,11 @@ def allreduce_hook(state: Any, bucket: Any) -> Any:
     return fut.then(done)
 
 
+# DDP refuses a hook whose annotations are not torch's own types, and the
+# package imports no torch at import time: the hook shows none at run time.
+allreduce_hook.__annotations__ = {}
+
+
 _wait: Optional[tuple[Callable[[], Any], Callable[[], Any]]] = None
 
 

@@ -449,3 +449,42 @@ def test_without_torch_under_torchrun_env_says_what_to_do(tmp_path: Path) -> Non
     assert ("init_process_group()" in p.stdout) == HAVE_TORCH and ("torch is not installed" in p.stdout) != HAVE_TORCH
     assert p.stderr.count("cloud preemption notices") == 1, describe(p)
 
+
+
+def test_progress_outside_gpulaunch_is_a_noop() -> None:
+    assert "GPULAUNCH_PROGRESS_SHM" not in os.environ
+    gpulaunch.progress(3)  # no launcher: nothing to report to, no error
+
+
+def test_progress_and_the_ddp_hook_reach_the_slot() -> None:
+    """Under the launcher: steps and DDP's all-reduces land in each rank's slot,
+    and the hook's gradients equal DDP's own."""
+    need_torch()
+    got = {}
+    for hook in ("0", "1"):
+        p = run(launch_cmd(2, "worker_ddp_hook.py"), timeout=120, HOOK=hook)
+        assert p.returncode == 0, describe(p)
+        found = matches(p.stdout, r"rank (\d) sumsq (\S+) step (\d+) steps (\d+) colls (\d+)")
+        assert len(found) == 2, describe(p)
+        for m in found:
+            assert (m[3], m[4]) == ("5", "5"), describe(p)
+            # with the hook every bucket's all-reduce is counted; without it none
+            assert (int(m[5]) > 0) == (hook == "1"), describe(p)
+        got[hook] = sorted(float(m[2]) for m in found)
+    assert got["0"] == pytest.approx(got["1"], rel=1e-9)
+
+
+def test_hung_python_rank_prints_its_stack(tmp_path: Path) -> None:
+    prog = tmp_path / "stuck.py"
+    prog.write_text(
+        "import os, time\nimport gpulaunch\n"
+        "def waiting_for_godot():\n    time.sleep(600)\n"
+        "for step in range(1, 11):\n    gpulaunch.progress(step)\n    time.sleep(0.02)\n"
+        "if os.environ['RANK'] == '1':\n    waiting_for_godot()\n"
+    )
+    cmd = [str(LAUNCHER), "--standalone", "--nproc-per-node", "2", "--progress-timeout", "1",
+           "--no-python", PY, str(prog)]
+    p = run(cmd, timeout=60)
+    assert p.returncode == 201, describe(p)
+    assert "rank 1 (node" in p.stderr and "last step 10" in p.stderr, describe(p)
+    assert "in waiting_for_godot" in p.stdout + p.stderr, describe(p)
