@@ -337,6 +337,16 @@ def main(argv: list[str]) -> int:
     ddp: Optional[DDP] = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                              broadcast_buffers=False)
 
+    # Under gpulaunch: steps and the time DDP's all-reduces wait reach the
+    # launcher's hang watchdog and the rendezvous' straggler detection
+    # (docs/health.md); the hook is DDP's default all-reduce, timed.
+    progress: Any = None
+    if os.environ.get("GPULAUNCH_PROGRESS_SHM"):
+        import gpulaunch as glp
+
+        ddp.register_comm_hook(None, glp.allreduce_hook)
+        progress = glp.progress
+
     def loss_of(x: torch.Tensor) -> torch.Tensor:
         assert ddp is not None
         logits = ddp(x[:, :-1])
@@ -372,6 +382,8 @@ def main(argv: list[str]) -> int:
         if ckpt is not None and ckpt.step_end(step + 1, save):
             preempted_at = step + 1
             break
+        if ckpt is None and progress is not None:
+            progress(step + 1)
     t_end = time.monotonic()
 
     if preempted_at is not None:
