@@ -20,6 +20,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "gl_cloud.h"
+#include "gl_gpumon.h"
 #include "gl_launch.h"
 #include "gl_numa.h"
 #include "gl_options.h"
@@ -75,10 +76,11 @@ static void report_failure(void) {
             "  pid        : %d\n"
             "  result     : %s\n"
             "  error file : %s\n"
-            "  last stderr lines:\n%s"
-            "==========================================\n",
+            "  last stderr lines:\n%s",
             when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid, what,
             ef[0] ? ef : "(none written)", f->tail[0] ? f->tail : "    (none)\n");
+    gl_gpumon_report(stderr); /* XID errors of the job's GPUs, with their ranks */
+    fprintf(stderr, "==========================================\n");
     if (L.cfg.val[GL_LOG_DIR][0]) {
         char path[PATH_MAX];
         mkdir(L.cfg.val[GL_LOG_DIR], 0755); /* as the workers' logs would have */
@@ -88,9 +90,11 @@ static void report_failure(void) {
             fprintf(j,
                     "{\"time\":\"%s\",\"node\":\"%s\",\"node_rank\":%u,\"rank\":%d,"
                     "\"local_rank\":%d,\"pid\":%d,\"exit_code\":%lld,\"signal\":%d,"
-                    "\"hung\":%s}\n",
+                    "\"hung\":%s,\"gpu_errors\":",
                     when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid,
                     (long long)f->exit_code, f->signal, f->hung ? "true" : "false");
+            gl_gpumon_json(j);
+            fprintf(j, "}\n");
             fclose(j);
         }
     }
@@ -196,6 +200,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
     gl_spawn_workers();
+    gl_gpumon_round();
     gl_watchdog_round();
     gl_progress_start_stats(L.cfg.stats_interval_s);
 }
@@ -280,7 +285,7 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
 static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
                      const char *reason) {
     if (kind == RDZV_EVENT_STRAGGLER) {
-        fprintf(stderr, "gpulaunch: straggler: %s\n", reason);
+        fprintf(stderr, "gpulaunch: %s\n", reason); /* "straggler: rank ..." */
         return;
     }
     if (kind != RDZV_EVENT_CHECKPOINT)
@@ -382,6 +387,7 @@ static int preflight(int verbose) {
         .gpus_needed =
             L.cfg.bind_gpus || strcmp(L.cfg.val[GL_NPROC_PER_NODE], "gpu") == 0 ? L.cfg.nproc : 0,
         .memlock_min = gpl_visible_gpu_count() > 0 ? 64ull << 20 : 0,
+        .gpu_health = L.cfg.gpu_health,
     };
     int fails = gl_preflight(&e, stdout, verbose);
     fflush(stdout);
@@ -534,6 +540,11 @@ int main(int argc, char **argv) {
     if (L.addr[0] == '\0')
         snprintf(L.addr, sizeof L.addr, "%s",
                  L.cfg.val[GL_LOCAL_ADDR][0] ? L.cfg.val[GL_LOCAL_ADDR] : L.hostname);
+    /* the GPU monitor, --metrics and the DCGM job-mapping files (docs/gpu-health.md) */
+    if (gl_gpumon_start(L.loop, L.run_id, err, sizeof err) != 0) {
+        fprintf(stderr, "gpulaunch: %s\n", err);
+        return GL_EXIT_USAGE;
+    }
     int hosts =
         L.cfg.mode == GL_MODE_STANDALONE || (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0);
     if (hosts) {
