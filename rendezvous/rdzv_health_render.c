@@ -34,6 +34,20 @@ void rdzv_health_render_member(job *j, member *m, sbuf *b) {
     sb_printf(b, "]");
 }
 
+void rdzv_health_render_job_line(job *j, sbuf *b) {
+    const rdzv_health *h = j->health;
+    sb_printf(b, "{\"run_id\":");
+    sb_json_str(b, j->run_id);
+    sb_printf(b,
+              ",\"state\":\"%s\",\"round\":%u,\"nodes\":%u,\"world\":%u,\"stragglers\":%u,"
+              "\"hang\":%s}",
+              j->state == JOB_RUNNING ? "running"
+              : j->state == JOB_DONE  ? "done"
+                                      : "gathering",
+              j->round, j->nactive, h ? h->world : 0, h ? h->nstragglers : 0,
+              h && h->has_hang ? "true" : "false");
+}
+
 static void render_event(sbuf *b, const rdzv_tl_event *e) {
     sb_printf(b, "{\"unix_ms\":%llu,\"kind\":\"%s\",\"round\":%u,\"count\":%u,\"rank\":",
               (unsigned long long)e->unix_ms, rdzv_tl_kind_name(e->kind), e->round, e->count);

@@ -18,6 +18,9 @@ extern const size_t rdzv_page_html_len;
 
 /* Appends the job's health fields (",\"rounds\":...,\"health\":{...}") to its object. */
 void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms);
+/* Appends a one-line object for the job list: run id, state, round, nodes,
+ * ranks, stragglers, hangs. */
+void rdzv_health_render_job_line(job *j, sbuf *b);
 /* Appends a member's health fields (base rank, GPU bindings of its ranks). */
 void rdzv_health_render_member(job *j, member *m, sbuf *b);
 /* Appends the per-job and per-rank health metrics. */

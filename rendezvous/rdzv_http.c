@@ -87,13 +87,17 @@ static const char *state_name(int st) {
     return st == JOB_RUNNING ? "running" : st == JOB_DONE ? "done" : "gathering";
 }
 
-char *rdzv_render_status(rdzv_server *s) {
+char *rdzv_render_status(rdzv_server *s) { return rdzv_render_status_of(s, NULL); }
+
+char *rdzv_render_status_of(rdzv_server *s, const char *only) {
     sbuf b = {0};
     uint64_t now = gb_now_ms();
     sb_printf(&b, "{\"server_unix_ms\":%.0f,\"jobs\":[", gb_wall_s() * 1000.0);
     job *j;
     int first = 1;
     LIST_FOREACH(j, &s->jobs, link) {
+        if (only && strcmp(only, j->run_id) != 0)
+            continue;
         sb_printf(&b, "%s{\"run_id\":", first ? "" : ",");
         first = 0;
         sb_json_str(&b, j->run_id);
@@ -121,7 +125,19 @@ char *rdzv_render_status(rdzv_server *s) {
         rdzv_health_render_job(j, &b, now);
         sb_printf(&b, "}");
     }
-    sb_printf(&b, "]}\n");
+    sb_printf(&b, "]");
+    if (only) {
+        /* ?job=: that job in full, and a line for every job (the page's list) */
+        sb_printf(&b, ",\"job_list\":[");
+        first = 1;
+        LIST_FOREACH(j, &s->jobs, link) {
+            sb_printf(&b, "%s", first ? "" : ",");
+            first = 0;
+            rdzv_health_render_job_line(j, &b);
+        }
+        sb_printf(&b, "]");
+    }
+    sb_printf(&b, "}\n");
     if (b.oom) {
         free(b.p);
         return NULL;
@@ -147,7 +163,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *hc, const ch
     if (strcmp(url, "/metrics") == 0) {
         body = rdzv_render_metrics(s);
     } else if (strcmp(url, "/status") == 0) {
-        body = rdzv_render_status(s);
+        /* ?job=RUN_ID: that job only, plus the list of all (what the page reads) */
+        const char *only = MHD_lookup_connection_value(hc, MHD_GET_ARGUMENT_KIND, "job");
+        body = only ? rdzv_render_status_of(s, only) : rdzv_render_status(s);
         type = "application/json";
     } else if (strcmp(url, "/") == 0 || strcmp(url, "/index.html") == 0) {
         /* the job page (rdzv_page.html, embedded at build time): it reads /status */

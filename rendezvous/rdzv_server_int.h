@@ -122,6 +122,8 @@ struct rdzv_server {
 /* Renders /metrics and /status into malloc'ed strings (for the HTTP side and tests). */
 char *rdzv_render_metrics(rdzv_server *s);
 char *rdzv_render_status(rdzv_server *s);
+/* only non-NULL: that job alone in "jobs", and a "job_list" line for every job. */
+char *rdzv_render_status_of(rdzv_server *s, const char *only);
 uint64_t rdzv_member_last_rx_ms(const member *m);
 
 #endif

@@ -374,8 +374,7 @@ Test(health, hang_ends_the_round_and_is_recorded) {
     free(st);
     char *m = http_get("/metrics");
     cr_expect(strstr(m, "gpulaunch_job_hangs_total{job=\"hang\"} 1\n") != NULL, "%s", m);
-    cr_expect(strstr(m, "gpulaunch_rdzv_failures_total{reason=\"hung\"} 1\n") != NULL,
-              "%s", m);
+    cr_expect(strstr(m, "gpulaunch_rdzv_failures_total{reason=\"hung\"} 1\n") != NULL, "%s", m);
     free(m);
     cr_expect(proc_expect(&srv, "rank 3 on node hang-node-1 (node rank 1) hung", 1000));
     /* the next round forms from both survivors, and the hang stays on the record */
@@ -418,6 +417,47 @@ Test(health, per_rank_output_is_bounded) {
     cr_expect(strstr(st, "{\"rank\":417,") != NULL, "the straggler is shown");
     free(st);
     close_nodes(nodes, n);
+    stop_server();
+}
+
+static int count_of(const char *hay, const char *needle);
+
+/* /status?job=RUN_ID (what the page reads): that job in full and one line
+ * per job; /status alone: every job in full. */
+Test(health, status_of_one_job) {
+    start_server(NULL);
+    node *a = start_nodes("alpha", 1, 2);
+    node *b = start_nodes("beta", 1, 2);
+    send_window(b, 1, 2, 0, 1, 1.0, 99);
+    pump(50);
+    char *st = http_get("/status?job=beta");
+    cr_expect(strstr(st, "\"jobs\":[{\"run_id\":\"beta\",\"state\":\"running\"") != NULL, "%s", st);
+    cr_expect(strstr(st, "\"run_id\":\"alpha\",\"state\":\"running\",\"round\":1,\"min") == NULL,
+              "alpha is not in full: %s", st);
+    cr_expect(strstr(st, "\"job_list\":[") &&
+                  strstr(st, "{\"run_id\":\"alpha\",\"state\":\"running\","
+                             "\"round\":1,\"nodes\":1,\"world\":2,"
+                             "\"stragglers\":0,\"hang\":false}"),
+              "%s", st);
+    free(st);
+    st = http_get("/status?job=nope");
+    cr_expect(strstr(st, "\"jobs\":[],\"job_list\":[{") != NULL, "%s", st);
+    free(st);
+    st = http_get("/status");
+    cr_expect(strstr(st, "\"run_id\":\"alpha\",\"state\":\"running\",\"round\":1,\"min") &&
+                  strstr(st, "\"run_id\":\"beta\",\"state\":\"running\",\"round\":1,\"min") &&
+                  !strstr(st, "job_list"),
+              "%s", st);
+    free(st);
+    char *page = http_get("/");
+    cr_expect(strstr(page, "<title>gpulaunch rendezvous</title>") && strstr(page, "/status?job="),
+              "the page is served at /");
+    cr_expect(count_of(page, "http://") == count_of(page, "http://www.w3.org/2000/svg") &&
+                  !strstr(page, "https://") && !strstr(page, " src=") && !strstr(page, "<link"),
+              "the page loads nothing from elsewhere");
+    free(page);
+    close_nodes(a, 1);
+    close_nodes(b, 1);
     stop_server();
 }
 
