@@ -429,8 +429,13 @@ Test(health, status_of_one_job) {
     node *a = start_nodes("alpha", 1, 2);
     node *b = start_nodes("beta", 1, 2);
     send_window(b, 1, 2, 0, 1, 1.0, 99);
-    pump(50);
+    rdzv_client_event(b[0].c, RDZV_EVENT_CHECKPOINT, 0, "spot instance reclaimed in 120 s");
+    pump(100);
     char *st = http_get("/status?job=beta");
+    cr_expect(strstr(st, "\"kind\":\"preemption\",\"round\":1,\"count\":1,\"rank\":null,"
+                         "\"node\":\"beta-node-0\",\"text\":\"checkpoint from beta-node-0: spot "
+                         "instance reclaimed in 120 s\"") != NULL,
+              "the preemption is on the timeline: %s", st);
     cr_expect(strstr(st, "\"jobs\":[{\"run_id\":\"beta\",\"state\":\"running\"") != NULL, "%s", st);
     cr_expect(strstr(st, "\"run_id\":\"alpha\",\"state\":\"running\",\"round\":1,\"min") == NULL,
               "alpha is not in full: %s", st);
