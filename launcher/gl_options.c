@@ -9,6 +9,7 @@
 
 #include "gl_cloud.h"
 #include "gl_numa.h"
+#include "gl_nvml.h"
 #include "gl_options.h"
 #include "gl_slurm.h"
 #include "gpulaunch/rdzv.h"
@@ -81,6 +82,14 @@ static const gl_opt table[GL_OPT_COUNT] = {
                              "seconds, auto, auto:FLOOR_SECONDS or 0 (off)"},
     [GL_STATS_INTERVAL] = {GL_STATS_INTERVAL, "stats-interval", 0, 0, "5",
                            "seconds between per-rank summaries to the rendezvous (0: off)"},
+    [GL_GPU_HEALTH] = {GL_GPU_HEALTH, "gpu-health", 0, 0, "refuse", "refuse, warn or off"},
+    [GL_GPU_MONITOR_INTERVAL] = {GL_GPU_MONITOR_INTERVAL, "gpu-monitor-interval", 0, 0, "10",
+                                 "seconds between GPU samples (0: none), at least 0.1"},
+    [GL_GPU_IDLE_ALERT] = {GL_GPU_IDLE_ALERT, "gpu-idle-alert", 0, 0, "50:30m",
+                           "PCT:DURATION (e.g. 50:30m, 30:90s, 20:1h) or off"},
+    [GL_METRICS] = {GL_METRICS, "metrics", 0, 0, "", "HOST:PORT for the launcher's /metrics"},
+    [GL_DCGM_JOB_MAPPING_DIR] = {GL_DCGM_JOB_MAPPING_DIR, "dcgm-job-mapping-dir", 0, 0, "",
+                                 "a directory (dcgm-exporter's --hpc-job-mapping-dir)"},
 };
 
 const char gl_usage[] =
@@ -128,6 +137,15 @@ const char gl_usage[] =
     "                              restarts (auto, default: 10x the slowest step after 5\n"
     "                              steps, at least FLOOR = 300 s; docs/health.md)\n"
     "  --stats-interval S          per-rank step time summaries to the rendezvous (default 5)\n"
+    "  --gpu-health refuse|warn|off   NVML checks of each bound GPU before workers start\n"
+    "                              (retired pages, row remapping, uncorrectable ECC, lost\n"
+    "                              GPU, NVLink down, clock slowdowns, MIG layout); refuse\n"
+    "                              (default) exits 3 naming the GPU (docs/gpu-health.md)\n"
+    "  --gpu-monitor-interval S    sample each worker's GPU every S s (default 10; 0: off)\n"
+    "  --gpu-idle-alert PCT:DUR    warn when a GPU stays under PCT % utilisation for DUR\n"
+    "                              (default 50:30m; off)\n"
+    "  --metrics HOST:PORT         serve the GPUs' figures at http://HOST:PORT/metrics\n"
+    "  --dcgm-job-mapping-dir DIR  dcgm-exporter job-mapping files for the job's GPUs\n"
     "  --config FILE.yaml          options from a YAML mapping\n"
     "  --check                     run the preflight checks only\n"
     "  --print-config              print every effective option and its source\n"
@@ -414,6 +432,49 @@ static int resolve_torchrun(gl_config *c, char *err, size_t errlen) {
     return 0;
 }
 
+/* "90", "90s", "30m", "1h" -> seconds; -1 when malformed. */
+static double parse_duration(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0))
+        return -1;
+    double mul = *end == '\0' || strcmp(end, "s") == 0 ? 1
+                 : strcmp(end, "m") == 0               ? 60
+                 : strcmp(end, "h") == 0               ? 3600
+                                                       : -1;
+    return mul < 0 ? -1 : v * mul;
+}
+
+/* --gpu-health, --gpu-monitor-interval, --gpu-idle-alert (docs/gpu-health.md). */
+static int resolve_gpu(gl_config *c, char *err, size_t errlen) {
+    const char *v = c->val[GL_GPU_HEALTH];
+    c->gpu_health = strcmp(v, "refuse") == 0 ? GL_GPU_HEALTH_REFUSE
+                    : strcmp(v, "warn") == 0 ? GL_GPU_HEALTH_WARN
+                                             : GL_GPU_HEALTH_OFF;
+    if (c->gpu_health == GL_GPU_HEALTH_OFF && strcmp(v, "off"))
+        return bad(err, errlen, GL_GPU_HEALTH, v);
+    char *end;
+    v = c->val[GL_GPU_MONITOR_INTERVAL];
+    c->gpu_interval_s = strtod(v, &end);
+    if (*end || end == v || !(c->gpu_interval_s >= 0) ||
+        (c->gpu_interval_s > 0 && c->gpu_interval_s < 0.1) || c->gpu_interval_s > 3600)
+        return bad(err, errlen, GL_GPU_MONITOR_INTERVAL, v);
+    v = c->val[GL_GPU_IDLE_ALERT];
+    c->gpu_idle_s = 0;
+    if (strcmp(v, "off") && strcmp(v, "0")) {
+        const char *colon = strchr(v, ':');
+        long pct = strtol(v, &end, 10);
+        if (colon == NULL || end != colon || pct < 1 || pct > 100)
+            return bad(err, errlen, GL_GPU_IDLE_ALERT, v);
+        c->gpu_idle_pct = (int)pct;
+        c->gpu_idle_s = parse_duration(colon + 1);
+        if (!(c->gpu_idle_s > 0) || c->gpu_idle_s > 86400 * 7)
+            return bad(err, errlen, GL_GPU_IDLE_ALERT, v);
+    }
+    return 0;
+}
+
 static int resolve(gl_config *c, char *err, size_t errlen) {
     const char *v;
     long n;
@@ -520,14 +581,16 @@ static int resolve(gl_config *c, char *err, size_t errlen) {
         }
     } else {
         c->progress_timeout_s = strtod(v, &end);
-        if (*end || end == v || !(c->progress_timeout_s >= 0) ||
-            c->progress_timeout_s > 86400 * 7)
+        if (*end || end == v || !(c->progress_timeout_s >= 0) || c->progress_timeout_s > 86400 * 7)
             return bad(err, errlen, GL_PROGRESS_TIMEOUT, v);
     }
     c->stats_interval_s = strtod(c->val[GL_STATS_INTERVAL], &end);
     if (*end || end == c->val[GL_STATS_INTERVAL] || !(c->stats_interval_s >= 0) ||
         (c->stats_interval_s > 0 && c->stats_interval_s < 0.1) || c->stats_interval_s > 3600)
         return bad(err, errlen, GL_STATS_INTERVAL, c->val[GL_STATS_INTERVAL]);
+    int rg = resolve_gpu(c, err, errlen);
+    if (rg)
+        return rg;
     /* rdzv-conf */
     c->join_timeout_ms = RDZV_DEFAULT_JOIN_TIMEOUT_MS;
     c->last_call_ms = RDZV_DEFAULT_LAST_CALL_MS;

@@ -64,6 +64,11 @@ enum gl_opt_id {
     GL_SLURM,
     GL_PROGRESS_TIMEOUT,
     GL_STATS_INTERVAL,
+    GL_GPU_HEALTH,
+    GL_GPU_MONITOR_INTERVAL,
+    GL_GPU_IDLE_ALERT,
+    GL_METRICS,
+    GL_DCGM_JOB_MAPPING_DIR,
     GL_OPT_COUNT
 };
 
@@ -100,6 +105,11 @@ typedef struct gl_config {
     int progress_auto;         /* --progress-timeout auto[:FLOOR] */
     double progress_floor_s;   /* auto's floor */
     double stats_interval_s;   /* --stats-interval; 0: off */
+    /* GPU health (docs/gpu-health.md) */
+    int gpu_health;        /* GL_GPU_HEALTH_* (gl_nvml.h) */
+    double gpu_interval_s; /* --gpu-monitor-interval; 0: no sampling */
+    int gpu_idle_pct;      /* --gpu-idle-alert PCT:DURATION */
+    double gpu_idle_s;     /* its DURATION; 0: off */
 } gl_config;
 
 /* Resolves argv, the environment and the YAML file into cfg. Returns 0, or 2

@@ -14,6 +14,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "gl_nvml.h"
 #include "gl_options.h"
 
 int gl_ifname_match(const char *spec, const char *ifname) {
@@ -199,6 +200,9 @@ int gl_preflight(const gl_preflight_env *e, FILE *out, int verbose) {
     } else if (verbose) {
         fprintf(out, "ok   %d GPU(s) visible (CPU workers)\n", gpus);
     }
+    /* no GPU, no NVML: a CPU node never loads it */
+    if (gpus > 0 && e->gpu_health != GL_GPU_HEALTH_OFF)
+        fails += gl_nvml_preflight(e->gpu_health, out, verbose);
     if (e->memlock_min) {
         struct rlimit rl;
         if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&

@@ -17,6 +17,7 @@ typedef struct gl_preflight_env {
     int gpus_visible;     /* -1: detect */
     int gpus_needed;      /* 0 when not running one worker per GPU */
     uint64_t memlock_min; /* 0: skip */
+    int gpu_health;       /* GL_GPU_HEALTH_* (gl_nvml.h): NVML checks of the bound GPUs */
 } gl_preflight_env;
 
 /* Prints one ok / warn / FAIL line per check (ok lines only when verbose);

@@ -1,0 +1,579 @@
+/* The running GPU monitor (see gl_gpumon.h). Local rank i holds the i-th
+ * bound device: its own with --bind-gpus, cuda:LOCAL_RANK by torchrun's
+ * convention otherwise. */
+#include "gl_gpumon.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "gl_launch.h"
+#include "gl_nvml.h"
+#include "gpulaunch/rdzv.h"
+
+#define GB_COMPONENT "launcher"
+
+typedef struct gpu_state {
+    gl_gpu_sample s;
+    int sampled;
+    uint64_t below_since_ms; /* utilisation under the threshold since; 0: not */
+    int idle;                /* the alert is on */
+    uint64_t idle_alerts;
+    int64_t slowed; /* the fault reasons last said */
+    uint64_t xids;
+    uint64_t last_xid;
+    char dcgm[PATH_MAX]; /* the job-mapping file written, "" none */
+} gpu_state;
+
+typedef struct xid_rec {
+    int gpu; /* position in M.g[], -1 unknown */
+    uint64_t xid;
+    unsigned gi;
+    double when;      /* wall clock */
+    uint64_t seen_ns; /* monotonic, when the thread got it */
+    int rank, local_rank, pid;
+} xid_rec;
+
+static struct {
+    int started;
+    uv_loop_t *loop;
+    char job[256];
+    gl_gpu *g;
+    gpu_state *st;
+    int n;        /* bound devices */
+    int held;     /* those the workers hold: min(n, nproc) */
+    uv_timer_t sampler;
+    int sampling;
+    /* XID thread -> loop */
+    void *events;
+    pthread_t thread;
+    uv_async_t async;
+    pthread_mutex_t mu;
+    xid_rec queue[GL_GPUMON_XID_MAX];
+    int qn;
+    atomic_int stop;
+    xid_rec seen[GL_GPUMON_XID_MAX]; /* for the failure report */
+    int nseen;
+    /* --metrics */
+    uv_tcp_t server;
+    int listening, conns;
+} M = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* ---- the worker on a device ---- */
+
+static const worker *holder(int i) {
+    if (L.w == NULL || i >= L.cfg.nproc || i < 0)
+        return NULL;
+    return &L.w[i];
+}
+
+static void who(int i, char *buf, size_t len) {
+    const worker *w = holder(i);
+    if (w == NULL || w->pid <= 0)
+        snprintf(buf, len, "no worker");
+    else
+        snprintf(buf, len, "rank %d (local rank %d, pid %d)", w->rank, w->local_rank, (int)w->pid);
+}
+
+/* ---- sampling and the idle alert ---- */
+
+/* HOOK(rendezvous event): the idle alert as a job-health event to the
+ * rendezvous, once its job-health messages take one. Until then the alert is
+ * the warning line and the gpulaunch_gpu_idle metric. */
+static void idle_event(int i, int on) {
+    (void)i;
+    (void)on;
+}
+
+static void on_sample(uv_timer_t *t) {
+    (void)t;
+    uint64_t now = gb_now_ms();
+    for (int i = 0; i < M.held; i++) {
+        gpu_state *st = &M.st[i];
+        char name[256], w[128], why[128];
+        if (!M.g[i].found)
+            continue;
+        int was_lost = st->s.lost;
+        gl_nvml_sample(&M.g[i], &st->s);
+        st->sampled = 1;
+        gl_nvml_name(&M.g[i], name, sizeof name);
+        who(i, w, sizeof w);
+        if (st->s.lost && !was_lost)
+            fprintf(stderr, "gpulaunch: %s of %s is lost (NVML: GPU is lost): drain the node\n",
+                    name, w);
+        GB_INFO("%s of %s: utilisation %d %%, memory %.2f of %.2f GiB, %d C, %.0f W, slowdown %s",
+                name, w, st->s.util, st->s.mem_used / 1073741824.0,
+                st->s.mem_total / 1073741824.0, st->s.temp, st->s.power_w,
+                gl_nvml_reasons(st->s.reasons, why, sizeof why));
+        int64_t slow = st->s.reasons > 0 ? (st->s.reasons & (int64_t)GL_SLOW_FAULTS) : 0;
+        if (slow && slow != st->slowed)
+            fprintf(stderr,
+                    "gpulaunch: %s of %s: clocks slowed (%s): it holds every rank back; check "
+                    "cooling and power\n",
+                    name, w, gl_nvml_reasons(slow, why, sizeof why));
+        st->slowed = slow;
+        if (L.cfg.gpu_idle_s <= 0 || st->s.util < 0)
+            continue;
+        if (st->s.util < L.cfg.gpu_idle_pct) {
+            if (st->below_since_ms == 0)
+                st->below_since_ms = now;
+            if (!st->idle && now - st->below_since_ms >= (uint64_t)(L.cfg.gpu_idle_s * 1000)) {
+                st->idle = 1;
+                st->idle_alerts++;
+                fprintf(stderr,
+                        "gpulaunch: idle GPU: %s of %s under %d %% utilisation for %.0f s (now "
+                        "%d %%, --gpu-idle-alert %s): the job may wait on input, a straggler "
+                        "or a hang\n",
+                        name, w, L.cfg.gpu_idle_pct, (double)(now - st->below_since_ms) / 1000.0,
+                        st->s.util, L.cfg.val[GL_GPU_IDLE_ALERT]);
+                idle_event(i, 1);
+            }
+        } else {
+            if (st->idle) {
+                fprintf(stderr, "gpulaunch: %s of %s is busy again (%d %%)\n", name, w,
+                        st->s.util);
+                idle_event(i, 0);
+            }
+            st->idle = 0;
+            st->below_since_ms = 0;
+        }
+    }
+}
+
+void gl_gpumon_round(void) {
+    if (!M.started || M.n == 0)
+        return;
+    M.held = M.n < L.cfg.nproc ? M.n : L.cfg.nproc;
+    if (M.sampling || L.cfg.gpu_interval_s <= 0)
+        return;
+    uint64_t ms = (uint64_t)(L.cfg.gpu_interval_s * 1000);
+    uv_timer_init(M.loop, &M.sampler);
+    uv_timer_start(&M.sampler, on_sample, ms, ms);
+    uv_unref((uv_handle_t *)&M.sampler);
+    M.sampling = 1;
+}
+
+/* ---- XID events ---- */
+
+static void *xid_thread(void *arg) {
+    (void)arg;
+    while (!atomic_load(&M.stop)) {
+        int which;
+        uint64_t xid;
+        unsigned gi;
+        int r = gl_nvml_events_wait(M.events, M.g, M.n, GL_XID_WAIT_MS, &which, &xid, &gi);
+        if (r < 0) {
+            struct timespec ts = {0, 200 * 1000000L}; /* a lost GPU fails every wait */
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (r == 0)
+            continue;
+        pthread_mutex_lock(&M.mu);
+        if (M.qn < GL_GPUMON_XID_MAX)
+            M.queue[M.qn++] = (xid_rec){.gpu = which,
+                                        .xid = xid,
+                                        .gi = gi,
+                                        .when = gb_wall_s(),
+                                        .seen_ns = gb_now_ns()};
+        pthread_mutex_unlock(&M.mu);
+        uv_async_send(&M.async);
+    }
+    return NULL;
+}
+
+static void on_xid(uv_async_t *a) {
+    (void)a;
+    xid_rec q[GL_GPUMON_XID_MAX];
+    pthread_mutex_lock(&M.mu);
+    int n = M.qn;
+    memcpy(q, M.queue, (size_t)n * sizeof q[0]);
+    M.qn = 0;
+    pthread_mutex_unlock(&M.mu);
+    for (int k = 0; k < n; k++) {
+        xid_rec *x = &q[k];
+        char name[256], w[128];
+        const worker *wk = holder(x->gpu);
+        x->rank = wk && wk->pid > 0 ? wk->rank : -1;
+        x->local_rank = wk ? wk->local_rank : -1;
+        x->pid = wk ? (int)wk->pid : 0;
+        if (x->gpu >= 0) {
+            gl_nvml_name(&M.g[x->gpu], name, sizeof name);
+            M.st[x->gpu].xids++;
+            M.st[x->gpu].last_xid = x->xid;
+        } else {
+            snprintf(name, sizeof name, "a GPU of this node");
+        }
+        who(x->gpu, w, sizeof w);
+        const char *hint = gl_nvml_xid_hint(x->xid);
+        fprintf(stderr, "gpulaunch: XID %llu on %s, held by %s%s%s (seen %.1f ms after NVML)\n",
+                (unsigned long long)x->xid, name, w, hint[0] ? ": " : "", hint,
+                (double)(gb_now_ns() - x->seen_ns) / 1e6);
+        if (M.nseen < GL_GPUMON_XID_MAX)
+            M.seen[M.nseen++] = *x;
+    }
+}
+
+/* ---- dcgm-exporter's job-mapping files ---- */
+
+/* One file per GPU the workers hold, named by its index (index.GI for a MIG
+ * instance), holding the job id: dcgm-exporter --hpc-job-mapping-dir then
+ * labels that GPU's metrics with the job. Written whole (rename). */
+static void dcgm_write(const char *dir) {
+    mkdir(dir, 0755);
+    for (int i = 0; i < M.held; i++) {
+        gl_gpu *g = &M.g[i];
+        if (!g->found || g->index < 0)
+            continue;
+        char path[PATH_MAX], tmp[PATH_MAX + 32];
+        if (g->mig)
+            snprintf(path, sizeof path, "%s/%d.%u", dir, g->index, g->gi);
+        else
+            snprintf(path, sizeof path, "%s/%d", dir, g->index);
+        snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+        FILE *f = fopen(tmp, "w");
+        if (f == NULL) {
+            fprintf(stderr, "gpulaunch: --dcgm-job-mapping-dir: cannot write %s: %s; DCGM's "
+                    "metrics will not carry the job\n", tmp, strerror(errno));
+            continue;
+        }
+        int ok = fprintf(f, "%s\n", M.job) > 0;
+        ok = fclose(f) == 0 && ok;
+        if (!ok || rename(tmp, path) != 0) {
+            fprintf(stderr, "gpulaunch: --dcgm-job-mapping-dir: cannot write %s: %s\n", path,
+                    strerror(errno));
+            unlink(tmp);
+            continue;
+        }
+        snprintf(M.st[i].dcgm, sizeof M.st[i].dcgm, "%s", path);
+    }
+}
+
+void gl_gpumon_stop(void) {
+    atomic_store(&M.stop, 1);
+    for (int i = 0; M.st && i < M.n; i++) {
+        if (!M.st[i].dcgm[0])
+            continue;
+        /* another job may have taken the GPU since: remove only our own */
+        char buf[300] = "";
+        FILE *f = fopen(M.st[i].dcgm, "r");
+        if (f) {
+            if (fgets(buf, sizeof buf, f) == NULL)
+                buf[0] = '\0';
+            fclose(f);
+        }
+        buf[strcspn(buf, "\n")] = '\0';
+        if (strcmp(buf, M.job) == 0)
+            unlink(M.st[i].dcgm);
+        M.st[i].dcgm[0] = '\0';
+    }
+}
+
+static void at_exit(void) { gl_gpumon_stop(); }
+
+/* ---- the Prometheus endpoint ---- */
+
+typedef struct mconn {
+    uv_tcp_t tcp;
+    uv_write_t wr;
+    char req[GL_METRICS_REQUEST_MAX];
+    size_t len;
+    char *resp;
+    int answered;
+} mconn;
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->p == NULL)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= b->cap - b->len) {
+        b->p[b->len] = '\0'; /* over GL_METRICS_BODY_MAX: cut at the last whole line */
+        return;
+    }
+    b->len += (size_t)n;
+}
+
+/* A label value with \, " and newlines escaped. */
+static const char *esc(const char *s, char *buf, size_t len) {
+    size_t o = 0;
+    for (; *s && o + 3 < len; s++) {
+        if (*s == '\\' || *s == '"') {
+            buf[o++] = '\\';
+            buf[o++] = *s;
+        } else if (*s == '\n') {
+            buf[o++] = '\\';
+            buf[o++] = 'n';
+        } else {
+            buf[o++] = *s;
+        }
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+static void labels(int i, char *buf, size_t len) {
+    char job[600], uuid[200];
+    const worker *w = holder(i);
+    const gl_gpu *g = &M.g[i];
+    char gpu[48];
+    if (g->mig)
+        snprintf(gpu, sizeof gpu, "%d.%u", g->index, g->gi);
+    else if (g->index >= 0)
+        snprintf(gpu, sizeof gpu, "%d", g->index);
+    else
+        snprintf(gpu, sizeof gpu, "%s", g->bound);
+    snprintf(buf, len,
+             "job=\"%s\",gpu=\"%s\",uuid=\"%s\",pci_bus_id=\"%s\",rank=\"%d\",local_rank=\"%d\"",
+             esc(M.job, job, sizeof job), gpu, esc(g->uuid, uuid, sizeof uuid), g->busid,
+             w && w->pid > 0 ? w->rank : -1, i);
+}
+
+static void render(sbuf *b) {
+    static const struct {
+        const char *name, *type, *help;
+    } m[] = {
+        {"gpulaunch_gpu_utilization_percent", "gauge", "percent of time a kernel ran (NVML)"},
+        {"gpulaunch_gpu_memory_used_bytes", "gauge", "GPU memory in use"},
+        {"gpulaunch_gpu_memory_total_bytes", "gauge", "GPU memory"},
+        {"gpulaunch_gpu_temperature_celsius", "gauge", "GPU temperature"},
+        {"gpulaunch_gpu_power_watts", "gauge", "GPU power draw"},
+        {"gpulaunch_gpu_clock_slowdown_reasons", "gauge",
+         "NVML clocks event reasons bitmask (0x8 hw, 0x20 sw thermal, 0x40 hw thermal, 0x80 "
+         "power brake)"},
+        {"gpulaunch_gpu_idle", "gauge", "1 while the --gpu-idle-alert is on for this GPU"},
+        {"gpulaunch_gpu_idle_alerts_total", "counter", "idle alerts raised"},
+        {"gpulaunch_gpu_xid_errors_total", "counter", "XID errors seen"},
+        {"gpulaunch_gpu_last_xid", "gauge", "the last XID seen (0: none)"},
+    };
+    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", m[k].name, m[k].help, m[k].name, m[k].type);
+        for (int i = 0; i < M.held; i++) {
+            const gpu_state *st = &M.st[i];
+            if (!M.g[i].found)
+                continue;
+            double v;
+            switch (k) {
+            case 0: v = st->s.util; break;
+            case 1: v = (double)st->s.mem_used; break;
+            case 2: v = (double)st->s.mem_total; break;
+            case 3: v = st->s.temp; break;
+            case 4: v = st->s.power_w; break;
+            case 5: v = (double)st->s.reasons; break;
+            case 6: v = st->idle; break;
+            case 7: v = (double)st->idle_alerts; break;
+            case 8: v = (double)st->xids; break;
+            default: v = (double)st->last_xid; break;
+            }
+            if (k <= 5 && (!st->sampled || v < 0))
+                continue; /* not known: no sample rather than a made-up value */
+            char lb[1200];
+            labels(i, lb, sizeof lb);
+            sb_printf(b, "%s{%s} %.17g\n", m[k].name, lb, v);
+        }
+    }
+}
+
+static void on_conn_closed(uv_handle_t *h) {
+    mconn *c = h->data;
+    free(c->resp);
+    free(c);
+    M.conns--;
+}
+
+static void on_written(uv_write_t *req, int status) {
+    (void)status;
+    uv_close((uv_handle_t *)req->handle, on_conn_closed);
+}
+
+static void answer(mconn *c) {
+    c->answered = 1;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    int is_metrics = strncmp(c->req, "GET /metrics ", 13) == 0 ||
+                     strncmp(c->req, "GET /metrics?", 13) == 0 || strncmp(c->req, "GET / ", 6) == 0;
+    sbuf body = {.p = malloc(GL_METRICS_BODY_MAX), .cap = GL_METRICS_BODY_MAX};
+    if (body.p)
+        body.p[0] = '\0';
+    if (is_metrics)
+        render(&body);
+    else
+        sb_printf(&body, "not found: the launcher serves /metrics\n");
+    size_t cap = body.len + 256;
+    c->resp = malloc(cap);
+    if (c->resp == NULL) {
+        free(body.p);
+        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+        return;
+    }
+    int h = snprintf(c->resp, cap,
+                     "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                     "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                     is_metrics ? "200 OK" : "404 Not Found", body.len);
+    memcpy(c->resp + h, body.p ? body.p : "", body.len);
+    free(body.p);
+    uv_buf_t buf = uv_buf_init(c->resp, (unsigned)((size_t)h + body.len));
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0)
+        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t want, uv_buf_t *buf) {
+    (void)want;
+    mconn *c = h->data;
+    *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof c->req - 1 - c->len));
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+    (void)buf;
+    mconn *c = s->data;
+    if (c->answered)
+        return;
+    if (n < 0 || (n == 0 && c->len >= sizeof c->req - 1)) {
+        uv_close((uv_handle_t *)s, on_conn_closed);
+        return;
+    }
+    c->len += (size_t)n;
+    c->req[c->len] = '\0';
+    if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
+        answer(c);
+    else if (c->len >= sizeof c->req - 1)
+        uv_close((uv_handle_t *)s, on_conn_closed); /* a head over the limit */
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+    if (status != 0)
+        return;
+    mconn *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return;
+    uv_tcp_init(M.loop, &c->tcp);
+    c->tcp.data = c;
+    M.conns++;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || M.conns > GL_METRICS_CONN_MAX) {
+        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+static int metrics_listen(const char *spec, char *err, size_t errlen) {
+    char host[256];
+    int port;
+    if (rdzv_parse_endpoint(spec, 0, host, sizeof host, &port) != GPL_OK || port <= 0) {
+        snprintf(err, errlen, "--metrics '%s': expected HOST:PORT, e.g. 0.0.0.0:9402", spec);
+        return 2;
+    }
+    struct sockaddr_storage sa;
+    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
+        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0) {
+        snprintf(err, errlen, "--metrics %s: '%s' is not an IP address; give one (0.0.0.0: every "
+                 "interface)", spec, host);
+        return 2;
+    }
+    uv_tcp_init(M.loop, &M.server);
+    int r = uv_tcp_bind(&M.server, (struct sockaddr *)&sa, 0);
+    if (r == 0)
+        r = uv_listen((uv_stream_t *)&M.server, 64, on_connection);
+    if (r != 0) {
+        snprintf(err, errlen, "--metrics %s: cannot listen: %s; choose another port", spec,
+                 uv_strerror(r));
+        uv_close((uv_handle_t *)&M.server, NULL);
+        return 2;
+    }
+    uv_unref((uv_handle_t *)&M.server);
+    M.listening = 1;
+    return 0;
+}
+
+/* ---- start ---- */
+
+int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) {
+    M.loop = loop;
+    snprintf(M.job, sizeof M.job, "%s", job);
+    M.started = 1;
+    const char *ms = L.cfg.val[GL_METRICS];
+    if (ms[0] && metrics_listen(ms, err, errlen) != 0)
+        return 2;
+    if (L.cfg.gpu_health == GL_GPU_HEALTH_OFF || gpl_visible_gpu_count() == 0)
+        return 0;
+    M.g = calloc(GL_NVML_MAX_GPUS, sizeof *M.g);
+    M.st = calloc(GL_NVML_MAX_GPUS, sizeof *M.st);
+    if (M.g == NULL || M.st == NULL)
+        return 0;
+    int n = gl_nvml_bound(M.g, GL_NVML_MAX_GPUS);
+    if (n <= 0)
+        return 0; /* no NVML: nothing more runs */
+    M.n = n;
+    M.held = n < L.cfg.nproc ? n : L.cfg.nproc;
+    atexit(at_exit);
+    if (L.cfg.val[GL_DCGM_JOB_MAPPING_DIR][0])
+        dcgm_write(L.cfg.val[GL_DCGM_JOB_MAPPING_DIR]);
+    M.events = gl_nvml_events_create(M.g, M.held);
+    if (M.events) {
+        uv_async_init(loop, &M.async, on_xid);
+        uv_unref((uv_handle_t *)&M.async);
+        if (pthread_create(&M.thread, NULL, xid_thread, NULL) != 0) {
+            GB_WARN("cannot start the XID thread: %s; XID errors are not watched",
+                    strerror(errno));
+            M.events = NULL;
+        } else {
+            pthread_detach(M.thread);
+        }
+    }
+    return 0;
+}
+
+void gl_gpumon_report(FILE *out) {
+    if (M.nseen == 0)
+        return;
+    fprintf(out, "  GPU errors :\n");
+    for (int k = 0; k < M.nseen; k++) {
+        const xid_rec *x = &M.seen[k];
+        char name[256], when[32];
+        time_t t = (time_t)x->when;
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof when, "%H:%M:%SZ", &tm);
+        if (x->gpu >= 0)
+            gl_nvml_name(&M.g[x->gpu], name, sizeof name);
+        else
+            snprintf(name, sizeof name, "a GPU of this node");
+        if (x->rank >= 0)
+            fprintf(out, "    %s XID %llu on %s, rank %d (local rank %d, pid %d)\n", when,
+                    (unsigned long long)x->xid, name, x->rank, x->local_rank, x->pid);
+        else
+            fprintf(out, "    %s XID %llu on %s, no worker on it\n", when,
+                    (unsigned long long)x->xid, name);
+    }
+}
+
+void gl_gpumon_json(FILE *out) {
+    fprintf(out, "[");
+    for (int k = 0; k < M.nseen; k++) {
+        const xid_rec *x = &M.seen[k];
+        char uuid[200] = "";
+        if (x->gpu >= 0)
+            esc(M.g[x->gpu].uuid, uuid, sizeof uuid);
+        fprintf(out, "%s{\"xid\":%llu,\"gpu\":%d,\"uuid\":\"%s\",\"rank\":%d,\"local_rank\":%d}",
+                k ? "," : "", (unsigned long long)x->xid, x->gpu >= 0 ? M.g[x->gpu].index : -1,
+                uuid, x->rank, x->local_rank);
+    }
+    fprintf(out, "]");
+}

@@ -1,0 +1,33 @@
+/* The running GPU monitor: each GPU the workers hold sampled every
+ * --gpu-monitor-interval (utilisation, memory, temperature, power, clock
+ * slowdowns), the idle alert (--gpu-idle-alert), XID events named with the
+ * worker on that GPU (an NVML wait in a thread of its own, handed to the loop
+ * through uv_async), the launcher's Prometheus endpoint (--metrics) and
+ * dcgm-exporter's job-mapping files (--dcgm-job-mapping-dir). Nothing runs
+ * without NVML or without GPUs, except an endpoint that was asked for. */
+#ifndef GPULAUNCH_GL_GPUMON_H
+#define GPULAUNCH_GL_GPUMON_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <uv.h>
+
+#define GL_GPUMON_XID_MAX 64         /* XIDs kept for the report and /metrics */
+#define GL_METRICS_CONN_MAX 16       /* scrapes served at once; more are closed */
+#define GL_METRICS_REQUEST_MAX 8192  /* bytes of one request's head */
+#define GL_METRICS_BODY_MAX 262144   /* bytes of one /metrics answer */
+#define GL_XID_WAIT_MS 500           /* one NVML event wait; the thread's exit check */
+
+/* Starts what the options ask for (after preflight, before the rendezvous):
+ * the endpoint, the job-mapping files, the XID thread. 0, or 2 with err
+ * (a --metrics address that cannot be bound: a usage error). */
+int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen);
+/* After each spawn: the workers now on the GPUs; starts the sampler. */
+void gl_gpumon_round(void);
+/* The failure report's GPU lines ("" when none) and its JSON array. */
+void gl_gpumon_report(FILE *out);
+void gl_gpumon_json(FILE *out);
+/* Removes the job-mapping files (also run at exit). */
+void gl_gpumon_stop(void);
+
+#endif

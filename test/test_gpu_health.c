@@ -1,0 +1,390 @@
+/* GPU health on real launchers against a fake NVML (fake_nvml.c, loaded
+ * through GPULAUNCH_NVML_LIBRARY and scripted per test): a faulty GPU refused
+ * by name before any worker starts, warn mode, every preflight fault, the MIG
+ * layout against the binding, the idle alert and its metric on the
+ * launcher's /metrics, an XID named with the rank on that GPU and in the
+ * failure report, dcgm-exporter's job-mapping files appearing and vanishing
+ * (also on SIGTERM), a missing NVML function said once. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define GL GPL_BUILD_DIR "/launcher/gpulaunch"
+#define FAKE GPL_BUILD_DIR "/test/libfake_nvml.so"
+#define FAKE_OLD GPL_BUILD_DIR "/test/libfake_nvml_old.so"
+
+extern char **environ;
+
+static char dir[64];
+
+static void setup(void) {
+    tmpdir_make(dir, sizeof dir, "gpl-gpuhealth");
+    cr_assert(dir[0]);
+}
+
+static void teardown(void) { tmpdir_remove(dir); }
+
+TestSuite(gpu_health, .init = setup, .fini = teardown, .timeout = 60);
+
+/* The environment of a launcher on fake GPUs: the script, the library and
+ * CUDA_VISIBLE_DEVICES; the caller's own variables otherwise. */
+static char **fake_env(const char *script, const char *lib, const char *cvd) {
+    static char *env[256];
+    static char s[3][512];
+    int n = 0;
+    for (char **e = environ; *e && n < 240; e++)
+        if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) && strncmp(*e, "NVIDIA_VISIBLE_DEVICES=", 23) &&
+            strncmp(*e, "GPULAUNCH_NVML_LIBRARY=", 23) && strncmp(*e, "FAKE_NVML_SCRIPT=", 17) &&
+            strncmp(*e, "PET_", 4))
+            env[n++] = *e;
+    char path[256];
+    snprintf(path, sizeof path, "%s/nvml.script", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(script, f);
+    fclose(f);
+    snprintf(s[0], sizeof s[0], "FAKE_NVML_SCRIPT=%s", path);
+    snprintf(s[1], sizeof s[1], "GPULAUNCH_NVML_LIBRARY=%s", lib);
+    snprintf(s[2], sizeof s[2], "CUDA_VISIBLE_DEVICES=%s", cvd);
+    env[n++] = s[0];
+    env[n++] = s[1];
+    env[n++] = s[2];
+    env[n++] = "PET_SHM_MIN=16m";
+    env[n++] = "PET_PREEMPTION_SOURCE=none";
+    env[n] = NULL;
+    return env;
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+static int exit_code(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); }
+
+/* Workers that leave a mark, so that a test can tell whether any ran. */
+static void marker_prog(char *buf, size_t len, const char *then) {
+    snprintf(buf, len, "touch %s/ran.$LOCAL_RANK; %s", dir, then);
+}
+
+static int ran_count(void) {
+    int n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += strncmp(e->d_name, "ran.", 4) == 0;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+Test(gpu_health, faulty_gpu_refused_by_name_before_workers_start) {
+    char prog[256];
+    marker_prog(prog, sizeof prog, "exit 0");
+    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--bind-gpus", "--no-python",
+                    "/bin/sh", "-c", prog, NULL};
+    proc p;
+    uint64_t t0 = now_ms();
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
+    int st = proc_wait(&p, 20000);
+    double took = (double)(now_ms() - t0) / 1000.0;
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 1 (GPU-fake-1, PCI 00000000:11:00.0): retired memory pages "
+                            "are pending") != NULL,
+              "%s", p.out);
+    cr_expect(strstr(p.out, "nvidia-smi -r -i 1") != NULL, "no remedy: %s", p.out);
+    cr_expect(strstr(p.out, "GPU 0 (") == NULL, "the healthy GPU was named: %s", p.out);
+    cr_expect(strstr(p.out, "nothing was started") != NULL, "%s", p.out);
+    cr_expect_eq(ran_count(), 0, "a worker ran");
+    cr_log_info("refused in %.2f s (launcher start to exit)", took);
+}
+
+Test(gpu_health, warn_mode_names_it_and_runs) {
+    char prog[256];
+    marker_prog(prog, sizeof prog, "exit 0");
+    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--bind-gpus", "--gpu-health",
+                    "warn", "--no-python", "/bin/sh", "-c", prog, NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
+    int st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "warn GPU 1 (GPU-fake-1, PCI 00000000:11:00.0): retired memory") !=
+                  NULL,
+              "%s", p.out);
+    cr_expect_eq(ran_count(), 2, "%s", p.out);
+    /* off: no NVML at all */
+    char *off[] = {GL, "--standalone", "--gpu-health", "off", "--no-python", "/bin/true", NULL};
+    cr_assert_eq(proc_start(&p, off, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "retired") == NULL, "%s", p.out);
+}
+
+Test(gpu_health, every_fault_named_by_check) {
+    char *argv[] = {GL, "--standalone", "--check", NULL};
+    proc p;
+    const char *script = "gpus 7\n"
+                         "remap_failure 1\n"
+                         "remap_pending 2\n"
+                         "ecc 3 5\n"
+                         "lost 4\n"
+                         "nvlink 5 4 0xb\n"
+                         "nvlink 0 4 0xf\n"
+                         "reasons 6 0x40\n";
+    cr_assert_eq(proc_start(&p, argv, fake_env(script, FAKE, "0,1,2,3,4,5,6")), 0);
+    int st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "ok   GPU 0 (GPU-fake-0, PCI 00000000:10:00.0)"), "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 1 (GPU-fake-1, PCI 00000000:11:00.0): a memory row "
+                            "remapping failed"),
+              "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 2 (GPU-fake-2, PCI 00000000:12:00.0): a memory row "
+                            "remapping is pending"),
+              "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 3 (GPU-fake-3, PCI 00000000:13:00.0): 5 uncorrectable ECC"),
+              "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 4 (GPU-fake-4, PCI 00000000:14:00.0): NVML cannot reach "
+                            "it (GPU is lost"),
+              "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 5 (GPU-fake-5, PCI 00000000:15:00.0): NVLink link(s) 2 "
+                            "down (3 of 4 up)"),
+              "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 6 (GPU-fake-6, PCI 00000000:16:00.0): clocks are slowed "
+                            "(hw thermal)"),
+              "%s", p.out);
+    cr_expect_eq(count(p.out, "FAIL"), 6, "%s", p.out);
+    /* a UUID binding and an index NVML does not have */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\n", FAKE, "GPU-fake-1,GPU-nope")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "ok   GPU 1 (GPU-fake-1, PCI 00000000:11:00.0)"), "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU GPU-nope (CUDA_VISIBLE_DEVICES entry GPU-nope): NVML does "
+                            "not find this UUID"),
+              "%s", p.out);
+}
+
+Test(gpu_health, mig_layout_against_the_binding) {
+    char *argv[] = {GL, "--standalone", "--check", NULL};
+    proc p;
+    /* the whole GPU bound while MIG is on */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nmig 0 2\n", FAKE, "0")), 0);
+    int st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 0 (GPU-fake-0, PCI 00000000:10:00.0): MIG mode is on but "
+                            "the binding names the whole GPU"),
+              "%s", p.out);
+    /* its instances bound: fine; one that is not there: refused */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nmig 0 2\n", FAKE, "MIG-fake-0-1")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "ok   GPU 0 MIG 2/0 (MIG-fake-0-1, PCI 00000000:10:00.0)"), "%s",
+              p.out);
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nmig 0 2\n", FAKE, "MIG-fake-0-5")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL GPU MIG-fake-0-5 (CUDA_VISIBLE_DEVICES entry MIG-fake-0-5): "
+                            "NVML does not find this MIG instance"),
+              "%s", p.out);
+}
+
+/* GET path from the launcher's endpoint; the body into out. 0 on a 200. */
+static int http_get(int port, const char *path, char *out, size_t len) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < len && (r = read(fd, out + got, len - 1 - got)) > 0)
+        got += (size_t)r;
+    out[got] = '\0';
+    close(fd);
+    return strncmp(out, "HTTP/1.1 200", 12) == 0 ? 0 : 1;
+}
+
+Test(gpu_health, idle_alert_fires_and_the_metric_shows_it) {
+    int port = free_tcp_port();
+    char ms[64];
+    snprintf(ms, sizeof ms, "127.0.0.1:%d", port);
+    char *argv[] = {GL, "--standalone", "--nproc-per-node", "1", "--gpu-monitor-interval", "0.2",
+                    "--gpu-idle-alert", "30:2s", "--metrics", ms, "--no-python", "/bin/sleep", "8",
+                    NULL};
+    proc p;
+    uint64_t t0 = now_ms();
+    /* busy for 1 s, then 20 %: the alert is due 3 s after start */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nutil 0 90 1.0 20\n", FAKE, "0")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    static char body[65536];
+    cr_expect_eq(http_get(port, "/metrics", body, sizeof body), 0, "%s", body);
+    cr_expect(strstr(body, "gpulaunch_gpu_idle{") && strstr(body, "} 0\n"), "%s", body);
+    int fired = proc_expect(&p, "idle GPU: GPU 0 (GPU-fake-0, PCI 00000000:10:00.0) of rank 0 "
+                                "(local rank 0, pid",
+                            10000);
+    double took = (double)(now_ms() - t0) / 1000.0;
+    cr_assert(fired, "%s", p.out);
+    cr_expect(strstr(p.out, "under 30 % utilisation for 2 s (now 20 %"), "%s", p.out);
+    cr_expect(took >= 2.9 && took <= 4.0, "alert %.2f s after start; due at 3.0 s", took);
+    cr_assert_eq(http_get(port, "/metrics", body, sizeof body), 0, "%s", body);
+    cr_expect(strstr(body, "gpulaunch_gpu_idle{job=\"standalone-"), "%s", body);
+    char *line = strstr(body, "\ngpulaunch_gpu_idle{");
+    cr_assert_not_null(line, "%s", body);
+    cr_expect(strstr(line, "gpu=\"0\",uuid=\"GPU-fake-0\",pci_bus_id=\"00000000:10:00.0\","
+                           "rank=\"0\",local_rank=\"0\"} 1\n"),
+              "%s", body);
+    cr_expect(strstr(body, "gpulaunch_gpu_idle_alerts_total{") != NULL, "%s", body);
+    cr_expect(strstr(body, ",local_rank=\"0\"} 20\n") != NULL, "no utilisation 20: %s", body);
+    cr_expect(strstr(body, "gpulaunch_gpu_memory_used_bytes{") &&
+                  strstr(body, "gpulaunch_gpu_temperature_celsius{") &&
+                  strstr(body, "gpulaunch_gpu_power_watts{"),
+              "%s", body);
+    cr_expect_eq(http_get(port, "/nope", body, sizeof body), 1, "%s", body);
+    cr_expect_eq(count(p.out, "idle GPU"), 1, "said more than once: %s", p.out);
+    kill(p.pid, SIGINT);
+    proc_wait(&p, 20000);
+    cr_log_info("idle alert (30 %% for 2 s, utilisation 20 %% from 1.0 s) %.2f s after start",
+                took);
+}
+
+Test(gpu_health, xid_named_with_the_rank_and_in_the_failure_report) {
+    char prog[256], logs[128];
+    snprintf(prog, sizeof prog, "if [ $LOCAL_RANK = 1 ]; then sleep 3; exit 7; fi; sleep 20");
+    snprintf(logs, sizeof logs, "%s/logs", dir);
+    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--bind-gpus", "--log-dir", logs,
+                    "--no-python", "/bin/sh", "-c", prog, NULL};
+    proc p;
+    uint64_t t0 = now_ms();
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nxid 1 79 1.5\n", FAKE, "0,1")), 0);
+    int named = proc_expect(&p, "XID 79 on GPU 1 (GPU-fake-1, PCI 00000000:11:00.0), held by rank "
+                                "1 (local rank 1, pid ",
+                            10000);
+    double took = (double)(now_ms() - t0) / 1000.0;
+    cr_assert(named, "%s", p.out);
+    cr_expect(strstr(p.out, "fallen off the bus"), "%s", p.out);
+    int st = proc_wait(&p, 30000);
+    cr_expect_eq(exit_code(st), 7, "status %d: %s", st, p.out);
+    const char *rep = strstr(p.out, "job failed");
+    cr_assert_not_null(rep, "%s", p.out);
+    cr_expect(strstr(rep, "GPU errors :") &&
+                  strstr(rep, "XID 79 on GPU 1 (GPU-fake-1, PCI 00000000:11:00.0), rank 1 (local "
+                              "rank 1, pid "),
+              "%s", rep);
+    char path[256], js[4096] = "";
+    snprintf(path, sizeof path, "%s/failure.json", logs);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(js, 1, sizeof js - 1, f);
+    js[n] = '\0';
+    fclose(f);
+    cr_expect(strstr(js, "\"gpu_errors\":[{\"xid\":79,\"gpu\":1,\"uuid\":\"GPU-fake-1\",\"rank\":1,"
+                         "\"local_rank\":1}]}"),
+              "%s", js);
+    cr_expect(took < 1.5 + 1.0, "XID at 1.5 s after NVML started, named %.2f s after start", took);
+    cr_log_info("XID 79 (at 1.5 s after NVML started) named %.2f s after the launcher started",
+                took);
+}
+
+static int exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static void read_line(const char *path, char *buf, size_t len) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fgets(buf, (int)len, f) == NULL)
+            buf[0] = '\0';
+        fclose(f);
+    }
+}
+
+Test(gpu_health, dcgm_job_mapping_files_appear_and_vanish) {
+    char map[128], f0[160], f1[160], line[256];
+    snprintf(map, sizeof map, "%s/dcgm", dir);
+    snprintf(f0, sizeof f0, "%s/0", map);
+    snprintf(f1, sizeof f1, "%s/1.2", map); /* GPU 1's MIG instance with GI 2 */
+    char *argv[] = {GL, "--nproc-per-node", "2", "--bind-gpus", "--rdzv-id", "job-42",
+                    "--master-port", "0", "--dcgm-job-mapping-dir", map, "--no-python",
+                    "/bin/sleep", "2", NULL};
+    char port[16];
+    snprintf(port, sizeof port, "%d", free_tcp_port());
+    argv[7] = port;
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nmig 1 2\n", FAKE, "0,MIG-fake-1-1")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    cr_expect(exists(f0) && exists(f1), "no mapping files: %s", p.out);
+    read_line(f0, line, sizeof line);
+    cr_expect_str_eq(line, "job-42\n");
+    read_line(f1, line, sizeof line);
+    cr_expect_str_eq(line, "job-42\n");
+    int st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(!exists(f0) && !exists(f1), "left behind after exit");
+    /* SIGTERM: the job checkpoints and stops; the files go too */
+    argv[12] = "30";
+    snprintf(port, sizeof port, "%d", free_tcp_port());
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nmig 1 2\n", FAKE, "0,MIG-fake-1-1")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    cr_expect(exists(f0) && exists(f1), "no mapping files: %s", p.out);
+    kill(p.pid, SIGTERM);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 143, "status %d: %s", st, p.out);
+    cr_expect(!exists(f0) && !exists(f1), "left behind after SIGTERM");
+    /* a worker's failure */
+    char *fail[] = {GL, "--standalone", "--nproc-per-node", "1", "--dcgm-job-mapping-dir", map,
+                    "--no-python", "/bin/sh", "-c", "sleep 1; exit 3", NULL};
+    cr_assert_eq(proc_start(&p, fail, fake_env("gpus 1\n", FAKE, "0")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    cr_expect(exists(f0), "no mapping file: %s", p.out);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(!exists(f0), "left behind after a failure");
+}
+
+Test(gpu_health, missing_function_said_once_and_thermal_slowdown) {
+    char *argv[] = {GL, "--standalone", "--gpu-health", "warn", "--gpu-monitor-interval", "0.2",
+                    "--no-python", "/bin/sleep", "1", NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nreasons 0 0x40\n", FAKE_OLD, "0")), 0);
+    int st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect_eq(count(p.out, "lacks nvmlDeviceGetRemappedRows"), 1, "%s", p.out);
+    cr_expect(strstr(p.out, "the row-remapping check is off"), "%s", p.out);
+    /* the older name of the clock reasons call stands in */
+    cr_expect(strstr(p.out, "lacks nvmlDeviceGetCurrentClocks") == NULL, "%s", p.out);
+    cr_expect(strstr(p.out, "warn GPU 0 (GPU-fake-0, PCI 00000000:10:00.0): clocks are slowed "
+                            "(hw thermal)"),
+              "%s", p.out);
+    /* and while running: said once, not every sample */
+    cr_expect_eq(count(p.out, "of rank 0 (local rank 0, pid"), 1, "%s", p.out);
+    cr_expect(strstr(p.out, "clocks slowed (hw thermal): it holds every rank back"), "%s", p.out);
+    /* a library that is not there: said, and the job runs */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\n", "/nonexistent/libnvidia-ml.so.1", "0")),
+                 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect_eq(count(p.out, "cannot be loaded"), 1, "%s", p.out);
+}
