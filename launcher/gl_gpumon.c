@@ -50,8 +50,8 @@ static struct {
     char job[256];
     gl_gpu *g;
     gpu_state *st;
-    int n;        /* bound devices */
-    int held;     /* those the workers hold: min(n, nproc) */
+    int n;    /* bound devices */
+    int held; /* those the workers hold: min(n, nproc) */
     uv_timer_t sampler;
     int sampling;
     /* XID thread -> loop */
@@ -112,9 +112,8 @@ static void on_sample(uv_timer_t *t) {
             fprintf(stderr, "gpulaunch: %s of %s is lost (NVML: GPU is lost): drain the node\n",
                     name, w);
         GB_INFO("%s of %s: utilisation %d %%, memory %.2f of %.2f GiB, %d C, %.0f W, slowdown %s",
-                name, w, st->s.util, st->s.mem_used / 1073741824.0,
-                st->s.mem_total / 1073741824.0, st->s.temp, st->s.power_w,
-                gl_nvml_reasons(st->s.reasons, why, sizeof why));
+                name, w, st->s.util, st->s.mem_used / 1073741824.0, st->s.mem_total / 1073741824.0,
+                st->s.temp, st->s.power_w, gl_nvml_reasons(st->s.reasons, why, sizeof why));
         int64_t slow = st->s.reasons > 0 ? (st->s.reasons & (int64_t)GL_SLOW_FAULTS) : 0;
         if (slow && slow != st->slowed)
             fprintf(stderr,
@@ -122,7 +121,10 @@ static void on_sample(uv_timer_t *t) {
                     "cooling and power\n",
                     name, w, gl_nvml_reasons(slow, why, sizeof why));
         st->slowed = slow;
-        if (L.cfg.gpu_idle_s <= 0 || st->s.util < 0)
+        const worker *wk = holder(i);
+        if (wk == NULL || !wk->running) /* between rounds: nobody to blame */
+            st->below_since_ms = 0;
+        if (L.cfg.gpu_idle_s <= 0 || st->s.util < 0 || wk == NULL || !wk->running)
             continue;
         if (st->s.util < L.cfg.gpu_idle_pct) {
             if (st->below_since_ms == 0)
@@ -140,8 +142,7 @@ static void on_sample(uv_timer_t *t) {
             }
         } else {
             if (st->idle) {
-                fprintf(stderr, "gpulaunch: %s of %s is busy again (%d %%)\n", name, w,
-                        st->s.util);
+                fprintf(stderr, "gpulaunch: %s of %s is busy again (%d %%)\n", name, w, st->s.util);
                 idle_event(i, 0);
             }
             st->idle = 0;
@@ -181,11 +182,8 @@ static void *xid_thread(void *arg) {
             continue;
         pthread_mutex_lock(&M.mu);
         if (M.qn < GL_GPUMON_XID_MAX)
-            M.queue[M.qn++] = (xid_rec){.gpu = which,
-                                        .xid = xid,
-                                        .gi = gi,
-                                        .when = gb_wall_s(),
-                                        .seen_ns = gb_now_ns()};
+            M.queue[M.qn++] = (xid_rec){
+                .gpu = which, .xid = xid, .gi = gi, .when = gb_wall_s(), .seen_ns = gb_now_ns()};
         pthread_mutex_unlock(&M.mu);
         uv_async_send(&M.async);
     }
@@ -243,8 +241,10 @@ static void dcgm_write(const char *dir) {
         snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
         FILE *f = fopen(tmp, "w");
         if (f == NULL) {
-            fprintf(stderr, "gpulaunch: --dcgm-job-mapping-dir: cannot write %s: %s; DCGM's "
-                    "metrics will not carry the job\n", tmp, strerror(errno));
+            fprintf(stderr,
+                    "gpulaunch: --dcgm-job-mapping-dir: cannot write %s: %s; DCGM's "
+                    "metrics will not carry the job\n",
+                    tmp, strerror(errno));
             continue;
         }
         int ok = fprintf(f, "%s\n", M.job) > 0;
@@ -372,16 +372,36 @@ static void render(sbuf *b) {
                 continue;
             double v;
             switch (k) {
-            case 0: v = st->s.util; break;
-            case 1: v = (double)st->s.mem_used; break;
-            case 2: v = (double)st->s.mem_total; break;
-            case 3: v = st->s.temp; break;
-            case 4: v = st->s.power_w; break;
-            case 5: v = (double)st->s.reasons; break;
-            case 6: v = st->idle; break;
-            case 7: v = (double)st->idle_alerts; break;
-            case 8: v = (double)st->xids; break;
-            default: v = (double)st->last_xid; break;
+            case 0:
+                v = st->s.util;
+                break;
+            case 1:
+                v = (double)st->s.mem_used;
+                break;
+            case 2:
+                v = (double)st->s.mem_total;
+                break;
+            case 3:
+                v = st->s.temp;
+                break;
+            case 4:
+                v = st->s.power_w;
+                break;
+            case 5:
+                v = (double)st->s.reasons;
+                break;
+            case 6:
+                v = st->idle;
+                break;
+            case 7:
+                v = (double)st->idle_alerts;
+                break;
+            case 8:
+                v = (double)st->xids;
+                break;
+            default:
+                v = (double)st->last_xid;
+                break;
             }
             if (k <= 5 && (!st->sampled || v < 0))
                 continue; /* not known: no sample rather than a made-up value */
@@ -445,7 +465,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     mconn *c = s->data;
     if (c->answered)
         return;
-    if (n < 0 || (n == 0 && c->len >= sizeof c->req - 1)) {
+    if (n < 0) {
         uv_close((uv_handle_t *)s, on_conn_closed);
         return;
     }
@@ -474,17 +494,23 @@ static void on_connection(uv_stream_t *server, int status) {
 }
 
 static int metrics_listen(const char *spec, char *err, size_t errlen) {
-    char host[256];
+    char host[256], full[300];
     int port;
-    if (rdzv_parse_endpoint(spec, 0, host, sizeof host, &port) != GPL_OK || port <= 0) {
+    /* ":9402" as dcgm-exporter's ":9400": every interface */
+    snprintf(full, sizeof full, "%s%s", spec[0] == ':' ? "0.0.0.0" : "", spec);
+    if (rdzv_parse_endpoint(full, 0, host, sizeof host, &port) != GPL_OK || port <= 0) {
         snprintf(err, errlen, "--metrics '%s': expected HOST:PORT, e.g. 0.0.0.0:9402", spec);
         return 2;
     }
     struct sockaddr_storage sa;
+    if (strcmp(host, "localhost") == 0)
+        snprintf(host, sizeof host, "127.0.0.1");
     if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
         uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0) {
-        snprintf(err, errlen, "--metrics %s: '%s' is not an IP address; give one (0.0.0.0: every "
-                 "interface)", spec, host);
+        snprintf(err, errlen,
+                 "--metrics %s: '%s' is not an IP address; give one (0.0.0.0: every "
+                 "interface)",
+                 spec, host);
         return 2;
     }
     uv_tcp_init(M.loop, &M.server);
@@ -530,8 +556,7 @@ int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) 
         uv_async_init(loop, &M.async, on_xid);
         uv_unref((uv_handle_t *)&M.async);
         if (pthread_create(&M.thread, NULL, xid_thread, NULL) != 0) {
-            GB_WARN("cannot start the XID thread: %s; XID errors are not watched",
-                    strerror(errno));
+            GB_WARN("cannot start the XID thread: %s; XID errors are not watched", strerror(errno));
             M.events = NULL;
         } else {
             pthread_detach(M.thread);

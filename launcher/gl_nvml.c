@@ -45,10 +45,10 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlEventData_t;
 
-#define NVML_EVENT_XID 0x8ull          /* nvmlEventTypeXidCriticalError */
-#define NVML_TEMPERATURE_GPU 0         /* nvmlTemperatureSensors_t */
+#define NVML_EVENT_XID 0x8ull           /* nvmlEventTypeXidCriticalError */
+#define NVML_TEMPERATURE_GPU 0          /* nvmlTemperatureSensors_t */
 #define NVML_MEMORY_ERROR_UNCORRECTED 1 /* nvmlMemoryErrorType_t */
-#define NVML_VOLATILE_ECC 0            /* nvmlEccCounterType_t */
+#define NVML_VOLATILE_ECC 0             /* nvmlEccCounterType_t */
 
 /* ---- the functions, each looked up on its own ---- */
 
@@ -83,7 +83,8 @@ static struct {
     nvmlReturn_t (*ev_wait)(nvmlEventSet_t, nvmlEventData_t *, unsigned int);
 } N;
 
-#define FN(field, sym, what) {sym, offsetof(__typeof__(N), field), what}
+#define FN(field, sym, what)                                                                       \
+    { sym, offsetof(__typeof__(N), field), what }
 static const struct {
     const char *sym;
     size_t off;
@@ -128,8 +129,10 @@ static void load(void) {
     void *h = dlopen(custom ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
         if (custom) /* a driver-less node is normal; a wrong override is not */
-            fprintf(stderr, "gpulaunch: GPULAUNCH_NVML_LIBRARY=%s cannot be loaded (%s): GPU "
-                    "health checks are off\n", path, dlerror());
+            fprintf(stderr,
+                    "gpulaunch: GPULAUNCH_NVML_LIBRARY=%s cannot be loaded (%s): GPU "
+                    "health checks are off\n",
+                    path, dlerror());
         return;
     }
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
@@ -143,8 +146,10 @@ static void load(void) {
         memcpy(&p, (char *)&N + fns[i].off, sizeof p);
         if (p == NULL && fns[i].what == NULL && fns[i].off != offsetof(__typeof__(N), reasons) &&
             fns[i].off != offsetof(__typeof__(N), reasons_old)) {
-            fprintf(stderr, "gpulaunch: NVML (%s) lacks %s: GPU health checks are off; update "
-                    "the NVIDIA driver\n", custom ? path : "libnvidia-ml.so.1", fns[i].sym);
+            fprintf(stderr,
+                    "gpulaunch: NVML (%s) lacks %s: GPU health checks are off; update "
+                    "the NVIDIA driver\n",
+                    custom ? path : "libnvidia-ml.so.1", fns[i].sym);
             dlclose(h);
             return;
         }
@@ -168,11 +173,13 @@ static void load(void) {
     }
     if (N.reasons == NULL)
         fprintf(stderr, "gpulaunch: NVML lacks nvmlDeviceGetCurrentClocksEventReasons (an older "
-                "driver): the clock slowdown check is off\n");
+                        "driver): the clock slowdown check is off\n");
     nvmlReturn_t r = N.init();
     if (r != NVML_SUCCESS) {
-        fprintf(stderr, "gpulaunch: NVML did not start (%s): GPU health checks are off; "
-                "nvidia-smi says why\n", N.errstr(r));
+        fprintf(stderr,
+                "gpulaunch: NVML did not start (%s): GPU health checks are off; "
+                "nvidia-smi says why\n",
+                N.errstr(r));
         dlclose(h);
         return;
     }
@@ -387,8 +394,10 @@ const char *gl_nvml_reasons(int64_t mask, char *buf, size_t len) {
     static const struct {
         uint64_t bit;
         const char *name;
-    } r[] = {{GL_SLOW_HW_THERMAL, "hw thermal"},   {GL_SLOW_SW_THERMAL, "sw thermal"},
-             {GL_SLOW_HW_POWER_BRAKE, "power brake"}, {GL_SLOW_HW, "hw slowdown"},
+    } r[] = {{GL_SLOW_HW_THERMAL, "hw thermal"},
+             {GL_SLOW_SW_THERMAL, "sw thermal"},
+             {GL_SLOW_HW_POWER_BRAKE, "power brake"},
+             {GL_SLOW_HW, "hw slowdown"},
              {GL_SLOW_SW_POWER_CAP, "sw power cap"}};
     size_t off = 0;
     buf[0] = '\0';
@@ -567,8 +576,7 @@ int gl_nvml_preflight(int mode, FILE *out, int verbose) {
             if (g[i].lost)
                 fault(&c, &g[i], "%s", lost_fix);
             else
-                fault(&c, &g[i], "%s; check CUDA_VISIBLE_DEVICES against nvidia-smi -L",
-                      g[i].why);
+                fault(&c, &g[i], "%s; check CUDA_VISIBLE_DEVICES against nvidia-smi -L", g[i].why);
             continue;
         }
         if (g[i].lost) {

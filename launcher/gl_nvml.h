@@ -12,8 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define GL_NVML_MAX_GPUS 64   /* bound devices looked at; more are not checked */
-#define GL_NVML_MAX_LINKS 18  /* NVML_NVLINK_MAX_LINKS */
+#define GL_NVML_MAX_GPUS 64  /* bound devices looked at; more are not checked */
+#define GL_NVML_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS */
 #define GL_NVML_XID_UNKNOWN 999
 
 enum { GL_GPU_HEALTH_OFF = 0, GL_GPU_HEALTH_WARN = 1, GL_GPU_HEALTH_REFUSE = 2 };
@@ -24,7 +24,8 @@ enum { GL_GPU_HEALTH_OFF = 0, GL_GPU_HEALTH_WARN = 1, GL_GPU_HEALTH_REFUSE = 2 }
 #define GL_SLOW_SW_THERMAL 0x20ull
 #define GL_SLOW_HW_THERMAL 0x40ull
 #define GL_SLOW_HW_POWER_BRAKE 0x80ull
-#define GL_SLOW_FAULTS (GL_SLOW_HW | GL_SLOW_SW_THERMAL | GL_SLOW_HW_THERMAL | GL_SLOW_HW_POWER_BRAKE)
+#define GL_SLOW_FAULTS                                                                             \
+    (GL_SLOW_HW | GL_SLOW_SW_THERMAL | GL_SLOW_HW_THERMAL | GL_SLOW_HW_POWER_BRAKE)
 
 /* One bound device: a whole GPU or a MIG instance. */
 typedef struct gl_gpu {
@@ -42,11 +43,11 @@ typedef struct gl_gpu {
 
 /* One look at a device; -1 where NVML could not say. */
 typedef struct gl_gpu_sample {
-    int util;                 /* percent of time a kernel ran */
+    int util;                    /* percent of time a kernel ran */
     int64_t mem_used, mem_total; /* bytes */
-    int temp;                 /* Celsius */
+    int temp;                    /* Celsius */
     double power_w;
-    int64_t reasons;          /* slowdown reasons, -1 unknown */
+    int64_t reasons; /* slowdown reasons, -1 unknown */
     int lost;
 } gl_gpu_sample;
 

@@ -28,6 +28,17 @@ $b/test/test_runtime --jobs 4 | tail -n 1
 echo "== example on the NCCL backend"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 --device
 GPULAUNCH_BACKEND=cpu $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 | grep params_sha256
+echo "== GPU health: preflight against the real NVML (clean expected), then the monitor's samples while dp_train --device runs"
+t0=$(date +%s%N)
+$b/launcher/gpulaunch --standalone --check
+echo "gpulaunch --check: exit $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms (NVML loaded and started)"
+GPULAUNCH_LOG_LEVEL=info timeout -s INT 15 $b/launcher/gpulaunch --standalone --nproc-per-node 1 \
+  --bind-gpus --gpu-monitor-interval 1 --metrics 127.0.0.1:9402 \
+  $b/examples/dp_train --steps 1000000 --print-every 1000 --device 2>&1 |
+  grep -E 'utilisation|XID|idle GPU|slowed|NVML|FAIL|warn GPU' &
+sleep 8
+curl -s 127.0.0.1:9402/metrics | grep '^gpulaunch_gpu' || echo "no /metrics answer"
+wait
 echo "== the PyTorch example on NCCL (train_ddp.py, 1 rank): resumed run bitwise equal to an uninterrupted one"
 py=$(command -v python3)
 ck=$(mktemp -d)

@@ -161,7 +161,7 @@ static fgpu *gpu_of(nvmlDevice_t d) {
     if (g == NULL)                                                                                 \
         return 2; /* NVML_ERROR_INVALID_ARGUMENT */                                                \
     if (g->lost)                                                                                   \
-        return 15 /* NVML_ERROR_GPU_IS_LOST */
+    return 15 /* NVML_ERROR_GPU_IS_LOST */
 
 nvmlReturn_t nvmlInit_v2(void) {
     load();
@@ -306,8 +306,7 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *n) {
     return 0;
 }
 
-nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int k,
-                                                 nvmlDevice_t *m) {
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int k, nvmlDevice_t *m) {
     DEV(d, g);
     if (k >= (unsigned)g->nmig)
         return 6;

@@ -44,7 +44,8 @@ static char **fake_env(const char *script, const char *lib, const char *cvd) {
     static char s[3][512];
     int n = 0;
     for (char **e = environ; *e && n < 240; e++)
-        if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) && strncmp(*e, "NVIDIA_VISIBLE_DEVICES=", 23) &&
+        if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) &&
+            strncmp(*e, "NVIDIA_VISIBLE_DEVICES=", 23) &&
             strncmp(*e, "GPULAUNCH_NVML_LIBRARY=", 23) && strncmp(*e, "FAKE_NVML_SCRIPT=", 17) &&
             strncmp(*e, "PET_", 4))
             env[n++] = *e;
@@ -94,8 +95,10 @@ static int ran_count(void) {
 Test(gpu_health, faulty_gpu_refused_by_name_before_workers_start) {
     char prog[256];
     marker_prog(prog, sizeof prog, "exit 0");
-    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--bind-gpus", "--no-python",
-                    "/bin/sh", "-c", prog, NULL};
+    char *argv[] = {GL,        "--standalone", "--nproc-per-node",
+                    "2",       "--bind-gpus",  "--no-python",
+                    "/bin/sh", "-c",           prog,
+                    NULL};
     proc p;
     uint64_t t0 = now_ms();
     cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
@@ -109,14 +112,14 @@ Test(gpu_health, faulty_gpu_refused_by_name_before_workers_start) {
     cr_expect(strstr(p.out, "GPU 0 (") == NULL, "the healthy GPU was named: %s", p.out);
     cr_expect(strstr(p.out, "nothing was started") != NULL, "%s", p.out);
     cr_expect_eq(ran_count(), 0, "a worker ran");
-    cr_log_info("refused in %.2f s (launcher start to exit)", took);
+    cr_log_info("refused %.1f ms after the launcher started (it exited)", took * 1000.0);
 }
 
 Test(gpu_health, warn_mode_names_it_and_runs) {
     char prog[256];
     marker_prog(prog, sizeof prog, "exit 0");
-    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--bind-gpus", "--gpu-health",
-                    "warn", "--no-python", "/bin/sh", "-c", prog, NULL};
+    char *argv[] = {GL,     "--standalone", "--nproc-per-node", "2",  "--bind-gpus", "--gpu-health",
+                    "warn", "--no-python",  "/bin/sh",          "-c", prog,          NULL};
     proc p;
     cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
     int st = proc_wait(&p, 20000);
@@ -229,8 +232,19 @@ Test(gpu_health, idle_alert_fires_and_the_metric_shows_it) {
     int port = free_tcp_port();
     char ms[64];
     snprintf(ms, sizeof ms, "127.0.0.1:%d", port);
-    char *argv[] = {GL, "--standalone", "--nproc-per-node", "1", "--gpu-monitor-interval", "0.2",
-                    "--gpu-idle-alert", "30:2s", "--metrics", ms, "--no-python", "/bin/sleep", "8",
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "1",
+                    "--gpu-monitor-interval",
+                    "0.2",
+                    "--gpu-idle-alert",
+                    "30:2s",
+                    "--metrics",
+                    ms,
+                    "--no-python",
+                    "/bin/sleep",
+                    "8",
                     NULL};
     proc p;
     uint64_t t0 = now_ms();
@@ -240,8 +254,9 @@ Test(gpu_health, idle_alert_fires_and_the_metric_shows_it) {
     static char body[65536];
     cr_expect_eq(http_get(port, "/metrics", body, sizeof body), 0, "%s", body);
     cr_expect(strstr(body, "gpulaunch_gpu_idle{") && strstr(body, "} 0\n"), "%s", body);
-    int fired = proc_expect(&p, "idle GPU: GPU 0 (GPU-fake-0, PCI 00000000:10:00.0) of rank 0 "
-                                "(local rank 0, pid",
+    int fired = proc_expect(&p,
+                            "idle GPU: GPU 0 (GPU-fake-0, PCI 00000000:10:00.0) of rank 0 "
+                            "(local rank 0, pid",
                             10000);
     double took = (double)(now_ms() - t0) / 1000.0;
     cr_assert(fired, "%s", p.out);
@@ -272,13 +287,14 @@ Test(gpu_health, xid_named_with_the_rank_and_in_the_failure_report) {
     char prog[256], logs[128];
     snprintf(prog, sizeof prog, "if [ $LOCAL_RANK = 1 ]; then sleep 3; exit 7; fi; sleep 20");
     snprintf(logs, sizeof logs, "%s/logs", dir);
-    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--bind-gpus", "--log-dir", logs,
-                    "--no-python", "/bin/sh", "-c", prog, NULL};
+    char *argv[] = {GL,   "--standalone", "--nproc-per-node", "2",  "--bind-gpus", "--log-dir",
+                    logs, "--no-python",  "/bin/sh",          "-c", prog,          NULL};
     proc p;
     uint64_t t0 = now_ms();
     cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nxid 1 79 1.5\n", FAKE, "0,1")), 0);
-    int named = proc_expect(&p, "XID 79 on GPU 1 (GPU-fake-1, PCI 00000000:11:00.0), held by rank "
-                                "1 (local rank 1, pid ",
+    int named = proc_expect(&p,
+                            "XID 79 on GPU 1 (GPU-fake-1, PCI 00000000:11:00.0), held by rank "
+                            "1 (local rank 1, pid ",
                             10000);
     double took = (double)(now_ms() - t0) / 1000.0;
     cr_assert(named, "%s", p.out);
@@ -326,9 +342,9 @@ Test(gpu_health, dcgm_job_mapping_files_appear_and_vanish) {
     snprintf(map, sizeof map, "%s/dcgm", dir);
     snprintf(f0, sizeof f0, "%s/0", map);
     snprintf(f1, sizeof f1, "%s/1.2", map); /* GPU 1's MIG instance with GI 2 */
-    char *argv[] = {GL, "--nproc-per-node", "2", "--bind-gpus", "--rdzv-id", "job-42",
-                    "--master-port", "0", "--dcgm-job-mapping-dir", map, "--no-python",
-                    "/bin/sleep", "2", NULL};
+    char *argv[] = {
+        GL,  "--nproc-per-node",       "2", "--bind-gpus", "--rdzv-id",  "job-42", "--master-port",
+        "0", "--dcgm-job-mapping-dir", map, "--no-python", "/bin/sleep", "2",      NULL};
     char port[16];
     snprintf(port, sizeof port, "%d", free_tcp_port());
     argv[7] = port;
@@ -354,8 +370,9 @@ Test(gpu_health, dcgm_job_mapping_files_appear_and_vanish) {
     cr_expect_eq(exit_code(st), 143, "status %d: %s", st, p.out);
     cr_expect(!exists(f0) && !exists(f1), "left behind after SIGTERM");
     /* a worker's failure */
-    char *fail[] = {GL, "--standalone", "--nproc-per-node", "1", "--dcgm-job-mapping-dir", map,
-                    "--no-python", "/bin/sh", "-c", "sleep 1; exit 3", NULL};
+    char *fail[] = {GL,  "--standalone", "--nproc-per-node", "1",  "--dcgm-job-mapping-dir",
+                    map, "--no-python",  "/bin/sh",          "-c", "sleep 1; exit 3",
+                    NULL};
     cr_assert_eq(proc_start(&p, fail, fake_env("gpus 1\n", FAKE, "0")), 0);
     cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
     cr_expect(exists(f0), "no mapping file: %s", p.out);
@@ -365,8 +382,8 @@ Test(gpu_health, dcgm_job_mapping_files_appear_and_vanish) {
 }
 
 Test(gpu_health, missing_function_said_once_and_thermal_slowdown) {
-    char *argv[] = {GL, "--standalone", "--gpu-health", "warn", "--gpu-monitor-interval", "0.2",
-                    "--no-python", "/bin/sleep", "1", NULL};
+    char *argv[] = {GL,    "--standalone", "--gpu-health", "warn", "--gpu-monitor-interval",
+                    "0.2", "--no-python",  "/bin/sleep",   "1",    NULL};
     proc p;
     cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nreasons 0 0x40\n", FAKE_OLD, "0")), 0);
     int st = proc_wait(&p, 20000);
@@ -387,4 +404,37 @@ Test(gpu_health, missing_function_said_once_and_thermal_slowdown) {
     st = proc_wait(&p, 20000);
     cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
     cr_expect_eq(count(p.out, "cannot be loaded"), 1, "%s", p.out);
+}
+
+Test(gpu_health, bad_options_refused_before_anything_starts) {
+    static const char *const bad[][2] = {
+        {"--gpu-health", "maybe"},          {"--gpu-idle-alert", "50"},
+        {"--gpu-idle-alert", "0:30m"},      {"--gpu-idle-alert", "50:30x"},
+        {"--gpu-monitor-interval", "0.01"}, {"--metrics", "nowhere"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {
+            GL,  "--standalone", (char *)bad[i][0], (char *)bad[i][1], "--no-python", "/bin/true",
+            NULL};
+        proc p;
+        cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\n", FAKE, "0")), 0);
+        int st = proc_wait(&p, 10000);
+        cr_expect_eq(exit_code(st), 2, "%s %s: status %d: %s", bad[i][0], bad[i][1], st, p.out);
+        cr_expect(strstr(p.out, bad[i][0]) != NULL, "the option is not named: %s", p.out);
+    }
+    /* a --metrics port that is taken */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0 &&
+              getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+    char ms[64];
+    snprintf(ms, sizeof ms, "127.0.0.1:%d", ntohs(sa.sin_port));
+    char *argv[] = {GL, "--standalone", "--metrics", ms, "--no-python", "/bin/true", NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\n", FAKE, "0")), 0);
+    int st = proc_wait(&p, 10000);
+    close(fd);
+    cr_expect_eq(exit_code(st), 2, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "cannot listen") != NULL, "%s", p.out);
 }
