@@ -4,7 +4,9 @@
  * nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetPciInfo_v3, ...). */
 #include "gl_nvml.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -120,6 +122,39 @@ static const struct {
 };
 #undef FN
 
+/* The descriptors NVML opens (/dev/nvidiactl, /dev/nvidia<N>, event fds) are
+ * not the workers' business: each worker's CUDA opens its own. Those that
+ * appeared since `before` are made close-on-exec. */
+#define FD_SEEN_MAX 4096
+typedef struct fdset {
+    unsigned char open[FD_SEEN_MAX / 8];
+} fdset;
+
+static void fds_now(fdset *s) {
+    memset(s, 0, sizeof *s);
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        long fd = strtol(e->d_name, NULL, 10);
+        /* not the listing's own descriptor: NVML may get its number next */
+        if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd < FD_SEEN_MAX && fd != dirfd(d))
+            s->open[fd / 8] |= (unsigned char)(1u << (fd % 8));
+    }
+    if (d)
+        closedir(d);
+}
+
+static void cloexec_since(const fdset *before) {
+    fdset now;
+    fds_now(&now);
+    for (int fd = 3; fd < FD_SEEN_MAX; fd++)
+        if ((now.open[fd / 8] & ~before->open[fd / 8]) & (1u << (fd % 8))) {
+            int fl = fcntl(fd, F_GETFD);
+            if (fl >= 0 && !(fl & FD_CLOEXEC))
+                fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+        }
+}
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int loaded = -1; /* 0 ready, -1 not */
 
@@ -174,7 +209,10 @@ static void load(void) {
     if (N.reasons == NULL)
         fprintf(stderr, "gpulaunch: NVML lacks nvmlDeviceGetCurrentClocksEventReasons (an older "
                         "driver): the clock slowdown check is off\n");
+    fdset before;
+    fds_now(&before);
     nvmlReturn_t r = N.init();
+    cloexec_since(&before);
     if (r != NVML_SUCCESS) {
         fprintf(stderr,
                 "gpulaunch: NVML did not start (%s): GPU health checks are off; "
@@ -348,6 +386,7 @@ int gl_nvml_bound(gl_gpu *out, int max) {
             gl_gpu *g = &out[n++];
             memset(g, 0, sizeof *g);
             snprintf(g->bound, sizeof g->bound, "%u", i);
+            g->listed = 1;
             find_index(g, i);
         }
         return n;
@@ -545,7 +584,12 @@ static void check_mig(check_ctx *c, gl_gpu *g) {
     unsigned cur = 0, pend = 0;
     if (N.mig_mode((nvmlDevice_t)g->phys, &cur, &pend) != NVML_SUCCESS)
         return;
-    if (!g->mig && cur)
+    if (!g->mig && cur && g->listed)
+        fprintf(c->out,
+                "warn GPU %d: MIG mode is on and nothing binds its instances: CUDA may see one "
+                "of them at most; set CUDA_VISIBLE_DEVICES to their UUIDs (nvidia-smi -L)\n",
+                g->index);
+    else if (!g->mig && cur)
         fault(c, g,
               "MIG mode is on but the binding names the whole GPU, so CUDA gets no or one slice "
               "of it; bind its MIG instances (nvidia-smi -L lists their UUIDs) or turn MIG off "
@@ -637,6 +681,8 @@ void *gl_nvml_events_create(gl_gpu *g, int n) {
     if (gl_nvml_open() != 0 || !N.ev_create || !N.ev_register || !N.ev_wait)
         return NULL;
     nvmlEventSet_t set = NULL;
+    fdset before;
+    fds_now(&before);
     if (N.ev_create(&set) != NVML_SUCCESS)
         return NULL;
     int any = 0;
@@ -649,6 +695,7 @@ void *gl_nvml_events_create(gl_gpu *g, int n) {
             N.ev_register((nvmlDevice_t)g[i].phys, NVML_EVENT_XID, set) == NVML_SUCCESS)
             any = 1;
     }
+    cloexec_since(&before);
     /* nvmlEventSetFree is not needed: the set lives as long as the launcher */
     return any ? set : NULL;
 }

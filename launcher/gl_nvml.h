@@ -31,6 +31,7 @@ enum { GL_GPU_HEALTH_OFF = 0, GL_GPU_HEALTH_WARN = 1, GL_GPU_HEALTH_REFUSE = 2 }
 typedef struct gl_gpu {
     char bound[96];   /* its entry in CUDA_VISIBLE_DEVICES, or its index */
     int found;        /* NVML has a handle for it */
+    int listed;       /* not bound: every GPU NVML lists (no CUDA_VISIBLE_DEVICES) */
     int lost;         /* NVML_ERROR_GPU_IS_LOST on the way */
     int index;        /* NVML index of the physical GPU, -1 unknown */
     int mig;          /* a MIG instance */

@@ -20,6 +20,7 @@
  * Built twice: fake_nvml (every function) and fake_nvml_old (-DFAKE_OLD_DRIVER:
  * without nvmlDeviceGetRemappedRows and the new name of the clock reasons
  * call, as an older driver). */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,7 @@ static struct {
     int nxid;
     struct timespec t0;
     int registered[FAKE_MAX];
+    int ctl_fd;
 } F;
 
 static double since_init(void) {
@@ -165,6 +167,10 @@ static fgpu *gpu_of(nvmlDevice_t d) {
 
 nvmlReturn_t nvmlInit_v2(void) {
     load();
+    /* as a driver's /dev/nvidiactl: open, and not close-on-exec */
+    const char *path = getenv("FAKE_NVML_SCRIPT");
+    if (path)
+        F.ctl_fd = open(path, O_RDONLY);
     clock_gettime(CLOCK_MONOTONIC, &F.t0);
     return 0;
 }

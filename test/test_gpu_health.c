@@ -57,7 +57,11 @@ static char **fake_env(const char *script, const char *lib, const char *cvd) {
     fclose(f);
     snprintf(s[0], sizeof s[0], "FAKE_NVML_SCRIPT=%s", path);
     snprintf(s[1], sizeof s[1], "GPULAUNCH_NVML_LIBRARY=%s", lib);
-    snprintf(s[2], sizeof s[2], "CUDA_VISIBLE_DEVICES=%s", cvd);
+    /* "nv:LIST": a container's NVIDIA_VISIBLE_DEVICES instead */
+    if (strncmp(cvd, "nv:", 3) == 0)
+        snprintf(s[2], sizeof s[2], "NVIDIA_VISIBLE_DEVICES=%s", cvd + 3);
+    else
+        snprintf(s[2], sizeof s[2], "CUDA_VISIBLE_DEVICES=%s", cvd);
     env[n++] = s[0];
     env[n++] = s[1];
     env[n++] = s[2];
@@ -116,8 +120,11 @@ Test(gpu_health, faulty_gpu_refused_by_name_before_workers_start) {
 }
 
 Test(gpu_health, warn_mode_names_it_and_runs) {
-    char prog[256];
-    marker_prog(prog, sizeof prog, "exit 0");
+    char prog[512], then[256];
+    /* NVML's descriptors stay with the launcher */
+    snprintf(then, sizeof then,
+             "ls -l /proc/$$/fd | grep -c nvml.script > %s/fds.$LOCAL_RANK; exit 0", dir);
+    marker_prog(prog, sizeof prog, then);
     char *argv[] = {GL,     "--standalone", "--nproc-per-node", "2",  "--bind-gpus", "--gpu-health",
                     "warn", "--no-python",  "/bin/sh",          "-c", prog,          NULL};
     proc p;
@@ -128,6 +135,13 @@ Test(gpu_health, warn_mode_names_it_and_runs) {
                   NULL,
               "%s", p.out);
     cr_expect_eq(ran_count(), 2, "%s", p.out);
+    char fds[128], line[64];
+    snprintf(fds, sizeof fds, "%s/fds.0", dir);
+    FILE *f = fopen(fds, "r");
+    cr_assert_not_null(f);
+    cr_expect(fgets(line, sizeof line, f) && strcmp(line, "0\n") == 0,
+              "a worker holds NVML's descriptor: %s", line);
+    fclose(f);
     /* off: no NVML at all */
     char *off[] = {GL, "--standalone", "--gpu-health", "off", "--no-python", "/bin/true", NULL};
     cr_assert_eq(proc_start(&p, off, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
@@ -201,6 +215,14 @@ Test(gpu_health, mig_layout_against_the_binding) {
     cr_expect(strstr(p.out, "FAIL GPU MIG-fake-0-5 (CUDA_VISIBLE_DEVICES entry MIG-fake-0-5): "
                             "NVML does not find this MIG instance"),
               "%s", p.out);
+    /* nothing bound (a container's NVIDIA_VISIBLE_DEVICES by index): every GPU
+     * NVML lists; MIG on is a warning, not a contradiction */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nmig 0 2\n", FAKE, "nv:0,1")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "warn GPU 0: MIG mode is on and nothing binds its instances"), "%s",
+              p.out);
+    cr_expect(strstr(p.out, "ok   GPU 1 (GPU-fake-1, PCI 00000000:11:00.0)"), "%s", p.out);
 }
 
 /* GET path from the launcher's endpoint; the body into out. 0 on a 200. */
