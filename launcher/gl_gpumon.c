@@ -97,7 +97,7 @@ static void idle_event(int i, int on) {
 
 static void on_sample(uv_timer_t *t) {
     (void)t;
-    uint64_t now = gb_now_ms();
+    uint64_t now = gb_now_ms(), t0 = gb_now_ns();
     for (int i = 0; i < M.held; i++) {
         gpu_state *st = &M.st[i];
         char name[256], w[128], why[128];
@@ -149,6 +149,8 @@ static void on_sample(uv_timer_t *t) {
             st->below_since_ms = 0;
         }
     }
+    /* what a sample costs the loop (NVML's calls included) */
+    GB_INFO("GPU sample of %d device(s) in %.3f ms", M.held, (double)(gb_now_ns() - t0) / 1e6);
 }
 
 void gl_gpumon_round(void) {

@@ -190,7 +190,7 @@ static void load(void) {
         }
     }
     /* said once per process: what an older driver turns off */
-    const char *said[sizeof fns / sizeof fns[0]];
+    const char *said[sizeof fns / sizeof fns[0]] = {NULL};
     size_t nsaid = 0;
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
         void *p;

@@ -35,7 +35,7 @@ echo "gpulaunch --check: exit $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms (NV
 GPULAUNCH_LOG_LEVEL=info timeout -s INT 15 $b/launcher/gpulaunch --standalone --nproc-per-node 1 \
   --bind-gpus --gpu-monitor-interval 1 --metrics 127.0.0.1:9402 \
   $b/examples/dp_train --steps 1000000 --print-every 1000 --device 2>&1 |
-  grep -E 'utilisation|XID|idle GPU|slowed|NVML|FAIL|warn GPU' &
+  grep -E 'utilisation|GPU sample|XID|idle GPU|slowed|NVML|FAIL|warn GPU' &
 sleep 8
 curl -s 127.0.0.1:9402/metrics | grep '^gpulaunch_gpu' || echo "no /metrics answer"
 wait

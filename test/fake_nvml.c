@@ -97,6 +97,7 @@ static void load(void) {
         int i = 0, a = 0, b = 0;
         double t = 0;
         unsigned long long m = 0;
+        long long sm = 0; /* masks: 0x... */
         if (sscanf(line, "%31s", cmd) != 1 || cmd[0] == '#')
             continue;
         if (strcmp(cmd, "gpus") == 0 && sscanf(line, "%*s %d", &a) == 1) {
@@ -124,11 +125,11 @@ static void load(void) {
             g->ecc = m;
         else if (strcmp(cmd, "lost") == 0)
             g->lost = 1;
-        else if (strcmp(cmd, "nvlink") == 0 && sscanf(line, "%*s %*d %d %lli", &a, &m) == 2) {
+        else if (strcmp(cmd, "nvlink") == 0 && sscanf(line, "%*s %*d %d %lli", &a, &sm) == 2) {
             g->nlinks = a;
-            g->upmask = m;
-        } else if (strcmp(cmd, "reasons") == 0 && sscanf(line, "%*s %*d %lli", &m) == 1)
-            g->reasons = m;
+            g->upmask = (unsigned long long)sm;
+        } else if (strcmp(cmd, "reasons") == 0 && sscanf(line, "%*s %*d %lli", &sm) == 1)
+            g->reasons = (unsigned long long)sm;
         else if (strcmp(cmd, "util") == 0) {
             int k = sscanf(line, "%*s %*d %d %lf %d", &a, &t, &b);
             g->util = g->util2 = a;
