@@ -561,6 +561,7 @@ int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) 
             GB_WARN("cannot start the XID thread: %s; XID errors are not watched", strerror(errno));
             M.events = NULL;
         } else {
+            pthread_setname_np(M.thread, "gpulaunch-xid"); /* top -H, and the tests */
             pthread_detach(M.thread);
         }
     }

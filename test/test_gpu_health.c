@@ -403,6 +403,58 @@ Test(gpu_health, dcgm_job_mapping_files_appear_and_vanish) {
     cr_expect(!exists(f0), "left behind after a failure");
 }
 
+/* Whether process pid has a thread named name; whether it maps a file whose
+ * path contains lib. */
+static int has_thread(pid_t pid, const char *name) {
+    char path[128], comm[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    int found = 0;
+    while (d && !found && (e = readdir(d)) != NULL) {
+        snprintf(path, sizeof path, "/proc/%d/task/%s/comm", (int)pid, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f && fgets(comm, sizeof comm, f))
+            found = strncmp(comm, name, strlen(name)) == 0;
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+static int maps_lib(pid_t pid, const char *lib) {
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, lib) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* NVML loaded: one thread for XIDs. Without the library: no thread. On a
+ * node without GPUs: the library is not even opened. */
+Test(gpu_health, no_cost_without_nvml_or_gpus) {
+    char *argv[] = {GL, "--standalone", "--no-python", "/bin/sleep", "0.6", NULL};
+    static const struct {
+        const char *lib, *cvd;
+        int thread, mapped;
+    } c[] = {{FAKE, "0", 1, 1}, {"/nonexistent/libnvidia-ml.so.1", "0", 0, 0}, {FAKE, "", 0, 0}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        proc p;
+        cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\n", c[i].lib, c[i].cvd)), 0);
+        cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+        cr_expect_eq(has_thread(p.pid, "gpulaunch-xid"), c[i].thread, "case %zu: %s", i, p.out);
+        cr_expect_eq(maps_lib(p.pid, "libfake_nvml"), c[i].mapped, "case %zu", i);
+        int st = proc_wait(&p, 10000);
+        cr_expect_eq(exit_code(st), 0, "case %zu: status %d: %s", i, st, p.out);
+    }
+}
+
 Test(gpu_health, missing_function_said_once_and_thermal_slowdown) {
     char *argv[] = {GL,    "--standalone", "--gpu-health", "warn", "--gpu-monitor-interval",
                     "0.2", "--no-python",  "/bin/sleep",   "1",    NULL};
