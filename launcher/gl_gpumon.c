@@ -52,15 +52,17 @@ static struct {
     gpu_state *st;
     int n;    /* bound devices */
     int held; /* those the workers hold: min(n, nproc) */
-    uv_timer_t sampler;
-    int sampling;
-    /* XID thread -> loop */
+    /* the NVML thread -> the loop: XIDs and samples */
     void *events;
     pthread_t thread;
     uv_async_t async;
     pthread_mutex_t mu;
     xid_rec queue[GL_GPUMON_XID_MAX];
     int qn;
+    gl_gpu_sample fresh[GL_NVML_MAX_GPUS]; /* the last sample, not yet evaluated */
+    int have_fresh;
+    double fresh_ms;               /* what it cost the thread */
+    atomic_uint_fast64_t every_ms; /* sampling period, 0 until the first round */
     atomic_int stop;
     xid_rec seen[GL_GPUMON_XID_MAX]; /* for the failure report */
     int nseen;
@@ -95,16 +97,17 @@ static void idle_event(int i, int on) {
     (void)on;
 }
 
-static void on_sample(uv_timer_t *t) {
-    (void)t;
-    uint64_t now = gb_now_ms(), t0 = gb_now_ns();
+/* A sample from the NVML thread, judged on the loop: lost GPUs, slowdowns,
+ * the idle alert. */
+static void evaluate(const gl_gpu_sample *fresh, double cost_ms) {
+    uint64_t now = gb_now_ms();
     for (int i = 0; i < M.held; i++) {
         gpu_state *st = &M.st[i];
         char name[256], w[128], why[128];
         if (!M.g[i].found)
             continue;
         int was_lost = st->s.lost;
-        gl_nvml_sample(&M.g[i], &st->s);
+        st->s = fresh[i];
         st->sampled = 1;
         gl_nvml_name(&M.g[i], name, sizeof name);
         who(i, w, sizeof w);
@@ -149,35 +152,62 @@ static void on_sample(uv_timer_t *t) {
             st->below_since_ms = 0;
         }
     }
-    /* what a sample costs the loop (NVML's calls included) */
-    GB_INFO("GPU sample of %d device(s) in %.3f ms", M.held, (double)(gb_now_ns() - t0) / 1e6);
+    /* what a sample costs (NVML's calls; on the NVML thread, not the loop) */
+    GB_INFO("GPU sample of %d device(s) in %.3f ms", M.held, cost_ms);
 }
 
 void gl_gpumon_round(void) {
-    if (!M.started || M.n == 0)
+    if (!M.started || M.n == 0 || L.cfg.gpu_interval_s <= 0)
         return;
-    M.held = M.n < L.cfg.nproc ? M.n : L.cfg.nproc;
-    if (M.sampling || L.cfg.gpu_interval_s <= 0)
-        return;
-    uint64_t ms = (uint64_t)(L.cfg.gpu_interval_s * 1000);
-    uv_timer_init(M.loop, &M.sampler);
-    uv_timer_start(&M.sampler, on_sample, ms, ms);
-    uv_unref((uv_handle_t *)&M.sampler);
-    M.sampling = 1;
+    atomic_store(&M.every_ms, (uint_fast64_t)(L.cfg.gpu_interval_s * 1000));
 }
 
-/* ---- XID events ---- */
+/* ---- the NVML thread ---- */
 
-static void *xid_thread(void *arg) {
+static void sleep_ms(unsigned ms) {
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Every NVML call of the running job is made here, never on the loop: a
+ * driver that hangs (as nvidia-smi does on a sick GPU) stalls this thread,
+ * not the launcher's heartbeats, signals and workers. It waits for XID events
+ * (or sleeps without the event API) until the next sample is due. */
+static void *nvml_thread(void *arg) {
     (void)arg;
+    uint64_t next = 0;
     while (!atomic_load(&M.stop)) {
+        uint64_t every = atomic_load(&M.every_ms), now = gb_now_ms();
+        if (every > 0 && now >= next) {
+            gl_gpu_sample s[GL_NVML_MAX_GPUS];
+            uint64_t t0 = gb_now_ns();
+            for (int i = 0; i < M.held; i++)
+                gl_nvml_sample(&M.g[i], &s[i]);
+            double cost = (double)(gb_now_ns() - t0) / 1e6;
+            pthread_mutex_lock(&M.mu);
+            memcpy(M.fresh, s, (size_t)M.held * sizeof s[0]);
+            M.have_fresh = 1;
+            M.fresh_ms = cost;
+            pthread_mutex_unlock(&M.mu);
+            uv_async_send(&M.async);
+            next = (next && now - next < every ? next : now) + every;
+            now = gb_now_ms();
+        }
+        unsigned wait = GL_XID_WAIT_MS;
+        if (every > 0 && next > now && next - now < wait)
+            wait = (unsigned)(next - now);
+        if (every > 0 && next <= now)
+            wait = 0;
+        if (M.events == NULL) {
+            sleep_ms(wait ? wait : 1);
+            continue;
+        }
         int which;
         uint64_t xid;
         unsigned gi;
-        int r = gl_nvml_events_wait(M.events, M.g, M.n, GL_XID_WAIT_MS, &which, &xid, &gi);
+        int r = gl_nvml_events_wait(M.events, M.g, M.held, wait, &which, &xid, &gi);
         if (r < 0) {
-            struct timespec ts = {0, 200 * 1000000L}; /* a lost GPU fails every wait */
-            nanosleep(&ts, NULL);
+            sleep_ms(wait ? wait : 1); /* a lost GPU fails every wait */
             continue;
         }
         if (r == 0)
@@ -192,14 +222,21 @@ static void *xid_thread(void *arg) {
     return NULL;
 }
 
-static void on_xid(uv_async_t *a) {
+static void on_async(uv_async_t *a) {
     (void)a;
     xid_rec q[GL_GPUMON_XID_MAX];
+    gl_gpu_sample fresh[GL_NVML_MAX_GPUS];
     pthread_mutex_lock(&M.mu);
-    int n = M.qn;
+    int n = M.qn, have = M.have_fresh;
+    double cost = M.fresh_ms;
     memcpy(q, M.queue, (size_t)n * sizeof q[0]);
+    if (have)
+        memcpy(fresh, M.fresh, (size_t)M.held * sizeof fresh[0]);
     M.qn = 0;
+    M.have_fresh = 0;
     pthread_mutex_unlock(&M.mu);
+    if (have)
+        evaluate(fresh, cost);
     for (int k = 0; k < n; k++) {
         xid_rec *x = &q[k];
         char name[256], w[128];
@@ -554,17 +591,17 @@ int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) 
     if (L.cfg.val[GL_DCGM_JOB_MAPPING_DIR][0])
         dcgm_write(L.cfg.val[GL_DCGM_JOB_MAPPING_DIR]);
     M.events = gl_nvml_events_create(M.g, M.held);
-    if (M.events) {
-        uv_async_init(loop, &M.async, on_xid);
-        uv_unref((uv_handle_t *)&M.async);
-        if (pthread_create(&M.thread, NULL, xid_thread, NULL) != 0) {
-            GB_WARN("cannot start the XID thread: %s; XID errors are not watched", strerror(errno));
-            M.events = NULL;
-        } else {
-            pthread_setname_np(M.thread, "gpulaunch-xid"); /* top -H, and the tests */
-            pthread_detach(M.thread);
-        }
+    if (M.events == NULL && L.cfg.gpu_interval_s <= 0)
+        return 0; /* nothing to wait for, nothing to sample: no thread */
+    uv_async_init(loop, &M.async, on_async);
+    uv_unref((uv_handle_t *)&M.async);
+    int r = pthread_create(&M.thread, NULL, nvml_thread, NULL);
+    if (r != 0) {
+        GB_WARN("cannot start the GPU monitor's thread: %s; GPUs are not watched", strerror(r));
+        return 0;
     }
+    pthread_setname_np(M.thread, "gpulaunch-gpu"); /* top -H, and the tests */
+    pthread_detach(M.thread);
     return 0;
 }
 

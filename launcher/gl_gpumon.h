@@ -1,9 +1,10 @@
 /* The running GPU monitor: each GPU the workers hold sampled every
  * --gpu-monitor-interval (utilisation, memory, temperature, power, clock
  * slowdowns), the idle alert (--gpu-idle-alert), XID events named with the
- * worker on that GPU (an NVML wait in a thread of its own, handed to the loop
- * through uv_async), the launcher's Prometheus endpoint (--metrics) and
- * dcgm-exporter's job-mapping files (--dcgm-job-mapping-dir). Nothing runs
+ * worker on that GPU, the launcher's Prometheus endpoint (--metrics) and
+ * dcgm-exporter's job-mapping files (--dcgm-job-mapping-dir). One thread makes
+ * every NVML call (samples and XID waits) and hands the results to the loop
+ * through uv_async, so a hung driver never stalls the loop. Nothing runs
  * without NVML or without GPUs, except an endpoint that was asked for. */
 #ifndef GPULAUNCH_GL_GPUMON_H
 #define GPULAUNCH_GL_GPUMON_H
@@ -16,7 +17,7 @@
 #define GL_METRICS_CONN_MAX 16      /* scrapes served at once; more are closed */
 #define GL_METRICS_REQUEST_MAX 8192 /* bytes of one request's head */
 #define GL_METRICS_BODY_MAX 262144  /* bytes of one /metrics answer */
-#define GL_XID_WAIT_MS 500          /* one NVML event wait; the thread's exit check */
+#define GL_XID_WAIT_MS 500          /* the longest NVML event wait; the thread's exit check */
 
 /* Starts what the options ask for (after preflight, before the rendezvous):
  * the endpoint, the job-mapping files, the XID thread. 0, or 2 with err

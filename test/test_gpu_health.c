@@ -448,7 +448,7 @@ Test(gpu_health, no_cost_without_nvml_or_gpus) {
         proc p;
         cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\n", c[i].lib, c[i].cvd)), 0);
         cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
-        cr_expect_eq(has_thread(p.pid, "gpulaunch-xid"), c[i].thread, "case %zu: %s", i, p.out);
+        cr_expect_eq(has_thread(p.pid, "gpulaunch-gpu"), c[i].thread, "case %zu: %s", i, p.out);
         cr_expect_eq(maps_lib(p.pid, "libfake_nvml"), c[i].mapped, "case %zu", i);
         int st = proc_wait(&p, 10000);
         cr_expect_eq(exit_code(st), 0, "case %zu: status %d: %s", i, st, p.out);
