@@ -179,7 +179,7 @@ static void *nvml_thread(void *arg) {
     while (!atomic_load(&M.stop)) {
         uint64_t every = atomic_load(&M.every_ms), now = gb_now_ms();
         if (every > 0 && now >= next) {
-            gl_gpu_sample s[GL_NVML_MAX_GPUS];
+            gl_gpu_sample s[GL_NVML_MAX_GPUS] = {{0}};
             uint64_t t0 = gb_now_ns();
             for (int i = 0; i < M.held; i++)
                 gl_nvml_sample(&M.g[i], &s[i]);

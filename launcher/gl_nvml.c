@@ -9,8 +9,10 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- NVML's ABI ---- */
 
@@ -224,7 +226,11 @@ static void load(void) {
     loaded = 0;
 }
 
+static atomic_int stuck; /* a preflight call never returned: NVML is not used again */
+
 int gl_nvml_open(void) {
+    if (atomic_load(&stuck))
+        return -1;
     pthread_once(&once, load);
     return loaded;
 }
@@ -602,9 +608,7 @@ static void check_mig(check_ctx *c, gl_gpu *g) {
               pend ? "on" : "off", g->index);
 }
 
-int gl_nvml_preflight(int mode, FILE *out, int verbose) {
-    if (mode == GL_GPU_HEALTH_OFF)
-        return 0;
+static int preflight_here(int mode, FILE *out, int verbose) {
     check_ctx c = {.out = out, .refuse = mode == GL_GPU_HEALTH_REFUSE, .verbose = verbose};
     gl_gpu *g = calloc(GL_NVML_MAX_GPUS, sizeof *g);
     if (g == NULL)
@@ -640,6 +644,89 @@ int gl_nvml_preflight(int mode, FILE *out, int verbose) {
 out:
     free(g);
     return c.fails;
+}
+
+/* The checks run in a thread of their own, with a deadline: a driver that
+ * hangs on a sick GPU (nvidia-smi then hangs too) must not hold the node's
+ * start forever. Their lines are kept and printed whole when they finish. */
+typedef struct timed {
+    int mode, verbose, fails, done;
+    char *buf;
+    size_t len;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} timed;
+
+static void *preflight_thread(void *arg) {
+    timed *t = arg;
+    FILE *f = open_memstream(&t->buf, &t->len);
+    int fails = f ? preflight_here(t->mode, f, t->verbose) : 0;
+    if (f)
+        fclose(f);
+    pthread_mutex_lock(&t->mu);
+    t->fails = fails;
+    t->done = 1;
+    pthread_cond_signal(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
+int gl_nvml_preflight(int mode, FILE *out, int verbose) {
+    if (mode == GL_GPU_HEALTH_OFF)
+        return 0;
+    double limit = GL_NVML_PREFLIGHT_TIMEOUT_S;
+    const char *e = getenv("GPULAUNCH_NVML_TIMEOUT_S"); /* tests */
+    if (e && *e && strtod(e, NULL) > 0)
+        limit = strtod(e, NULL);
+    /* the thread may outlive this call when NVML hangs: its state stays */
+    timed *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return 0;
+    t->mode = mode;
+    t->verbose = verbose;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_t th;
+    if (pthread_create(&th, NULL, preflight_thread, t) != 0) {
+        free(t);
+        return preflight_here(mode, out, verbose);
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += (time_t)limit;
+    dl.tv_nsec += (long)((limit - (double)(time_t)limit) * 1e9);
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&t->mu);
+    while (!t->done && pthread_cond_timedwait(&t->cv, &t->mu, &dl) == 0)
+        ;
+    int done = t->done;
+    pthread_mutex_unlock(&t->mu);
+    if (!done) {
+        atomic_store(&stuck, 1);
+        pthread_detach(th);
+        fprintf(out,
+                "%s NVML did not answer within %g s: the driver hangs, usually on a GPU in a bad "
+                "state (nvidia-smi would hang too); check dmesg for XID errors, drain the node "
+                "and reset or reboot it\n",
+                mode == GL_GPU_HEALTH_REFUSE ? "FAIL" : "warn", limit);
+        return mode == GL_GPU_HEALTH_REFUSE;
+    }
+    pthread_join(th, NULL);
+    if (t->buf)
+        fwrite(t->buf, 1, t->len, out);
+    int fails = t->fails;
+    free(t->buf);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+    return fails;
 }
 
 /* ---- sampling and events ---- */

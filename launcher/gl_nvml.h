@@ -15,6 +15,7 @@
 #define GL_NVML_MAX_GPUS 64  /* bound devices looked at; more are not checked */
 #define GL_NVML_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS */
 #define GL_NVML_XID_UNKNOWN 999
+#define GL_NVML_PREFLIGHT_TIMEOUT_S 30 /* NVML hanging longer fails the preflight */
 
 enum { GL_GPU_HEALTH_OFF = 0, GL_GPU_HEALTH_WARN = 1, GL_GPU_HEALTH_REFUSE = 2 };
 
@@ -62,7 +63,10 @@ int gl_nvml_bound(gl_gpu *out, int max);
 /* "GPU 1 (GPU-..., PCI 00000000:18:00.0)" */
 const char *gl_nvml_name(const gl_gpu *g, char *buf, size_t len);
 /* The preflight checks of every bound device; faults are FAIL lines in
- * refuse mode and warn lines in warn mode. Returns the number of FAILs. */
+ * refuse mode and warn lines in warn mode. Returns the number of FAILs.
+ * NVML that does not answer within GL_NVML_PREFLIGHT_TIMEOUT_S (the
+ * environment's GPULAUNCH_NVML_TIMEOUT_S, for tests) is a fault itself, and
+ * NVML is then not used again by this process. */
 int gl_nvml_preflight(int mode, FILE *out, int verbose);
 /* One sample; 0, or -1 when the device is lost. */
 int gl_nvml_sample(const gl_gpu *g, gl_gpu_sample *s);

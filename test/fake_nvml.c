@@ -16,6 +16,7 @@
  *   util I PCT [T PCT2]     utilisation PCT, PCT2 from T on
  *   xid I CODE T            an XID CODE on GPU I at T
  *   mig I N                 MIG mode on, N instances MIG-fake-I-K (GI K+1, CI 0)
+ *   hang I                  every health query on GPU I blocks forever (a hung driver)
  *
  * Built twice: fake_nvml (every function) and fake_nvml_old (-DFAKE_OLD_DRIVER:
  * without nvmlDeviceGetRemappedRows and the new name of the clock reasons
@@ -58,7 +59,7 @@ struct fdev {
 typedef struct fgpu {
     struct fdev self, migs[FAKE_MIG];
     char uuid[96];
-    int retired, remap_pending, remap_failure, lost, nlinks, nmig;
+    int retired, remap_pending, remap_failure, lost, nlinks, nmig, hang;
     unsigned long long ecc, reasons, upmask;
     int util, util2;
     double util_at;
@@ -125,6 +126,8 @@ static void load(void) {
             g->ecc = m;
         else if (strcmp(cmd, "lost") == 0)
             g->lost = 1;
+        else if (strcmp(cmd, "hang") == 0)
+            g->hang = 1;
         else if (strcmp(cmd, "nvlink") == 0 && sscanf(line, "%*s %*d %d %lli", &a, &sm) == 2) {
             g->nlinks = a;
             g->upmask = (unsigned long long)sm;
@@ -159,10 +162,20 @@ static fgpu *gpu_of(nvmlDevice_t d) {
     return &F.g[d->gpu];
 }
 
+static void hang_forever(void) {
+    for (;;) {
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A handle's GPU; a hung one blocks, a lost one answers GPU_IS_LOST. */
 #define DEV(d, g)                                                                                  \
     fgpu *g = gpu_of(d);                                                                           \
     if (g == NULL)                                                                                 \
         return 2; /* NVML_ERROR_INVALID_ARGUMENT */                                                \
+    if (g->hang)                                                                                   \
+        hang_forever();                                                                            \
     if (g->lost)                                                                                   \
     return 15 /* NVML_ERROR_GPU_IS_LOST */
 

@@ -71,6 +71,8 @@ static char **fake_env(const char *script, const char *lib, const char *cvd) {
     return env;
 }
 
+static int has_thread(pid_t pid, const char *name);
+
 static int count(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
@@ -117,6 +119,37 @@ Test(gpu_health, faulty_gpu_refused_by_name_before_workers_start) {
     cr_expect(strstr(p.out, "nothing was started") != NULL, "%s", p.out);
     cr_expect_eq(ran_count(), 0, "a worker ran");
     cr_log_info("refused %.1f ms after the launcher started (it exited)", took * 1000.0);
+}
+
+/* A driver that hangs on a GPU: the preflight gives up on NVML after its
+ * deadline instead of holding the node's start forever. */
+Test(gpu_health, hung_driver_fails_the_preflight_at_its_deadline) {
+    setenv("GPULAUNCH_NVML_TIMEOUT_S", "1", 1);
+    char prog[256];
+    marker_prog(prog, sizeof prog, "exit 0");
+    char *argv[] = {GL,        "--standalone", "--nproc-per-node",
+                    "2",       "--bind-gpus",  "--no-python",
+                    "/bin/sh", "-c",           prog,
+                    NULL};
+    proc p;
+    uint64_t t0 = now_ms();
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nhang 1\n", FAKE, "0,1")), 0);
+    int st = proc_wait(&p, 20000);
+    double took = (double)(now_ms() - t0) / 1000.0;
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL NVML did not answer within 1 s: the driver hangs"), "%s", p.out);
+    cr_expect(took >= 1.0 && took < 2.5, "refused %.2f s after start (deadline 1 s)", took);
+    cr_expect_eq(ran_count(), 0, "a worker ran");
+    /* warn: the job runs, without NVML (no monitor thread to hang) */
+    char *warn[] = {GL,  "--standalone", "--gpu-health", "warn", "--no-python", "/bin/sleep", "0.6",
+                    NULL};
+    cr_assert_eq(proc_start(&p, warn, fake_env("gpus 2\nhang 1\n", FAKE, "0,1")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    cr_expect_eq(has_thread(p.pid, "gpulaunch-gpu"), 0, "%s", p.out);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "warn NVML did not answer within 1 s"), "%s", p.out);
+    cr_log_info("a hung driver refused %.2f s after start (deadline 1 s)", took);
 }
 
 Test(gpu_health, warn_mode_names_it_and_runs) {
