@@ -21,6 +21,10 @@ cmake -S . -B build/gpu -DGPULAUNCH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DNCCL_RO
   -DCUDAToolkit_ROOT=/usr/local/cuda || exit 1
 cmake --build build/gpu -j"$(nproc)" || exit 1
 b=build/gpu
+# The GPU health preflight is judged in its own step below (--gpu-health
+# refuse); the other steps run whatever it finds, so that one finding does not
+# hide every other result of this one-shot run.
+export PET_GPU_HEALTH=${PET_GPU_HEALTH:-warn}
 echo "== NCCL tests"
 $b/test/test_nccl --verbose
 echo "== runtime tests (CPU backend)"
@@ -30,7 +34,7 @@ $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --ste
 GPULAUNCH_BACKEND=cpu $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 | grep params_sha256
 echo "== GPU health: preflight against the real NVML (clean expected), then the monitor's samples while dp_train --device runs"
 t0=$(date +%s%N)
-$b/launcher/gpulaunch --standalone --check
+$b/launcher/gpulaunch --standalone --check --gpu-health refuse
 echo "gpulaunch --check: exit $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms (NVML loaded and started)"
 GPULAUNCH_LOG_LEVEL=info timeout -s INT 15 $b/launcher/gpulaunch --standalone --nproc-per-node 1 \
   --bind-gpus --gpu-monitor-interval 1 --metrics 127.0.0.1:9402 \
