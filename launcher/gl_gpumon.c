@@ -39,9 +39,10 @@ typedef struct xid_rec {
     int gpu; /* position in M.g[], -1 unknown */
     uint64_t xid;
     unsigned gi;
-    double when;      /* wall clock */
-    uint64_t seen_ns; /* monotonic, when the thread got it */
-    int rank, local_rank, pid;
+    double when;               /* wall clock */
+    uint64_t seen_ns;          /* monotonic, when the thread got it */
+    int rank, local_rank, pid; /* the worker on it when it came first */
+    uint64_t count;            /* in the report: how many of this XID on this GPU */
 } xid_rec;
 
 static struct {
@@ -64,7 +65,7 @@ static struct {
     double fresh_ms;               /* what it cost the thread */
     atomic_uint_fast64_t every_ms; /* sampling period, 0 until the first round */
     atomic_int stop;
-    xid_rec seen[GL_GPUMON_XID_MAX]; /* for the failure report */
+    xid_rec seen[GL_GPUMON_XID_MAX]; /* for the failure report: one per GPU and XID */
     int nseen;
     /* --metrics */
     uv_tcp_t server;
@@ -253,11 +254,27 @@ static void on_async(uv_async_t *a) {
         }
         who(x->gpu, w, sizeof w);
         const char *hint = gl_nvml_xid_hint(x->xid);
-        fprintf(stderr, "gpulaunch: XID %llu on %s, held by %s%s%s (seen %.1f ms after NVML)\n",
-                (unsigned long long)x->xid, name, w, hint[0] ? ": " : "", hint,
-                (double)(gb_now_ns() - x->seen_ns) / 1e6);
-        if (M.nseen < GL_GPUMON_XID_MAX)
+        uint64_t nth = x->gpu >= 0 ? M.st[x->gpu].xids : 1;
+        if (nth <= GL_XID_LINES_MAX) /* a storm of XID 13 must not drown the log */
+            fprintf(stderr,
+                    "gpulaunch: XID %llu on %s, held by %s%s%s (named %.1f ms after NVML "
+                    "reported it)\n",
+                    (unsigned long long)x->xid, name, w, hint[0] ? ": " : "", hint,
+                    (double)(gb_now_ns() - x->seen_ns) / 1e6);
+        if (nth == GL_XID_LINES_MAX)
+            fprintf(stderr,
+                    "gpulaunch: further XIDs on %s are counted "
+                    "(gpulaunch_gpu_xid_errors_total), not printed\n",
+                    name);
+        int k2 = 0;
+        while (k2 < M.nseen && (M.seen[k2].gpu != x->gpu || M.seen[k2].xid != x->xid))
+            k2++;
+        if (k2 < M.nseen) {
+            M.seen[k2].count++;
+        } else if (M.nseen < GL_GPUMON_XID_MAX) {
+            x->count = 1;
             M.seen[M.nseen++] = *x;
+        }
     }
 }
 
@@ -620,12 +637,15 @@ void gl_gpumon_report(FILE *out) {
             gl_nvml_name(&M.g[x->gpu], name, sizeof name);
         else
             snprintf(name, sizeof name, "a GPU of this node");
+        char times[32] = "";
+        if (x->count > 1)
+            snprintf(times, sizeof times, " (%llu times from then)", (unsigned long long)x->count);
         if (x->rank >= 0)
-            fprintf(out, "    %s XID %llu on %s, rank %d (local rank %d, pid %d)\n", when,
-                    (unsigned long long)x->xid, name, x->rank, x->local_rank, x->pid);
+            fprintf(out, "    %s XID %llu on %s, rank %d (local rank %d, pid %d)%s\n", when,
+                    (unsigned long long)x->xid, name, x->rank, x->local_rank, x->pid, times);
         else
-            fprintf(out, "    %s XID %llu on %s, no worker on it\n", when,
-                    (unsigned long long)x->xid, name);
+            fprintf(out, "    %s XID %llu on %s, no worker on it%s\n", when,
+                    (unsigned long long)x->xid, name, times);
     }
 }
 
@@ -636,9 +656,11 @@ void gl_gpumon_json(FILE *out) {
         char uuid[200] = "";
         if (x->gpu >= 0)
             esc(M.g[x->gpu].uuid, uuid, sizeof uuid);
-        fprintf(out, "%s{\"xid\":%llu,\"gpu\":%d,\"uuid\":\"%s\",\"rank\":%d,\"local_rank\":%d}",
+        fprintf(out,
+                "%s{\"xid\":%llu,\"gpu\":%d,\"uuid\":\"%s\",\"rank\":%d,\"local_rank\":%d,"
+                "\"count\":%llu}",
                 k ? "," : "", (unsigned long long)x->xid, x->gpu >= 0 ? M.g[x->gpu].index : -1,
-                uuid, x->rank, x->local_rank);
+                uuid, x->rank, x->local_rank, (unsigned long long)x->count);
     }
     fprintf(out, "]");
 }

@@ -346,7 +346,12 @@ Test(gpu_health, xid_named_with_the_rank_and_in_the_failure_report) {
                     logs, "--no-python",  "/bin/sh",          "-c", prog,          NULL};
     proc p;
     uint64_t t0 = now_ms();
-    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nxid 1 79 1.5\n", FAKE, "0,1")), 0);
+    /* and a storm of XID 13 on GPU 0 before it: 10 lines, then counted */
+    char script[512];
+    int off = snprintf(script, sizeof script, "gpus 2\nxid 1 79 1.5\n");
+    for (int i = 0; i < 12; i++)
+        off += snprintf(script + off, sizeof script - (size_t)off, "xid 0 13 1.0\n");
+    cr_assert_eq(proc_start(&p, argv, fake_env(script, FAKE, "0,1")), 0);
     int named = proc_expect(&p,
                             "XID 79 on GPU 1 (GPU-fake-1, PCI 00000000:11:00.0), held by rank "
                             "1 (local rank 1, pid ",
@@ -369,9 +374,20 @@ Test(gpu_health, xid_named_with_the_rank_and_in_the_failure_report) {
     size_t n = fread(js, 1, sizeof js - 1, f);
     js[n] = '\0';
     fclose(f);
-    cr_expect(strstr(js, "\"gpu_errors\":[{\"xid\":79,\"gpu\":1,\"uuid\":\"GPU-fake-1\",\"rank\":1,"
-                         "\"local_rank\":1}]}"),
+    cr_expect(strstr(js, "{\"xid\":79,\"gpu\":1,\"uuid\":\"GPU-fake-1\",\"rank\":1,"
+                         "\"local_rank\":1,\"count\":1}]}"),
               "%s", js);
+    cr_expect(strstr(js, "\"gpu_errors\":[{\"xid\":13,\"gpu\":0,\"uuid\":\"GPU-fake-0\",\"rank\":0,"
+                         "\"local_rank\":0,\"count\":12}"),
+              "%s", js);
+    cr_expect_eq(count(p.out, "gpulaunch: XID 13 on GPU 0"), 10, "%s", p.out);
+    cr_expect_eq(count(p.out, "further XIDs on GPU 0 (GPU-fake-0, PCI 00000000:10:00.0) are "
+                              "counted"),
+                 1, "%s", p.out);
+    cr_expect(strstr(rep, "XID 13 on GPU 0 (GPU-fake-0, PCI 00000000:10:00.0), rank 0 (local rank "
+                          "0, pid ") &&
+                  strstr(rep, "(12 times from then)"),
+              "%s", rep);
     cr_expect(took < 1.5 + 1.0, "XID at 1.5 s after NVML started, named %.2f s after start", took);
     cr_log_info("XID 79 (at 1.5 s after NVML started) named %.2f s after the launcher started",
                 took);
