@@ -92,7 +92,7 @@ static struct {
 static const struct {
     const char *sym;
     size_t off;
-    const char *what; /* NULL: required */
+    const char *what; /* what its absence turns off, said once; NULL: required */
 } fns[] = {
     FN(init, "nvmlInit_v2", NULL),
     FN(count, "nvmlDeviceGetCount_v2", NULL),
@@ -100,27 +100,32 @@ static const struct {
     FN(uuid, "nvmlDeviceGetUUID", NULL),
     FN(pci, "nvmlDeviceGetPciInfo_v3", NULL),
     FN(errstr, "nvmlErrorString", NULL),
-    FN(by_uuid, "nvmlDeviceGetHandleByUUID", "devices bound by UUID are matched by listing"),
+    FN(by_uuid, "nvmlDeviceGetHandleByUUID",
+       "devices bound by UUID are found by listing every GPU"),
     FN(index, "nvmlDeviceGetIndex", "MIG instances are named without their GPU's index"),
-    FN(retired_pending, "nvmlDeviceGetRetiredPagesPendingStatus", "the retired-pages check"),
-    FN(remapped, "nvmlDeviceGetRemappedRows", "the row-remapping check"),
-    FN(ecc, "nvmlDeviceGetTotalEccErrors", "the uncorrectable-ECC check"),
-    FN(nvlink, "nvmlDeviceGetNvLinkState", "the NVLink check"),
+    FN(retired_pending, "nvmlDeviceGetRetiredPagesPendingStatus", "the retired-pages check is off"),
+    FN(remapped, "nvmlDeviceGetRemappedRows", "the row-remapping check is off"),
+    FN(ecc, "nvmlDeviceGetTotalEccErrors", "the uncorrectable-ECC check is off"),
+    FN(nvlink, "nvmlDeviceGetNvLinkState", "the NVLink check is off"),
     FN(reasons, "nvmlDeviceGetCurrentClocksEventReasons", NULL), /* or the old name */
     FN(reasons_old, "nvmlDeviceGetCurrentClocksThrottleReasons", NULL),
-    FN(mig_mode, "nvmlDeviceGetMigMode", "the MIG layout check"),
-    FN(mig_max, "nvmlDeviceGetMaxMigDeviceCount", "MIG instances bound by id"),
-    FN(mig_by_index, "nvmlDeviceGetMigDeviceHandleByIndex", "MIG instances bound by id"),
-    FN(mig_parent, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "MIG instances"),
-    FN(gi_id, "nvmlDeviceGetGpuInstanceId", "MIG instance ids"),
-    FN(ci_id, "nvmlDeviceGetComputeInstanceId", "MIG instance ids"),
-    FN(util, "nvmlDeviceGetUtilizationRates", "utilisation (and the idle alert)"),
-    FN(mem, "nvmlDeviceGetMemoryInfo", "memory use"),
-    FN(temp, "nvmlDeviceGetTemperature", "temperature"),
-    FN(power, "nvmlDeviceGetPowerUsage", "power"),
-    FN(ev_create, "nvmlEventSetCreate", "XID events"),
-    FN(ev_register, "nvmlDeviceRegisterEvents", "XID events"),
-    FN(ev_wait, "nvmlEventSetWait_v2", "XID events"),
+    FN(mig_mode, "nvmlDeviceGetMigMode", "the MIG layout check is off"),
+    FN(mig_max, "nvmlDeviceGetMaxMigDeviceCount",
+       "MIG-GPU-<uuid>/<gi>/<ci> names and UUID prefixes of MIG instances are not found"),
+    FN(mig_by_index, "nvmlDeviceGetMigDeviceHandleByIndex",
+       "MIG-GPU-<uuid>/<gi>/<ci> names and UUID prefixes of MIG instances are not found"),
+    FN(mig_parent, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+       "MIG instances are taken for whole GPUs"),
+    FN(gi_id, "nvmlDeviceGetGpuInstanceId", "MIG instances are named without their instance ids"),
+    FN(ci_id, "nvmlDeviceGetComputeInstanceId",
+       "MIG instances are named without their instance ids"),
+    FN(util, "nvmlDeviceGetUtilizationRates", "utilisation and the idle alert are off"),
+    FN(mem, "nvmlDeviceGetMemoryInfo", "memory use is not sampled"),
+    FN(temp, "nvmlDeviceGetTemperature", "temperature is not sampled"),
+    FN(power, "nvmlDeviceGetPowerUsage", "power is not sampled"),
+    FN(ev_create, "nvmlEventSetCreate", "XID events are not watched"),
+    FN(ev_register, "nvmlDeviceRegisterEvents", "XID events are not watched"),
+    FN(ev_wait, "nvmlEventSetWait_v2", "XID events are not watched"),
 };
 #undef FN
 
@@ -205,7 +210,7 @@ static void load(void) {
         if (dup)
             continue;
         said[nsaid++] = fns[i].what;
-        fprintf(stderr, "gpulaunch: NVML lacks %s (an older driver): %s is off\n", fns[i].sym,
+        fprintf(stderr, "gpulaunch: NVML lacks %s (an older driver): %s\n", fns[i].sym,
                 fns[i].what);
     }
     if (N.reasons == NULL)
