@@ -467,6 +467,7 @@ const char *gl_nvml_reasons(int64_t mask, char *buf, size_t len) {
 typedef struct check_ctx {
     FILE *out;
     int refuse, verbose, fails;
+    int faults; /* found, in either mode */
 } check_ctx;
 
 static void fault(check_ctx *c, const gl_gpu *g, const char *fmt, ...)
@@ -479,6 +480,7 @@ static void fault(check_ctx *c, const gl_gpu *g, const char *fmt, ...) {
     va_end(ap);
     fprintf(c->out, "%s %s: %s\n", c->refuse ? "FAIL" : "warn", gl_nvml_name(g, name, sizeof name),
             what);
+    c->faults++;
     if (c->refuse)
         c->fails++;
 }
@@ -492,7 +494,7 @@ static void check_gpu(check_ctx *c, gl_gpu *g) {
     nvmlDevice_t d = (nvmlDevice_t)g->phys;
     int state = 0;
     nvmlReturn_t r;
-    int faults = c->fails;
+    int faults = c->faults;
     if (N.retired_pending) {
         r = N.retired_pending(d, &state);
         if (lost(r, g))
@@ -579,7 +581,7 @@ static void check_gpu(check_ctx *c, gl_gpu *g) {
                   "check cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE)",
                   gl_nvml_reasons((int64_t)(m & GL_SLOW_FAULTS), why, sizeof why));
     }
-    if (c->verbose && c->fails == faults) {
+    if (c->verbose && c->faults == faults) {
         char name[256];
         fprintf(c->out, "ok   %s\n", gl_nvml_name(g, name, sizeof name));
     }

@@ -175,6 +175,12 @@ Test(gpu_health, warn_mode_names_it_and_runs) {
     cr_expect(fgets(line, sizeof line, f) && strcmp(line, "0\n") == 0,
               "a worker holds NVML's descriptor: %s", line);
     fclose(f);
+    /* --check in warn mode: the faulty GPU is not also said to be ok */
+    char *check[] = {GL, "--standalone", "--check", "--gpu-health", "warn", NULL};
+    cr_assert_eq(proc_start(&p, check, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "ok   GPU 0 (") && !strstr(p.out, "ok   GPU 1 ("), "%s", p.out);
     /* off: no NVML at all */
     char *off[] = {GL, "--standalone", "--gpu-health", "off", "--no-python", "/bin/true", NULL};
     cr_assert_eq(proc_start(&p, off, fake_env("gpus 2\nretired_pending 1\n", FAKE, "0,1")), 0);
