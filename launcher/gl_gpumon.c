@@ -90,12 +90,29 @@ static void who(int i, char *buf, size_t len) {
 
 /* ---- sampling and the idle alert ---- */
 
-/* HOOK(rendezvous event): the idle alert as a job-health event to the
- * rendezvous, once its job-health messages take one. Until then the alert is
- * the warning line and the gpulaunch_gpu_idle metric. */
+/* A GPU notice on the job's timeline at the rendezvous (its page and /status):
+ * the idle alert, its end, an XID. */
+static void gpu_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void gpu_event(const char *fmt, ...) {
+    if (L.cli == NULL)
+        return;
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    rdzv_client_event(L.cli, RDZV_EVENT_GPU, 0, text);
+}
+
 static void idle_event(int i, int on) {
-    (void)i;
-    (void)on;
+    char name[256], w[128];
+    gl_nvml_name(&M.g[i], name, sizeof name);
+    who(i, w, sizeof w);
+    if (on)
+        gpu_event("idle GPU: %s of %s under %d %% for %s (now %d %%)", name, w, L.cfg.gpu_idle_pct,
+                  L.cfg.val[GL_GPU_IDLE_ALERT], M.st[i].s.util);
+    else
+        gpu_event("%s of %s is busy again (%d %%)", name, w, M.st[i].s.util);
 }
 
 /* A sample from the NVML thread, judged on the loop: lost GPUs, slowdowns,
@@ -261,6 +278,9 @@ static void on_async(uv_async_t *a) {
                     "reported it)\n",
                     (unsigned long long)x->xid, name, w, hint[0] ? ": " : "", hint,
                     (double)(gb_now_ns() - x->seen_ns) / 1e6);
+        if (nth <= GL_XID_LINES_MAX)
+            gpu_event("XID %llu on %s, held by %s%s%s", (unsigned long long)x->xid, name, w,
+                      hint[0] ? ": " : "", hint);
         if (nth == GL_XID_LINES_MAX)
             fprintf(stderr,
                     "gpulaunch: further XIDs on %s are counted "

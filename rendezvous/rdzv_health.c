@@ -40,6 +40,8 @@ const char *rdzv_tl_kind_name(uint32_t kind) {
         return "recovered";
     case RDZV_TL_DONE:
         return "done";
+    case RDZV_TL_GPU:
+        return "gpu";
     }
     return "unknown";
 }

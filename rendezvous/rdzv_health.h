@@ -32,6 +32,7 @@ enum rdzv_tl_kind {
     RDZV_TL_STRAGGLER = 7, /* a rank was named a straggler */
     RDZV_TL_RECOVERED = 8, /* a named straggler is back under the threshold */
     RDZV_TL_DONE = 9,      /* every node finished */
+    RDZV_TL_GPU = 10,      /* a launcher's GPU notice: idle alert, XID, lost GPU */
 };
 const char *rdzv_tl_kind_name(uint32_t kind);
 

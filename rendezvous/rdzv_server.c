@@ -1097,6 +1097,13 @@ static void handle_event(conn *c, const rdzv_msg *msg) {
     e.u.event.round = j->round;
     if (e.u.event.node[0] == '\0' && c->m)
         memcpy(e.u.event.node, c->m->hostname, sizeof e.u.event.node);
+    if (e.u.event.kind == RDZV_EVENT_GPU) { /* the timeline's: the node acts on it itself */
+        GB_WARN("job %s: GPU notice from %s: %s", j->run_id, e.u.event.node, e.u.event.reason);
+        rdzv_health_note(j->health, RDZV_TL_GPU, j->round, e.u.event.node, -1, "%s: %s",
+                         e.u.event.node, e.u.event.reason);
+        send_simple(c, RDZV_OK, msg->req_id);
+        return;
+    }
     GB_WARN("job %s: event %s from %s: %s", j->run_id,
             e.u.event.kind == RDZV_EVENT_CHECKPOINT ? "checkpoint" : "shutdown", e.u.event.node,
             e.u.event.reason);

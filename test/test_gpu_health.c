@@ -337,7 +337,10 @@ Test(gpu_health, idle_alert_fires_and_the_metric_shows_it) {
                   strstr(body, "gpulaunch_gpu_power_watts{"),
               "%s", body);
     cr_expect_eq(http_get(port, "/nope", body, sizeof body), 1, "%s", body);
-    cr_expect_eq(count(p.out, "idle GPU"), 1, "said more than once: %s", p.out);
+    cr_expect_eq(count(p.out, "gpulaunch: idle GPU"), 1, "said more than once: %s", p.out);
+    /* and on the job's timeline at the rendezvous (here the embedded one, whose log this is) */
+    cr_expect(proc_expect(&p, "GPU notice from", 2000) && strstr(p.out, ": idle GPU: GPU 0"),
+              "the rendezvous was not told: %s", p.out);
     kill(p.pid, SIGINT);
     proc_wait(&p, 20000);
     cr_log_info("idle alert (30 %% for 2 s, utilisation 20 %% from 1.0 s) %.2f s after start",

@@ -430,8 +430,12 @@ Test(health, status_of_one_job) {
     node *b = start_nodes("beta", 1, 2);
     send_window(b, 1, 2, 0, 1, 1.0, 99);
     rdzv_client_event(b[0].c, RDZV_EVENT_CHECKPOINT, 0, "spot instance reclaimed in 120 s");
+    rdzv_client_event(b[0].c, RDZV_EVENT_GPU, 0, "XID 79 on GPU 3, held by rank 3");
     pump(100);
     char *st = http_get("/status?job=beta");
+    cr_expect(strstr(st, "\"kind\":\"gpu\"") &&
+                  strstr(st, "\"text\":\"beta-node-0: XID 79 on GPU 3, held by rank 3\""),
+              "the GPU notice is on the timeline: %s", st);
     cr_expect(strstr(st, "\"kind\":\"preemption\",\"round\":1,\"count\":1,\"rank\":null,"
                          "\"node\":\"beta-node-0\",\"text\":\"checkpoint from beta-node-0: spot "
                          "instance reclaimed in 120 s\"") != NULL,

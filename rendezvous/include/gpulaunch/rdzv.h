@@ -30,7 +30,10 @@ enum rdzv_event_kind {
     RDZV_EVENT_CHECKPOINT = 1, /* checkpoint now: a node is being preempted */
     RDZV_EVENT_SHUTDOWN = 2,
     /* the server named a straggler, or one recovered (reason: who and why); nodes only */
-    RDZV_EVENT_STRAGGLER = 3
+    RDZV_EVENT_STRAGGLER = 3,
+    /* a node's GPU notice (idle alert, XID, lost GPU; docs/gpu-health.md): kept on
+     * the job's timeline, nobody is told */
+    RDZV_EVENT_GPU = 4
 };
 
 /* ---- server ---- */
