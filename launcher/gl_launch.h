@@ -45,7 +45,7 @@ typedef struct failure {
     int64_t exit_code;
     int signal;
     char tail[GL_ERR_TAIL_LINES * 256];
-    int hung;      /* the hang watchdog stopped it (gl_watchdog.c) */
+    int hung;       /* the hang watchdog stopped it (gl_watchdog.c) */
     char why[1024]; /* then: who, for how long, behind which collective */
 } failure;
 

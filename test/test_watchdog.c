@@ -90,9 +90,25 @@ Test(watchdog, stopped_rank_named_and_job_restarts) {
     proc p;
     char ck[128];
     snprintf(ck, sizeof ck, "%s/ck", dir);
-    char *argv[] = {GL,   "--standalone", "--nproc-per-node", "2", "--progress-timeout", "2",
-                    "--max-restarts", "1", DP, "--steps", "600", "--step-sleep-ms", "10",
-                    "--print-every", "50", "--checkpoint-dir", ck, "--checkpoint-every", "50",
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--progress-timeout",
+                    "2",
+                    "--max-restarts",
+                    "1",
+                    DP,
+                    "--steps",
+                    "600",
+                    "--step-sleep-ms",
+                    "10",
+                    "--print-every",
+                    "50",
+                    "--checkpoint-dir",
+                    ck,
+                    "--checkpoint-every",
+                    "50",
                     NULL};
     cr_assert_eq(proc_start(&p, argv, NULL), 0);
     cr_assert(proc_expect(&p, "round 1", 20000), "%s", p.out);
@@ -148,10 +164,20 @@ Test(watchdog, python_endless_loop_named_with_its_stack) {
     snprintf(pp, sizeof pp, "PYTHONPATH=%s/python", GPL_SOURCE_DIR);
     char lib[256];
     snprintf(lib, sizeof lib, "GPULAUNCH_LIBRARY=%s/runtime/libgpulaunch.so.0", GPL_BUILD_DIR);
-    char *env[] = {pp, lib, "PATH=/usr/bin:/bin", "PET_SHM_MIN=16m", "PET_PREEMPTION_SOURCE=none",
+    char *env[] = {pp,  lib, "PATH=/usr/bin:/bin", "PET_SHM_MIN=16m", "PET_PREEMPTION_SOURCE=none",
                    NULL};
-    char *argv[] = {GL,   "--standalone", "--nproc-per-node", "2", "--progress-timeout", "1.5",
-                    "--max-restarts", "1", "--no-python", PY, prog, NULL};
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--progress-timeout",
+                    "1.5",
+                    "--max-restarts",
+                    "1",
+                    "--no-python",
+                    PY,
+                    prog,
+                    NULL};
     proc p;
     cr_assert_eq(proc_start(&p, argv, env), 0);
     cr_assert(proc_expect(&p, "spinning", 30000), "%s", p.out);
@@ -215,8 +241,7 @@ Test(watchdog, rank_blocked_in_collective_is_not_blamed) {
     int st0 = proc_wait(&n[0], 60000), st1 = proc_wait(&n[1], 60000);
     cr_expect(WIFEXITED(st0) && WEXITSTATUS(st0) == 0, "node 0 status %d: %s", st0, n[0].out);
     cr_expect(WIFEXITED(st1) && WEXITSTATUS(st1) == 0, "node 1 status %d: %s", st1, n[1].out);
-    cr_expect(strstr(n[0].out, "rank 0 (node") == NULL, "node 0 blamed its own rank: %s",
-              n[0].out);
+    cr_expect(strstr(n[0].out, "rank 0 (node") == NULL, "node 0 blamed its own rank: %s", n[0].out);
     cr_expect(strstr(n[0].out, "rank 1 hung") != NULL, "node 0 was not told why: %s", n[0].out);
     cr_log_info("rank stopped on node 1 named %.2f s after SIGSTOP; node 0 told", took);
 }
@@ -237,8 +262,16 @@ Test(watchdog, shell_script_reports_through_the_pipe) {
           f);
     fclose(f);
     chmod(prog, 0755);
-    char *argv[] = {GL,   "--standalone", "--nproc-per-node", "2", "--progress-timeout", "1",
-                    "--log-dir", logs, prog, NULL};
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--progress-timeout",
+                    "1",
+                    "--log-dir",
+                    logs,
+                    prog,
+                    NULL};
     proc p;
     cr_assert_eq(proc_start(&p, argv, NULL), 0);
     uint64_t t0 = now_ms();
@@ -261,9 +294,22 @@ Test(watchdog, shell_script_reports_through_the_pipe) {
  * within its floor (here 1 s) + 1 s. */
 Test(watchdog, auto_learns_the_step_time) {
     proc p;
-    char *argv[] = {GL,   "--standalone", "--nproc-per-node", "2", "--progress-timeout",
-                    "auto:1", "--max-restarts", "1", DP, "--steps", "600", "--step-sleep-ms",
-                    "10", "--print-every", "50", NULL};
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--progress-timeout",
+                    "auto:1",
+                    "--max-restarts",
+                    "1",
+                    DP,
+                    "--steps",
+                    "600",
+                    "--step-sleep-ms",
+                    "10",
+                    "--print-every",
+                    "50",
+                    NULL};
     cr_assert_eq(proc_start(&p, argv, NULL), 0);
     cr_assert(proc_expect(&p, "steps take up to", 20000), "auto said nothing: %s", p.out);
     pid_t w = wait_worker(p.pid, 0);
@@ -281,8 +327,9 @@ Test(watchdog, auto_learns_the_step_time) {
 /* A program that never reports is never judged, and a quiet time before a
  * rank's first sign of life is not a hang. */
 Test(watchdog, programs_that_never_report_are_not_judged) {
-    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2", "--progress-timeout", "0.5",
-                    "--no-python", "/bin/sh", "-c", "sleep 1.5; echo quiet-done", NULL};
+    char *argv[] = {GL,    "--standalone", "--nproc-per-node", "2",  "--progress-timeout",
+                    "0.5", "--no-python",  "/bin/sh",          "-c", "sleep 1.5; echo quiet-done",
+                    NULL};
     proc p;
     cr_assert_eq(proc_start(&p, argv, NULL), 0);
     int st = proc_wait(&p, 20000);

@@ -95,12 +95,34 @@ static double job(const char *gl, const char *dp, int on, int steps, int nproc) 
     char st[16], np[16];
     snprintf(st, sizeof st, "%d", steps);
     snprintf(np, sizeof np, "%d", nproc);
-    char *on_args[] = {(char *)gl, "--standalone", "--nproc-per-node", np, "--progress-timeout",
-                       "30", "--stats-interval", "0.5", (char *)dp, "--steps", st,
-                       "--print-every", "1000000", NULL};
-    char *off_args[] = {(char *)gl, "--standalone", "--nproc-per-node", np, "--progress-timeout",
-                        "0", "--stats-interval", "0", (char *)dp, "--steps", st,
-                        "--print-every", "1000000", NULL};
+    char *on_args[] = {(char *)gl,
+                       "--standalone",
+                       "--nproc-per-node",
+                       np,
+                       "--progress-timeout",
+                       "30",
+                       "--stats-interval",
+                       "0.5",
+                       (char *)dp,
+                       "--steps",
+                       st,
+                       "--print-every",
+                       "1000000",
+                       NULL};
+    char *off_args[] = {(char *)gl,
+                        "--standalone",
+                        "--nproc-per-node",
+                        np,
+                        "--progress-timeout",
+                        "0",
+                        "--stats-interval",
+                        "0",
+                        (char *)dp,
+                        "--steps",
+                        st,
+                        "--print-every",
+                        "1000000",
+                        NULL};
     double t0 = now_s();
     pid_t pid = fork();
     if (pid == 0) {
