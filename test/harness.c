@@ -1,6 +1,7 @@
 /* Test helpers: see harness.h. */
 #include "harness.h"
 
+#include <dirent.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <math.h>
@@ -315,4 +316,50 @@ long preempted_step_line(const char *a, const char *b, int rank) {
     snprintf(pat, sizeof pat, "rank %d preempted after step ", rank);
     const char *s = either(a, b, pat);
     return s ? strtol(s + strlen(pat), NULL, 10) : -1;
+}
+
+/* Whether the NUL-separated environment env[0..n) holds the entry e. */
+static int env_has(const char *env, size_t n, const char *e) {
+    for (size_t i = 0; i < n; i += strlen(env + i) + 1)
+        if (strcmp(env + i, e) == 0)
+            return 1;
+    return 0;
+}
+
+pid_t proc_find(pid_t parent, const char *a, const char *b) {
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    struct dirent *e;
+    while (d && found == 0 && (e = readdir(d)) != NULL) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        char path[64];
+        if (parent > 0) {
+            snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+            FILE *f = fopen(path, "r");
+            int ppid = 0;
+            if (f == NULL)
+                continue;
+            if (fscanf(f, "%*d (%*[^)]) %*c %d", &ppid) != 1)
+                ppid = 0;
+            fclose(f);
+            if (ppid != parent)
+                continue;
+        }
+        snprintf(path, sizeof path, "/proc/%ld/environ", pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        static char env[1 << 16];
+        size_t n = fread(env, 1, sizeof env - 1, f);
+        fclose(f);
+        env[n] = '\0';
+        if (env_has(env, n, a) && (b == NULL || env_has(env, n, b)))
+            found = (pid_t)pid;
+    }
+    if (d)
+        closedir(d);
+    return found;
 }

@@ -66,6 +66,9 @@ double params_worst_rel_diff(const char *a, const char *b, int *n);
  * returning N or -1. */
 int params_sha_lines(const char *a, const char *b, char sha[][65], int n);
 long preempted_step_line(const char *a, const char *b, int rank);
+/* A process whose environment holds both entries (e.g. "RANK=5"; b may be
+ * NULL) and, when parent > 0, whose parent is parent; 0 when none. */
+pid_t proc_find(pid_t parent, const char *a, const char *b);
 /* mkdtemp under /tmp, and rm -rf of it. */
 void tmpdir_make(char *buf, size_t len, const char *prefix);
 void tmpdir_remove(const char *dir);

@@ -816,41 +816,6 @@ Test(faults, preemption_notice_on_one_node, .timeout = 200) {
 /* 8. SIGTERM to every node at once */
 Test(faults, sigterm_to_every_node, .timeout = 200) { preemption_case("8-sigterm-all", 0); }
 
-/* The worker of this job with RANK=rank, whichever host holds it: 0 when none. */
-static pid_t job_worker(int rank) {
-    DIR *d = opendir("/proc");
-    char want[32];
-    int wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1; /* with its NUL */
-    static const char run[] = "GPULAUNCH_RUN_ID=matrix";
-    pid_t found = 0;
-    struct dirent *e;
-    while (d && found == 0 && (e = readdir(d)) != NULL) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0)
-            continue;
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%ld/environ", pid);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        static char env[1 << 16];
-        size_t n = fread(env, 1, sizeof env - 1, f);
-        fclose(f);
-        env[n] = '\0';
-        int has_rank = 0, has_run = 0;
-        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
-            has_rank |= memcmp(env + i, want, (size_t)wl) == 0;
-            has_run |= strcmp(env + i, run) == 0;
-        }
-        if (has_rank && has_run)
-            found = (pid_t)pid;
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
 /* 9. a rank hangs (SIGSTOP) on one node: its launcher names it within the
  * progress timeout + 1 s, every node is told, and the job restarts together
  * from the last checkpoint and finishes with equal parameters everywhere. */
@@ -860,7 +825,7 @@ Test(faults, hung_rank_restarts_the_job, .timeout = 200) {
     job_args ja = {.nnodes = "4", .steps = "500", .sleep_ms = "10", .progress = "3"};
     start_job(&ja);
     usleep(1500000);
-    pid_t w = job_worker(5);
+    pid_t w = proc_find(0, "RANK=5", "GPULAUNCH_RUN_ID=matrix");
     cr_assert(w > 0, "no worker of rank 5");
     uint64_t t0 = now_ms();
     cr_assert_eq(kill(w, SIGSTOP), 0);

@@ -4,7 +4,6 @@
  * that reports through the pipe, the auto timeout, and programs that never
  * report. Each is named within the timeout + 1 s and the job restarts. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,53 +29,11 @@ static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(watchdog, .init = setup, .fini = teardown, .timeout = 120);
 
-/* The worker of launcher `parent` whose environment has RANK=rank; 0 when none. */
-static pid_t find_worker(pid_t parent, int rank) {
-    DIR *d = opendir("/proc");
-    pid_t found = 0;
-    char want[32];
-    int wl = snprintf(want, sizeof want, "RANK=%d", rank) + 1; /* with its NUL */
-    struct dirent *e;
-    while (d && found == 0 && (e = readdir(d)) != NULL) {
-        char *end;
-        long pl = strtol(e->d_name, &end, 10);
-        pid_t pid = (pid_t)pl;
-        if (*end || pl <= 0)
-            continue;
-        char path[64];
-        snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-        FILE *f = fopen(path, "r");
-        int ppid = 0;
-        if (f == NULL)
-            continue;
-        if (fscanf(f, "%*d (%*[^)]) %*c %d", &ppid) != 1)
-            ppid = 0;
-        fclose(f);
-        if (ppid != parent)
-            continue;
-        snprintf(path, sizeof path, "/proc/%d/environ", (int)pid);
-        f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        static char env[1 << 16];
-        size_t n = fread(env, 1, sizeof env - 1, f);
-        fclose(f);
-        env[n] = '\0';
-        /* entries are NUL-separated: "RANK=1\0" must start at 0 or after a NUL */
-        for (size_t i = 0; i + (size_t)wl <= n; i++)
-            if ((i == 0 || env[i - 1] == '\0') && memcmp(env + i, want, (size_t)wl) == 0) {
-                found = pid;
-                break;
-            }
-    }
-    if (d)
-        closedir(d);
-    return found;
-}
-
 static pid_t wait_worker(pid_t parent, int rank) {
     for (int i = 0; i < 200; i++) {
-        pid_t p = find_worker(parent, rank);
+        char want[32];
+        snprintf(want, sizeof want, "RANK=%d", rank);
+        pid_t p = proc_find(parent, want, NULL);
         if (p)
             return p;
         usleep(20000);
