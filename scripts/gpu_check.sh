@@ -18,7 +18,7 @@ nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__f
 echo "NCCL from $nccl"
 export LD_LIBRARY_PATH="$nccl/lib:/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
 cmake -S . -B build/gpu -DGPULAUNCH_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DNCCL_ROOT="$nccl" \
-  -DCUDAToolkit_ROOT=/usr/local/cuda || exit 1
+  -DCUDAToolkit_ROOT=/usr/local/cuda -DCMAKE_PREFIX_PATH="$deps/usr" || exit 1
 cmake --build build/gpu -j"$(nproc)" || exit 1
 b=build/gpu
 # The GPU health preflight is judged in its own step below (--gpu-health
