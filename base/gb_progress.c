@@ -15,8 +15,18 @@ static gb_progress_slot *slot;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 /* Collectives in progress in this process, over all threads: the time with
  * at least one is the time spent in collectives (the union of overlapping
- * ones, e.g. a framework's gradient buckets in flight together). */
-static _Atomic int coll_depth;
+ * ones, e.g. a framework's gradient buckets in flight together). The count
+ * and the slot's coll_since_ns change together under coll_mu: with the count
+ * alone atomic, a thread's end (1 -> 0) could clear coll_since_ns after
+ * another thread's begin (0 -> 1) had set it, and a rank blocked in a
+ * collective would look busy to the watchdog (blamed instead of its peer). */
+static pthread_mutex_t coll_mu = PTHREAD_MUTEX_INITIALIZER;
+static int coll_depth;
+
+/* A child forked while another thread held coll_mu would block at its first
+ * collective: fork waits for the (short) critical section to end. */
+static void coll_prepare(void) { pthread_mutex_lock(&coll_mu); }
+static void coll_unlock(void) { pthread_mutex_unlock(&coll_mu); }
 
 static uint64_t mono_ns(void) {
     struct timespec ts;
@@ -67,6 +77,7 @@ static void attach_once(void) {
     uint64_t now = mono_ns();
     atomic_store_explicit(&s->beat_ns, now, memory_order_relaxed);
     atomic_store_explicit(&s->joined_ns, now, memory_order_release);
+    pthread_atfork(coll_prepare, coll_unlock, coll_unlock);
     slot = s;
 }
 
@@ -81,34 +92,37 @@ void gb_progress_step(int64_t step) {
         return;
     uint64_t now = mono_ns();
     atomic_store_explicit(&s->step, step, memory_order_relaxed);
-    atomic_store_explicit(&s->steps, atomic_load_explicit(&s->steps, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    /* an add, not a load and a store: threads that report at once all count */
+    atomic_fetch_add_explicit(&s->steps, 1, memory_order_relaxed);
     atomic_store_explicit(&s->step_ns, now, memory_order_relaxed);
     atomic_store_explicit(&s->beat_ns, now, memory_order_release);
 }
 
 void gb_progress_coll_begin(void) {
     gb_progress_slot *s = gb_progress_attach();
-    if (atomic_fetch_add(&coll_depth, 1) == 0 && s)
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&coll_mu);
+    if (coll_depth++ == 0)
         atomic_store_explicit(&s->coll_since_ns, mono_ns(), memory_order_release);
+    pthread_mutex_unlock(&coll_mu);
 }
 
 void gb_progress_coll_end(void) {
-    int d = atomic_load(&coll_depth);
-    do {
-        if (d <= 0)
-            return; /* an end without its begin */
-    } while (!atomic_compare_exchange_weak(&coll_depth, &d, d - 1));
-    gb_progress_slot *s = slot;
-    if (d > 1 || s == NULL)
+    gb_progress_slot *s = gb_progress_attach();
+    if (s == NULL)
         return;
-    uint64_t t0 = atomic_load_explicit(&s->coll_since_ns, memory_order_relaxed);
-    uint64_t now = mono_ns();
-    if (t0 && now > t0)
-        atomic_fetch_add_explicit(&s->coll_ns, now - t0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&s->colls, 1, memory_order_relaxed);
-    atomic_store_explicit(&s->coll_since_ns, 0, memory_order_relaxed);
-    atomic_store_explicit(&s->beat_ns, now, memory_order_release);
+    pthread_mutex_lock(&coll_mu);
+    if (coll_depth > 0 && --coll_depth == 0) { /* else an end without its begin */
+        uint64_t t0 = atomic_load_explicit(&s->coll_since_ns, memory_order_relaxed);
+        uint64_t now = mono_ns();
+        if (t0 && now > t0)
+            atomic_fetch_add_explicit(&s->coll_ns, now - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->colls, 1, memory_order_relaxed);
+        atomic_store_explicit(&s->coll_since_ns, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->beat_ns, now, memory_order_release);
+    }
+    pthread_mutex_unlock(&coll_mu);
 }
 
 void gb_progress_set_state(enum gb_progress_state st) {

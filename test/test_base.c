@@ -1,12 +1,16 @@
-/* The error table, the last-error buffer and the log line format. */
+/* The error table, the last-error buffer, the log line format and the
+ * worker's side of the progress channel. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "gb_error.h"
 #include "gb_log.h"
+#include "gb_progress.h"
 
 #define GB_COMPONENT "test"
 
@@ -76,4 +80,60 @@ Test(log, lines_are_whole_and_tagged_and_filtered) {
 Test(log, level_from_environment) {
     setenv("GPULAUNCH_LOG_LEVEL", "debug", 1);
     cr_expect_eq(gb_log_level(), GB_LOG_DEBUG);
+}
+
+/* A region of one slot as the launcher makes it, named in the environment. */
+static gb_progress_slot *progress_region(void) {
+    int fd = memfd_create("test-progress", 0);
+    cr_assert(fd >= 0);
+    size_t bytes = gb_progress_region_bytes(1);
+    cr_assert_eq(ftruncate(fd, (off_t)bytes), 0);
+    gb_progress_header *h = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    cr_assert(h != MAP_FAILED);
+    h->magic = GB_PROGRESS_MAGIC;
+    h->version = GB_PROGRESS_VERSION;
+    h->nslots = 1;
+    h->slot_bytes = GB_PROGRESS_SLOT_BYTES;
+    char v[32];
+    snprintf(v, sizeof v, "%d:0", fd);
+    setenv("GPULAUNCH_PROGRESS_SHM", v, 1);
+    gb_progress_slot *s = gb_progress_attach();
+    cr_assert(s != NULL);
+    return s;
+}
+
+#define COLL_ROUNDS 200000
+
+/* One thread's collectives (a DDP hook's begin and its future's end run on
+ * other threads than the step): inside each, the slot must say that the
+ * rank waits in a collective. */
+static void *coll_thread(void *arg) {
+    gb_progress_slot *s = arg;
+    long seen_idle = 0;
+    for (int i = 0; i < COLL_ROUNDS; i++) {
+        gb_progress_coll_begin();
+        if (atomic_load(&s->coll_since_ns) == 0)
+            seen_idle++;
+        gb_progress_coll_end();
+        gb_progress_step(i);
+    }
+    return (void *)seen_idle;
+}
+
+Test(progress, collectives_and_steps_from_several_threads) {
+    gb_progress_slot *s = progress_region();
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, coll_thread, s), 0);
+    long idle = 0;
+    for (int i = 0; i < 2; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        idle += (long)r;
+    }
+    cr_expect_eq(idle, 0, "%ld times a thread inside a collective saw none in progress", idle);
+    cr_expect_eq(atomic_load(&s->steps), 2 * COLL_ROUNDS, "steps %llu of %d reports",
+                 (unsigned long long)atomic_load(&s->steps), 2 * COLL_ROUNDS);
+    cr_expect_eq(atomic_load(&s->coll_since_ns), 0, "no collective is left in progress");
+    cr_expect_geq(atomic_load(&s->colls), 1);
 }
