@@ -73,9 +73,22 @@ static void learn(uint64_t now) {
     (void)now;
 }
 
+/* A hung rank's state is lost anyway, and a stopped one would hold SIGTERM
+ * pending until --shutdown-timeout: it goes at once, also when the round
+ * ended during the stack dump (another node, a failure, a preemption). */
+static void kill_hung(void) {
+    for (int i = 0; i < W.n; i++)
+        if (W.kill[i] && L.w[i].running && L.w[i].pid > 0) {
+            kill(-L.w[i].pid, SIGKILL);
+            kill(L.w[i].pid, SIGKILL);
+        }
+}
+
 static void on_dump_done(uv_timer_t *t) {
-    if (L.stopping || L.round_over || L.exit_requested)
+    if (L.stopping || L.round_over || L.exit_requested) {
+        kill_hung();
         return;
+    }
     worker *cw = &L.w[W.culprit];
     if (!L.first.set) {
         failure *f = &L.first;
@@ -91,13 +104,7 @@ static void on_dump_done(uv_timer_t *t) {
     }
     L.group_failed = 1;
     rdzv_client_hang(L.cli, (uint32_t)cw->rank, W.detail);
-    /* a hung rank's state is lost anyway, and a stopped one would hold
-     * SIGTERM pending: it goes at once; the others stop as after a failure */
-    for (int i = 0; i < W.n; i++)
-        if (W.kill[i] && L.w[i].running && L.w[i].pid > 0) {
-            kill(-L.w[i].pid, SIGKILL);
-            kill(L.w[i].pid, SIGKILL);
-        }
+    kill_hung(); /* the others stop as after a failure */
     gl_stop_group(0);
 }
 
@@ -239,8 +246,15 @@ void gl_watchdog_round(void) {
         if (L.cfg.progress_timeout_s > 0 || L.cfg.progress_auto)
             uv_timer_start(&W.tick, on_tick, GL_WATCH_TICK_MS, GL_WATCH_TICK_MS);
     }
-    if (gl_progress_slot(0) == NULL)
-        uv_timer_stop(&W.tick);
+    /* a stack dump of the last round still pending (its round ended by
+     * another node and the workers exited within GL_STACK_DUMP_MS) must not
+     * fire on this round's workers, which have the same local ranks */
+    uv_timer_stop(&W.dump);
+    if (W.w == NULL || W.kill == NULL || W.silent == NULL || gl_progress_slot(0) == NULL) {
+        uv_timer_stop(&W.tick); /* no memory or no channel: no watchdog */
+        return;
+    }
+    memset(W.kill, 0, (size_t)W.n * sizeof *W.kill);
     memset(W.w, 0, (size_t)W.n * sizeof *W.w);
     W.fired = 0;
     W.victims_since = 0;
