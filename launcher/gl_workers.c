@@ -36,6 +36,11 @@ void gl_signal_group(int sig) {
              * setsid() yet (the signal then waits, blocked, until it has) */
             kill(-L.w[i].pid, sig);
             kill(L.w[i].pid, sig);
+            if (sig == SIGTERM || sig == SIGINT) { /* a stopped worker would hold it
+                                                      pending until the kill timer */
+                kill(-L.w[i].pid, SIGCONT);
+                kill(L.w[i].pid, SIGCONT);
+            }
         }
 }
 

@@ -293,3 +293,34 @@ Test(watchdog, programs_that_never_report_are_not_judged) {
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "hung") == NULL, "%s", p.out);
 }
+
+/* SIGTERM to the launcher (a preemption) while a worker is stopped and no
+ * watchdog runs: the worker is continued so that it gets the SIGTERM, and
+ * the launcher does not wait for the --shutdown-timeout kill. */
+Test(watchdog, stopped_worker_gets_sigterm_on_preemption) {
+    proc p;
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "1",
+                    "--progress-timeout",
+                    "0",
+                    "--shutdown-timeout",
+                    "20",
+                    "/bin/sleep",
+                    "60",
+                    NULL};
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    cr_assert(proc_expect(&p, "round 1", 20000), "%s", p.out);
+    pid_t w = wait_worker(p.pid, 0);
+    cr_assert(w > 0, "worker of rank 0 not found: %s", p.out);
+    kill(w, SIGSTOP);
+    usleep(100000);
+    uint64_t t0 = now_ms();
+    kill(p.pid, SIGTERM);
+    int st = proc_wait(&p, 30000);
+    double took = since_s(t0);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 143, "status %d: %s", st, p.out);
+    cr_expect(took < 5.0, "the launcher exited %.1f s after SIGTERM (--shutdown-timeout 20): %s",
+              took, p.out);
+}
