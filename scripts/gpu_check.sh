@@ -33,6 +33,16 @@ echo "== example on the NCCL backend"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 --device
 GPULAUNCH_BACKEND=cpu $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 | grep params_sha256
 echo "== GPU health: preflight against the real NVML (clean expected), then the monitor's samples while dp_train --device runs"
+# gl_nvml.c declares NVML's ABI itself (the fake NVML of the tests shares it):
+# checked here against NVIDIA's nvml.h before the driver is called with it
+nvml_inc=$(dirname "$(ls /usr/local/cuda/include/nvml.h /usr/local/cuda/targets/*/include/nvml.h \
+  /usr/include/nvml.h 2>/dev/null | head -n 1)")
+if [ -f "$nvml_inc/nvml.h" ]; then
+  cc -std=gnu11 -I launcher -I "$nvml_inc" test/nvml_abi_check.c -o "$b/nvml_abi_check" -ldl -lpthread &&
+    "$b/nvml_abi_check" || echo "FAIL nvml_abi_check: gl_nvml.c does not match $nvml_inc/nvml.h"
+else
+  echo "nvml_abi_check skipped: no nvml.h (CUDA toolkit) on this machine"
+fi
 t0=$(date +%s%N)
 $b/launcher/gpulaunch --standalone --check --gpu-health refuse
 echo "gpulaunch --check: exit $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms (NVML loaded and started)"
