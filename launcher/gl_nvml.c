@@ -426,7 +426,7 @@ int gl_nvml_bound(gl_gpu *out, int max) {
 }
 
 const char *gl_nvml_name(const gl_gpu *g, char *buf, size_t len) {
-    char idx[48];
+    char idx[112]; /* g->bound (96) and " MIG <gi>/<ci>" */
     if (g->index < 0)
         snprintf(idx, sizeof idx, "%s", g->bound);
     else if (g->mig)
