@@ -183,7 +183,7 @@ static void on_tick(uv_timer_t *t) {
         return;
     uint64_t now = gb_now_ns();
     int *silent = W.silent;
-    int any = 0, all_waiting = 1;
+    int any = 0, all_waiting = 1, saving = 0;
     /* the slowest step interval, from the beats seen (exact for gaps longer
      * than a tick, which are the ones that matter) */
     for (int i = 0; i < W.n; i++) {
@@ -207,9 +207,12 @@ static void on_tick(uv_timer_t *t) {
     for (int i = 0; i < W.n; i++) {
         gb_progress_slot *s = gl_progress_slot(i);
         silent[i] = 0;
-        if (!L.w[i].running || atomic_load(&s->joined_ns) == 0 ||
-            atomic_load(&s->state) != GB_PROGRESS_RUNNING)
+        if (!L.w[i].running || atomic_load(&s->joined_ns) == 0)
             continue;
+        if (atomic_load(&s->state) != GB_PROGRESS_RUNNING) {
+            saving = 1;
+            continue;
+        }
         uint64_t b = atomic_load(&s->beat_ns);
         if (now > b && (double)(now - b) / 1e9 > tmo) {
             silent[i] = 1;
@@ -218,7 +221,9 @@ static void on_tick(uv_timer_t *t) {
                 all_waiting = 0;
         }
     }
-    if (!any) {
+    /* ranks waiting in a collective for a local rank that writes its
+     * checkpoint wait for I/O, which is not a hang */
+    if (!any || (all_waiting && saving)) {
         W.victims_since = 0;
         return;
     }
