@@ -13,7 +13,7 @@
 #include <stdio.h>
 
 #define GL_NVML_MAX_GPUS 64  /* bound devices looked at; more are not checked */
-#define GL_NVML_MAX_LINKS 18 /* NVML_NVLINK_MAX_LINKS */
+#define GL_NVML_MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS of NVML 13 (18 before) */
 #define GL_NVML_XID_UNKNOWN 999
 #define GL_NVML_PREFLIGHT_TIMEOUT_S 30 /* NVML hanging longer fails the preflight */
 

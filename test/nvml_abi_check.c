@@ -50,6 +50,10 @@ enum { GL_NVML_TEMPERATURE_GPU = NVML_TEMPERATURE_GPU, GL_NVML_VOLATILE_ECC = NV
 
 #include <nvml.h>
 
+/* NVML 13 marks the older calls gl_nvml.c falls back on (or still uses) as
+ * deprecated: they are still exported, and checked here all the same */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 #define SAME_SIZE(t) _Static_assert(sizeof(gl_##t) == sizeof(t), "sizeof " #t)
 #define SAME_AT(t, f)                                                                              \
     _Static_assert(offsetof(gl_##t, f) == offsetof(t, f) &&                                        \
@@ -91,7 +95,8 @@ _Static_assert(NVML_MEMORY_ERROR_UNCORRECTED == NVML_MEMORY_ERROR_TYPE_UNCORRECT
                "NVML_MEMORY_ERROR_TYPE_UNCORRECTED");
 _Static_assert(NVML_EVENT_XID == (unsigned long long)nvmlEventTypeXidCriticalError,
                "nvmlEventTypeXidCriticalError");
-_Static_assert(GL_NVML_MAX_LINKS == NVML_NVLINK_MAX_LINKS, "NVML_NVLINK_MAX_LINKS");
+/* every link the header knows is looked at (18 in NVML 12, 36 in NVML 13) */
+_Static_assert(GL_NVML_MAX_LINKS >= NVML_NVLINK_MAX_LINKS, "NVML_NVLINK_MAX_LINKS");
 _Static_assert(GL_SLOW_SW_POWER_CAP == (unsigned long long)nvmlClocksThrottleReasonSwPowerCap, "");
 _Static_assert(GL_SLOW_HW == (unsigned long long)nvmlClocksThrottleReasonHwSlowdown, "");
 _Static_assert(GL_SLOW_SW_THERMAL == (unsigned long long)nvmlClocksThrottleReasonSwThermalSlowdown,

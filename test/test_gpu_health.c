@@ -192,15 +192,16 @@ Test(gpu_health, warn_mode_names_it_and_runs) {
 Test(gpu_health, every_fault_named_by_check) {
     char *argv[] = {GL, "--standalone", "--check", NULL};
     proc p;
-    const char *script = "gpus 7\n"
+    const char *script = "gpus 8\n"
                          "remap_failure 1\n"
                          "remap_pending 2\n"
                          "ecc 3 5\n"
                          "lost 4\n"
                          "nvlink 5 4 0xb\n"
                          "nvlink 0 4 0xf\n"
-                         "reasons 6 0x40\n";
-    cr_assert_eq(proc_start(&p, argv, fake_env(script, FAKE, "0,1,2,3,4,5,6")), 0);
+                         "reasons 6 0x40\n"
+                         "nvlink 7 20 0x7ffff\n"; /* NVML 13: up to 36 links */
+    cr_assert_eq(proc_start(&p, argv, fake_env(script, FAKE, "0,1,2,3,4,5,6,7")), 0);
     int st = proc_wait(&p, 20000);
     cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "ok   GPU 0 (GPU-fake-0, PCI 00000000:10:00.0)"), "%s", p.out);
@@ -221,7 +222,10 @@ Test(gpu_health, every_fault_named_by_check) {
     cr_expect(strstr(p.out, "FAIL GPU 6 (GPU-fake-6, PCI 00000000:16:00.0): clocks are slowed "
                             "(hw thermal)"),
               "%s", p.out);
-    cr_expect_eq(count(p.out, "FAIL"), 6, "%s", p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 7 (GPU-fake-7, PCI 00000000:17:00.0): NVLink link(s) 19 "
+                            "down (19 of 20 up)"),
+              "%s", p.out);
+    cr_expect_eq(count(p.out, "FAIL"), 7, "%s", p.out);
     /* a UUID binding and an index NVML does not have */
     cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\n", FAKE, "GPU-fake-1,GPU-nope")), 0);
     st = proc_wait(&p, 20000);
