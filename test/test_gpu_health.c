@@ -252,6 +252,21 @@ Test(gpu_health, mig_layout_against_the_binding) {
     cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
     cr_expect(strstr(p.out, "ok   GPU 0 MIG 2/0 (MIG-fake-0-1, PCI 00000000:10:00.0)"), "%s",
               p.out);
+    /* the same instance by the older MIG-GPU-<uuid>/<gi>/<ci> name, and by a
+     * prefix of its UUID (CUDA takes both) */
+    static const char *const names[] = {"MIG-GPU-fake-0/2/0", "MIG-fake-0-1"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char cvd[64];
+        snprintf(cvd, sizeof cvd, "%s", names[i]);
+        if (i == 1)
+            cvd[strlen(cvd) - 1] = '\0'; /* "MIG-fake-0-": the first instance, GI 1 */
+        cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nmig 0 2\n", FAKE, cvd)), 0);
+        st = proc_wait(&p, 20000);
+        cr_expect_eq(exit_code(st), 0, "%s: status %d: %s", cvd, st, p.out);
+        cr_expect(strstr(p.out, i == 0 ? "ok   GPU 0 MIG 2/0 (MIG-fake-0-1, PCI 00000000:10:00.0)"
+                                       : "ok   GPU 0 MIG 1/0 (MIG-fake-0-0, PCI 00000000:10:00.0)"),
+                  "%s: %s", cvd, p.out);
+    }
     cr_assert_eq(proc_start(&p, argv, fake_env("gpus 1\nmig 0 2\n", FAKE, "MIG-fake-0-5")), 0);
     st = proc_wait(&p, 20000);
     cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
