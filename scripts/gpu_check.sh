@@ -46,10 +46,14 @@ fi
 t0=$(date +%s%N)
 $b/launcher/gpulaunch --standalone --check --gpu-health refuse
 echo "gpulaunch --check: exit $? in $(( ($(date +%s%N) - t0) / 1000000 )) ms (NVML loaded and started)"
-GPULAUNCH_LOG_LEVEL=info timeout -s INT 15 $b/launcher/gpulaunch --standalone --nproc-per-node 1 \
+# its exit status too: the NVML thread may be inside the driver when the
+# launcher exits; 130 (SIGINT, as asked) is right, 139 would be a crash at exit
+{ GPULAUNCH_LOG_LEVEL=info timeout --preserve-status -s INT 15 \
+  $b/launcher/gpulaunch --standalone --nproc-per-node 1 \
   --bind-gpus --gpu-monitor-interval 1 --metrics 127.0.0.1:9402 \
   $b/examples/dp_train --steps 1000000 --print-every 1000 --device 2>&1 |
-  grep -E 'utilisation|GPU sample|XID|idle GPU|slowed|NVML|FAIL|warn GPU' &
+  grep -E 'utilisation|GPU sample|XID|idle GPU|slowed|NVML|FAIL|warn GPU'
+  echo "gpulaunch with the GPU monitor stopped by SIGINT: exit ${PIPESTATUS[0]} (130 expected)"; } &
 sleep 8
 curl -s 127.0.0.1:9402/metrics | grep '^gpulaunch_gpu' || echo "no /metrics answer"
 wait
