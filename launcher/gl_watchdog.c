@@ -193,8 +193,10 @@ static void on_tick(uv_timer_t *t) {
         if (atomic_load(&s->state) != GB_PROGRESS_RUNNING)
             w->saving_seen = 1;
         if (b != w->last_beat) {
-            if (w->last_beat && !w->saving_seen && atomic_load(&s->steps) >= 2 &&
-                b - w->last_beat > w->max_gap_ns)
+            /* b may be older: two threads of a worker store the beat, each
+             * its own clock read (a step and a collective's end) */
+            if (w->last_beat && b > w->last_beat && !w->saving_seen &&
+                atomic_load(&s->steps) >= 2 && b - w->last_beat > w->max_gap_ns)
                 w->max_gap_ns = b - w->last_beat;
             w->last_beat = b;
             w->saving_seen = atomic_load(&s->state) != GB_PROGRESS_RUNNING;

@@ -324,3 +324,52 @@ Test(watchdog, stopped_worker_gets_sigterm_on_preemption) {
     cr_expect(took < 5.0, "the launcher exited %.1f s after SIGTERM (--shutdown-timeout 20): %s",
               took, p.out);
 }
+
+/* auto: a beat older than the last one seen (two threads of a worker store
+ * it, each with its own clock read) is no step interval: it must not be
+ * learned as a step of 584 years, which turns the watchdog off. The worker
+ * writes its slot itself (the documented layout), then goes quiet. */
+Test(watchdog, auto_ignores_a_beat_that_goes_back) {
+    char prog[128];
+    snprintf(prog, sizeof prog, "%s/back.py", dir);
+    FILE *f = fopen(prog, "w");
+    cr_assert_not_null(f);
+    fputs("import mmap, os, struct, time\n"
+          "fd, slot = map(int, os.environ['GPULAUNCH_PROGRESS_SHM'].split(':'))\n"
+          "m = mmap.mmap(fd, 128 * (slot + 2))\n"
+          "base = 128 * (slot + 1)\n"
+          "def put(off, v):\n"
+          "    struct.pack_into('<Q', m, base + off, v)\n"
+          "put(8, time.monotonic_ns())\n"
+          "put(0, time.monotonic_ns())\n"
+          "for step in range(1, 21):\n"
+          "    t = time.monotonic_ns()\n"
+          "    put(24, step); put(32, step); put(16, t); put(8, t)\n"
+          "    time.sleep(0.3 if step == 10 else 0.02)\n"
+          "    if step == 10:\n"
+          "        put(8, t - 1000)\n"
+          "        time.sleep(0.3)\n"
+          "print('quiet', flush=True)\n"
+          "time.sleep(8)\n",
+          f);
+    fclose(f);
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "1",
+                    "--progress-timeout",
+                    "auto:1",
+                    "--max-restarts",
+                    "0",
+                    "--no-python",
+                    PY,
+                    prog,
+                    NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    uint64_t t0 = now_ms();
+    int st = proc_wait(&p, 30000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 201, "status %d after %.1f s: %s", st,
+              since_s(t0), p.out);
+    cr_expect(strstr(p.out, "steps take up to 0.") != NULL, "%s", p.out);
+}
