@@ -14,7 +14,7 @@
  *   nvlink I N UPMASK       N NVLink links, those in UPMASK up
  *   reasons I MASK          clocks event reasons (0x40: hw thermal)
  *   util I PCT [T PCT2]     utilisation PCT, PCT2 from T on
- *   xid I CODE T            an XID CODE on GPU I at T
+ *   xid I CODE T [GI]       an XID CODE on GPU I at T (of its MIG GPU instance GI)
  *   mig I N                 MIG mode on, N instances MIG-fake-I-K (GI K+1, CI 0)
  *   hang I                  every health query on GPU I blocks forever (a hung driver)
  *
@@ -73,6 +73,7 @@ static struct {
         unsigned long long code;
         double at;
         int sent;
+        unsigned gi; /* 0xffffffff: not a MIG instance's */
     } xid[FAKE_XIDS];
     int nxid;
     struct timespec t0;
@@ -142,6 +143,7 @@ static void load(void) {
             }
         } else if (strcmp(cmd, "xid") == 0 && sscanf(line, "%*s %*d %llu %lf", &m, &t) == 2 &&
                    F.nxid < FAKE_XIDS) {
+            F.xid[F.nxid].gi = sscanf(line, "%*s %*d %*u %*f %d", &b) == 1 ? (unsigned)b : ~0u;
             F.xid[F.nxid].gpu = i;
             F.xid[F.nxid].code = m;
             F.xid[F.nxid++].at = t;
@@ -422,7 +424,8 @@ nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t s, nvmlEventData_t *e, unsigned 
                 e->device = &F.g[F.xid[k].gpu].self;
                 e->eventType = 0x8ull;
                 e->eventData = F.xid[k].code;
-                e->gpuInstanceId = e->computeInstanceId = 0xffffffffu;
+                e->gpuInstanceId = F.xid[k].gi;
+                e->computeInstanceId = F.xid[k].gi == ~0u ? ~0u : 0;
                 return 0;
             }
         if (waited >= timeout_ms)

@@ -421,6 +421,26 @@ Test(gpu_health, xid_named_with_the_rank_and_in_the_failure_report) {
                 took);
 }
 
+/* An XID attributable to a MIG instance (NVML gives its GPU instance id) is
+ * named with that instance and the rank on it, not the GPU's first. */
+Test(gpu_health, mig_xid_named_with_its_instance) {
+    char *argv[] = {GL,           "--standalone", "--nproc-per-node",
+                    "2",          "--bind-gpus",  "--no-python",
+                    "/bin/sleep", "2.5",          NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv,
+                            fake_env("gpus 1\nmig 0 2\nxid 0 43 1.0 2\n", FAKE,
+                                     "MIG-fake-0-0,MIG-fake-0-1")),
+                 0);
+    cr_expect(proc_expect(&p,
+                          "XID 43 on GPU 0 MIG 2/0 (MIG-fake-0-1, PCI 00000000:10:00.0), held "
+                          "by rank 1 (local rank 1, pid ",
+                          10000),
+              "%s", p.out);
+    int st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+}
+
 static int exists(const char *p) {
     struct stat st;
     return stat(p, &st) == 0;
