@@ -319,6 +319,9 @@ static void find_uuid(gl_gpu *g, const char *want) {
                  "GPU %s has no MIG instance %u/%u now: the MIG layout changed", gpu, gi, ci);
         return;
     }
+    /* nvmlDeviceGetHandleByUUID answers GPU_IS_LOST when any GPU of the node
+     * is lost, not only this one: the listing below tells which */
+    int any_lost = 0;
     if (N.by_uuid) {
         r = N.by_uuid(want, &d);
         if (r == NVML_SUCCESS) {
@@ -326,8 +329,7 @@ static void find_uuid(gl_gpu *g, const char *want) {
             describe(g);
             return;
         }
-        if (r == NVML_ERROR_GPU_IS_LOST)
-            g->lost = 1;
+        any_lost = r == NVML_ERROR_GPU_IS_LOST;
     }
     /* a prefix, or no lookup by UUID: list the GPUs and their MIG instances */
     unsigned n = 0;
@@ -355,6 +357,7 @@ static void find_uuid(gl_gpu *g, const char *want) {
                 }
             }
     }
+    g->lost = any_lost; /* not listed, and a GPU is lost: most likely this one */
     if (strncmp(want, "MIG-", 4) == 0)
         snprintf(g->why, sizeof g->why,
                  "NVML does not find this MIG instance: the MIG layout changed or it belongs "

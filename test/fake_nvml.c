@@ -232,6 +232,10 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned int len) {
 }
 
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    /* as NVML's: GPU_IS_LOST when any GPU of the node is lost */
+    for (int i = 0; i < F.n; i++)
+        if (F.g[i].lost)
+            return 15;
     for (int i = 0; i < F.n; i++) {
         char u[96];
         if (strcmp(F.g[i].uuid, uuid) == 0) {

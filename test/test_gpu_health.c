@@ -234,6 +234,17 @@ Test(gpu_health, every_fault_named_by_check) {
     cr_expect(strstr(p.out, "FAIL GPU GPU-nope (CUDA_VISIBLE_DEVICES entry GPU-nope): NVML does "
                             "not find this UUID"),
               "%s", p.out);
+    /* another GPU of the node is lost: NVML's lookup by UUID then fails for
+     * every GPU; the bound one is healthy and passes, the lost one is named */
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nlost 0\n", FAKE, "GPU-fake-1")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "ok   GPU 1 (GPU-fake-1, PCI 00000000:11:00.0)"), "%s", p.out);
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 2\nlost 0\n", FAKE, "GPU-fake-0")), 0);
+    st = proc_wait(&p, 20000);
+    cr_expect_eq(exit_code(st), 3, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "FAIL GPU 0 (GPU-fake-0, PCI 00000000:10:00.0): NVML cannot reach it"),
+              "%s", p.out);
 }
 
 Test(gpu_health, mig_layout_against_the_binding) {
