@@ -55,8 +55,13 @@ static void close_readers(void) {
 
 int gl_progress_round(int nproc) {
     if (P.fd < 0) {
-        if (nproc < 1 || nproc > GB_PROGRESS_MAX_SLOTS)
+        if (nproc < 1 || nproc > GB_PROGRESS_MAX_SLOTS) {
+            fprintf(stderr,
+                    "gpulaunch: %d workers on this node: the progress channel takes at most %d; "
+                    "the job runs without the hang watchdog and straggler summaries\n",
+                    nproc, GB_PROGRESS_MAX_SLOTS);
             return -1;
+        }
         size_t bytes = gb_progress_region_bytes((uint32_t)nproc);
         int fd = memfd_create("gpulaunch-progress", MFD_CLOEXEC);
         void *p = MAP_FAILED;

@@ -57,7 +57,7 @@ static void learn(uint64_t now) {
         if (W.w[i].max_gap_ns > max_gap)
             max_gap = W.w[i].max_gap_ns;
     }
-    if (!warm)
+    if (!warm || max_gap == 0) /* no interval seen yet: nothing learned */
         return;
     double t = GL_AUTO_FACTOR * (double)max_gap / 1e9;
     if (t < L.cfg.progress_floor_s)

@@ -58,7 +58,11 @@ def progress(step: int) -> None:
         if not os.environ.get("GPULAUNCH_PROGRESS_SHM"):
             _report = _noop
         else:
-            _report = N.fn("gpl_progress")
+            try:
+                _report = N.fn("gpl_progress")
+            except N.Error as e:  # an older library: say it once, then report nothing
+                print(f"gpulaunch: progress is not reported: {e}", file=sys.stderr)
+                _report = _noop
     _report(step)
 
 
