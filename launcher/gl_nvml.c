@@ -751,7 +751,9 @@ int gl_nvml_sample(const gl_gpu *g, gl_gpu_sample *s) {
     nvmlDevice_t d = (nvmlDevice_t)g->dev, p = (nvmlDevice_t)g->phys;
     nvmlReturn_t r;
     nvmlUtilization_t u;
-    /* a MIG instance has no utilisation of its own in NVML: its GPU's */
+    /* a MIG instance has no utilisation of its own in NVML, and a GPU in MIG
+     * mode has none either (nvml.h: not supported on MIG-enabled GPUs): asked
+     * of the GPU, in case a later driver answers; -1 until then */
     if (N.util && (r = N.util(g->mig ? p : d, &u)) == NVML_SUCCESS)
         s->util = (int)u.gpu;
     else if (N.util && r == NVML_ERROR_GPU_IS_LOST)

@@ -364,8 +364,8 @@ nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t m, unsigned int *id) {
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     DEV(d, g);
-    if (d->mig >= 0)
-        return 3;
+    if (d->mig >= 0 || g->nmig > 0)
+        return 3; /* as NVML: not supported on MIG-enabled GPUs */
     u->gpu = (unsigned)(since_init() >= g->util_at ? g->util2 : g->util);
     u->memory = u->gpu / 2;
     return 0;
