@@ -132,12 +132,15 @@ static const char *const managed[] = {"RANK",
                                       "GPULAUNCH_STACK_SIGNAL",
                                       NULL};
 
-/* The i-th device this node exposes, for --bind-gpus. */
+/* The i-th device this node exposes, for --bind-gpus: the i-th entry of
+ * CUDA_VISIBLE_DEVICES; else of NVIDIA_VISIBLE_DEVICES when it lists UUIDs
+ * (they name a device anywhere); its indices are the host's, and the
+ * container runtime numbers the devices it mounted from 0: then i. */
 static void bound_device(int i, char *out, size_t len) {
     const char *v = getenv("CUDA_VISIBLE_DEVICES");
     if (v == NULL) {
         v = getenv("NVIDIA_VISIBLE_DEVICES");
-        if (v && strcmp(v, "all") == 0)
+        if (v && strncmp(v, "GPU-", 4) != 0 && strncmp(v, "MIG-", 4) != 0)
             v = NULL;
     }
     snprintf(out, len, "%d", i);

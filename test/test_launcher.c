@@ -1046,3 +1046,38 @@ Test(launcher, numa_binding_sets_real_affinity_and_memory_policy) {
     cr_expect_str_eq(numa_line(0, "cpus"), mine);
     cr_expect_str_eq(numa_line(1, "cpus"), mine);
 }
+
+/* --bind-gpus inside a container: NVIDIA_VISIBLE_DEVICES given as host
+ * indices names devices the runtime renumbered from 0, so worker i gets
+ * device i; given as UUIDs, worker i gets the i-th UUID. */
+Test(launcher, bind_gpus_under_the_container_runtime) {
+    static const struct {
+        const char *nvd, *want0, *want1;
+    } c[] = {{"NVIDIA_VISIBLE_DEVICES=2,3", "CVD=0", "CVD=1"},
+             {"NVIDIA_VISIBLE_DEVICES=GPU-aa,GPU-bb", "CVD=GPU-aa", "CVD=GPU-bb"}};
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        char *envp[] = {(char *)c[k].nvd,  "PATH=/usr/bin:/bin",
+                        "PET_SHM_MIN=16m", "PET_PREEMPTION_SOURCE=none",
+                        "PET_SLURM=off",   NULL};
+        char *argv[] = {GL,
+                        "--standalone",
+                        "--nproc-per-node",
+                        "2",
+                        "--bind-gpus",
+                        "--gpu-health",
+                        "off",
+                        "--no-python",
+                        "/bin/sh",
+                        "-c",
+                        "echo CVD=$CUDA_VISIBLE_DEVICES",
+                        NULL};
+        proc p;
+        cr_assert_eq(proc_start(&p, argv, envp), 0);
+        int st = proc_wait(&p, 20000);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d: %s", c[k].nvd, st, p.out);
+        char w0[64], w1[64];
+        snprintf(w0, sizeof w0, "[default0]:%s\n", c[k].want0);
+        snprintf(w1, sizeof w1, "[default1]:%s\n", c[k].want1);
+        cr_expect(strstr(p.out, w0) && strstr(p.out, w1), "%s: %s", c[k].nvd, p.out);
+    }
+}
