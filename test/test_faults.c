@@ -829,23 +829,36 @@ Test(faults, hung_rank_restarts_the_job, .timeout = 200) {
     cr_assert(w > 0, "no worker of rank 5");
     uint64_t t0 = now_ms();
     cr_assert_eq(kill(w, SIGSTOP), 0);
-    uint64_t told[NODES];
-    int seen = expect_all(all_nodes, NODES, "round 1 is over", t0, 15000, told);
-    cr_assert_eq(seen, NODES, "not every node was told: %s", nodes[1].out);
-    uint64_t worst = max_ms(told, NODES);
-    /* the namer's own line: "gpulaunch: rank R (node H, local rank L, pid P) hung: ..." */
-    int namers = 0;
-    for (int i = 1; i <= NODES; i++) {
-        const char *l = strstr(nodes[i].out, "gpulaunch: rank ");
-        const char *eol = l ? strchr(l, '\n') : NULL;
-        const char *h = l ? strstr(l, ") hung: no progress") : NULL;
-        namers += h != NULL && (eol == NULL || h < eol);
+    /* the namer (the node holding rank 5) says so in its own line, "gpulaunch:
+     * rank R (node H, local rank L, pid P) hung: ..."; every other node hears
+     * the round end from the rendezvous (the namer itself may not: when its
+     * workers are gone before the server's notice comes, it is already
+     * re-joining, and the notice of the round it left is not news) */
+    int namer = 0, namers = 0;
+    uint64_t deadline = now_ms() + 15000;
+    while (namers == 0 && now_ms() < deadline) {
+        drain_all();
+        for (int i = 1; i <= NODES; i++) {
+            const char *l = strstr(nodes[i].out, "gpulaunch: rank ");
+            const char *eol = l ? strchr(l, '\n') : NULL;
+            const char *h = l ? strstr(l, ") hung: no progress") : NULL;
+            if (h != NULL && (eol == NULL || h < eol)) {
+                namers++;
+                namer = i;
+            }
+        }
     }
-    cr_expect_eq(namers, 1, "%d launchers named a hung rank (one should)", namers);
-    int named = 0;
+    cr_assert_eq(namers, 1, "%d launchers named a hung rank (one should)", namers);
+    cr_expect(strstr(nodes[namer].out, "gpulaunch: rank 5 (node host") != NULL,
+              "rank 5 was not the one named: %s", nodes[namer].out);
+    int others[NODES - 1], k = 0;
     for (int i = 1; i <= NODES; i++)
-        named += strstr(nodes[i].out, "rank 5 (node host") != NULL;
-    cr_expect_eq(named, 1, "rank 5 was not the one named");
+        if (i != namer)
+            others[k++] = i;
+    uint64_t told[NODES - 1];
+    int seen = expect_all(others, NODES - 1, "round 1 is over", t0, 15000, told);
+    cr_assert_eq(seen, NODES - 1, "not every other node was told: %s", nodes[others[0]].out);
+    uint64_t worst = max_ms(told, NODES - 1);
     cr_expect_leq(worst, 3000 + 1000, "the last node was told %llu ms after SIGSTOP",
                   (unsigned long long)worst);
     uint64_t back[NODES];
@@ -853,7 +866,7 @@ Test(faults, hung_rank_restarts_the_job, .timeout = 200) {
     cr_expect_eq(seen, NODES, "round 2 did not form: %s", nodes[1].out);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
-    cr_log_info("scenario 9: rank 5 stopped; every node told %llu ms after (progress timeout "
+    cr_log_info("scenario 9: rank 5 stopped and named; the other nodes told %llu ms after (timeout "
                 "3 s), round 2 on all 4 nodes %llu ms after",
                 (unsigned long long)worst, (unsigned long long)max_ms(back, NODES));
     expect_resumed(all_nodes, NODES);
