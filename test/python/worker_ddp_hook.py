@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,7 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp: Any = torch.nn.parallel.DistributedDataParallel(model)
     if os.environ.get("HOOK") == "1":
         ddp.register_comm_hook(None, gpulaunch.allreduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -37,7 +38,14 @@ def main() -> None:
     # the slot's words: joined, beat, step_ns, step, steps, coll_ns, coll_since, colls
     words = struct.unpack_from("<QQQqQQQQ", m, 128 * (1 + slot))
     print(f"rank {rank} sumsq {total:.12e} step {words[3]} steps {words[4]} colls {words[7]}", flush=True)
+    # Teardown as train_ddp.py's: DDP (and the hook's futures it holds) first,
+    # then the process group, while every tensor handed to Gloo is still
+    # referenced here (a tensor freed on Gloo's thread needs the GIL, which
+    # this thread holds while it joins that thread).
+    dist.barrier()
+    ddp = None
     dist.destroy_process_group()
+    del model
 
 
 if __name__ == "__main__":
