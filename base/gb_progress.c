@@ -139,3 +139,9 @@ void gb_progress_set_stack_signal(int sig) {
     if (s)
         atomic_store_explicit(&s->stack_signal, sig, memory_order_release);
 }
+
+void gb_progress_wait_alive(void) {
+    gb_progress_slot *s = slot;
+    if (s)
+        atomic_store_explicit(&s->wait_ns, mono_ns(), memory_order_relaxed);
+}

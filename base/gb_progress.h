@@ -41,7 +41,11 @@ typedef struct gb_progress_slot {
     _Atomic uint32_t state;         /* enum gb_progress_state */
     _Atomic int32_t stack_signal;   /* signal that dumps this worker's stacks; 0: none */
     _Atomic int32_t pid;
-    char reserved[GB_PROGRESS_SLOT_BYTES - 8 * 8 - 3 * 4];
+    _Atomic int32_t spare;
+    _Atomic uint64_t wait_ns; /* last sign of life while waiting inside a collective (libgpulaunch's
+                                 wait loops, every 100 ms): a rank in a collective whose this
+                                 goes stale is stuck there itself, not waiting for a peer */
+    char reserved[GB_PROGRESS_SLOT_BYTES - 9 * 8 - 4 * 4];
 } gb_progress_slot;
 
 typedef struct gb_progress_header {
@@ -70,6 +74,8 @@ void gb_progress_step(int64_t step);
 void gb_progress_coll_begin(void);
 void gb_progress_coll_end(void);
 void gb_progress_set_state(enum gb_progress_state s);
+/* Alive while waiting inside a collective (called by its wait loop). */
+void gb_progress_wait_alive(void);
 void gb_progress_set_stack_signal(int sig);
 
 #endif

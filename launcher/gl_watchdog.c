@@ -84,6 +84,35 @@ static void kill_hung(void) {
         }
 }
 
+/* Whether the process is stopped (SIGSTOP, a debugger): state T or t. */
+static int proc_stopped(pid_t pid) {
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+    return p && (p[2] == 'T' || p[2] == 't');
+}
+
+/* Whether local rank i waits in a collective for a peer (a hang's victim)
+ * rather than being stuck itself: inside one, not stopped, and, when its
+ * collective says it is alive while waiting (libgpulaunch's wait loops do,
+ * every 100 ms), having said so within GL_WAIT_ALIVE_MS. */
+static int rank_waits(int i, uint64_t now) {
+    gb_progress_slot *s = gl_progress_slot(i);
+    uint64_t since = atomic_load(&s->coll_since_ns);
+    if (since == 0 || proc_stopped(L.w[i].pid))
+        return 0;
+    uint64_t alive = atomic_load(&s->wait_ns);
+    if (alive >= since && now > alive && now - alive > (uint64_t)GL_WAIT_ALIVE_MS * 1000000)
+        return 0;
+    return 1;
+}
+
 static void on_dump_done(uv_timer_t *t) {
     if (L.stopping || L.round_over || L.exit_requested) {
         kill_hung();
@@ -119,7 +148,7 @@ static void fire(uint64_t now, double tmo, const int *silent, int only_victims) 
         if (!silent[i])
             continue;
         gb_progress_slot *s = gl_progress_slot(i);
-        int waiting = atomic_load(&s->coll_since_ns) != 0;
+        int waiting = rank_waits(i, now);
         if (waiting && !only_victims)
             continue;
         uint64_t b = atomic_load(&s->beat_ns);
@@ -134,12 +163,17 @@ static void fire(uint64_t now, double tmo, const int *silent, int only_victims) 
     gb_progress_slot *cs = gl_progress_slot(c);
     worker *cw = &L.w[c];
     double quiet = (double)(now - atomic_load(&cs->beat_ns)) / 1e9;
-    char last[96];
+    char last[160];
     if (atomic_load(&cs->steps))
         snprintf(last, sizeof last, "last step %lld, %.1f s ago", (long long)atomic_load(&cs->step),
                  (double)(now - atomic_load(&cs->step_ns)) / 1e9);
     else
         snprintf(last, sizeof last, "no step reported yet");
+    if (proc_stopped(cw->pid))
+        snprintf(last + strlen(last), sizeof last - strlen(last), "; the process is stopped");
+    else if (atomic_load(&cs->state) != GB_PROGRESS_RUNNING)
+        snprintf(last + strlen(last), sizeof last - strlen(last),
+                 "; inside checkpoint I/O, which has %dx the timeout", GL_SAVE_TIMEOUT_FACTOR);
     /* the detail goes to the rendezvous, which names rank and node itself */
     int len = snprintf(W.detail, sizeof W.detail,
                        "no progress for %.1f s (--progress-timeout %.1f s; %s)%s", quiet, tmo, last,
@@ -149,7 +183,7 @@ static void fire(uint64_t now, double tmo, const int *silent, int only_victims) 
     /* the ranks blocked in a collective behind it */
     int nv = 0;
     for (int i = 0; i < W.n && len > 0 && (size_t)len < sizeof W.detail - 64; i++) {
-        if (i == c || !L.w[i].running || atomic_load(&gl_progress_slot(i)->coll_since_ns) == 0)
+        if (i == c || !L.w[i].running || !rank_waits(i, now))
             continue;
         len += snprintf(W.detail + len, sizeof W.detail - (size_t)len, "%s%d",
                         nv++ ? "," : "; waiting for it in a collective: rank ", L.w[i].rank);
@@ -165,7 +199,7 @@ static void fire(uint64_t now, double tmo, const int *silent, int only_victims) 
         int sig = atomic_load(&s->stack_signal);
         if (!silent[i] || !L.w[i].running)
             continue;
-        if (i == c || atomic_load(&s->coll_since_ns) == 0)
+        if (i == c || !rank_waits(i, now))
             W.kill[i] = 1;
         if (sig > 0 && sig < 65) {
             kill(L.w[i].pid, sig);
@@ -211,15 +245,18 @@ static void on_tick(uv_timer_t *t) {
         silent[i] = 0;
         if (!L.w[i].running || atomic_load(&s->joined_ns) == 0)
             continue;
-        if (atomic_load(&s->state) != GB_PROGRESS_RUNNING) {
+        /* checkpoint I/O gets GL_SAVE_TIMEOUT_FACTOR times the timeout
+         * (from the save's start); a stopped process is stuck wherever it is */
+        double limit = tmo;
+        if (atomic_load(&s->state) != GB_PROGRESS_RUNNING && !proc_stopped(L.w[i].pid)) {
             saving = 1;
-            continue;
+            limit = tmo * GL_SAVE_TIMEOUT_FACTOR;
         }
         uint64_t b = atomic_load(&s->beat_ns);
-        if (now > b && (double)(now - b) / 1e9 > tmo) {
+        if (now > b && (double)(now - b) / 1e9 > limit) {
             silent[i] = 1;
             any = 1;
-            if (atomic_load(&s->coll_since_ns) == 0)
+            if (!rank_waits(i, now))
                 all_waiting = 0;
         }
     }

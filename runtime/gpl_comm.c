@@ -24,6 +24,7 @@ static int env_int(const char *name, int def) {
 }
 
 gpl_result_t gpl_check_abort(gpl_comm_t c, uint64_t deadline_ms, const char *waiting_for) {
+    gb_progress_wait_alive(); /* the watchdog: waiting, not stuck */
     if (c->rdzv) {
         rdzv_bclient_poll(c->rdzv, 0);
         const rdzv_push_state *p = rdzv_bclient_pushes(c->rdzv);

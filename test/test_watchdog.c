@@ -373,3 +373,61 @@ Test(watchdog, auto_ignores_a_beat_that_goes_back) {
               since_s(t0), p.out);
     cr_expect(strstr(p.out, "steps take up to 0.") != NULL, "%s", p.out);
 }
+
+/* Checkpoint I/O has 10x the timeout: a save that never ends is a hang too
+ * (named after 10 x 0.3 s), while the ranks waiting for it are not blamed. */
+Test(watchdog, save_that_never_ends_is_named_after_ten_timeouts) {
+#ifdef GPL_SANITIZED
+    cr_skip_test("a sanitized libgpulaunch cannot be loaded into %s (the plain build runs this)",
+                 PY);
+#endif
+    if (access(PY, X_OK) != 0)
+        cr_skip_test("%s is missing", PY);
+    char prog[128], ck[128];
+    snprintf(prog, sizeof prog, "%s/stuck_save.py", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    FILE *f = fopen(prog, "w");
+    cr_assert_not_null(f);
+    fputs("import os, sys, time\n"
+          "import gpulaunch\n"
+          "ck = gpulaunch.Checkpointer(sys.argv[1], every_steps=20)\n"
+          "def save(w):\n"
+          "    if os.environ['RANK'] == '1':\n"
+          "        time.sleep(600)  # storage that never answers\n"
+          "    with open(w.path('x'), 'w') as f:\n"
+          "        f.write('x')\n"
+          "for step in range(1, 41):\n"
+          "    time.sleep(0.01)\n"
+          "    ck.step_end(step, save)\n",
+          f);
+    fclose(f);
+    char pp[256], lib[256];
+    snprintf(pp, sizeof pp, "PYTHONPATH=%s/python", GPL_SOURCE_DIR);
+    snprintf(lib, sizeof lib, "GPULAUNCH_LIBRARY=%s/runtime/libgpulaunch.so.0", GPL_BUILD_DIR);
+    char *env[] = {pp,
+                   lib,
+                   "PATH=/usr/bin:/bin",
+                   "PET_SHM_MIN=16m",
+                   "PET_PREEMPTION_SOURCE=none",
+                   "PET_SLURM=off",
+                   NULL};
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--progress-timeout",
+                    "0.3",
+                    "--no-python",
+                    PY,
+                    prog,
+                    ck,
+                    NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, env), 0);
+    uint64_t t0 = now_ms();
+    int st = proc_wait(&p, 30000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 201, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "rank 1 (node") && strstr(p.out, "inside checkpoint I/O"), "%s", p.out);
+    cr_expect(strstr(p.out, "rank 0 (node") == NULL, "the waiting rank was blamed: %s", p.out);
+    cr_expect(since_s(t0) < 0.2 * 20 + 3.0 + 3.0, "took %.1f s", since_s(t0));
+}
