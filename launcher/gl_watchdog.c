@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "gb_log.h"
+#include "gb_proc.h"
 #include "gb_time.h"
 #include "gl_launch.h"
 #include "gl_output.h"
@@ -86,16 +87,8 @@ static void kill_hung(void) {
 
 /* Whether the process is stopped (SIGSTOP, a debugger): state T or t. */
 static int proc_stopped(pid_t pid) {
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
-    return p && (p[2] == 'T' || p[2] == 't');
+    char st = gb_proc_state(pid);
+    return st == 'T' || st == 't';
 }
 
 /* Whether local rank i waits in a collective for a peer (a hang's victim)

@@ -459,12 +459,15 @@ static void push_send(rdzv_server *s, push *p) {
     rdzv_buf_free(&p->data);
 }
 
-/* One encoding for every member and attached worker connection. */
-static void push_to_job(job *j, const rdzv_msg *msg) {
+/* One encoding for every member and, with attached, every attached worker
+ * connection. */
+static void push_to(job *j, const rdzv_msg *msg, int attached) {
     size_t n = j->nranks;
     conn *c;
-    LIST_FOREACH(c, &j->attached, alink)
-    n++;
+    if (attached) {
+        LIST_FOREACH(c, &j->attached, alink)
+        n++;
+    }
     push p;
     if (push_init(&p, n) != 0) {
         GB_ERROR("cannot send %s to job %s: out of memory", rdzv_type_name(msg->type), j->run_id);
@@ -478,28 +481,17 @@ static void push_to_job(job *j, const rdzv_msg *msg) {
     for (uint32_t i = 0; i < j->nranks; i++)
         if (j->ranks[i])
             push_add(&p, j->ranks[i]->c, 0, p.data.len);
-    LIST_FOREACH(c, &j->attached, alink)
-    push_add(&p, c, 0, p.data.len);
+    if (attached) {
+        LIST_FOREACH(c, &j->attached, alink)
+        push_add(&p, c, 0, p.data.len);
+    }
     push_send(j->s, &p);
 }
 
+static void push_to_job(job *j, const rdzv_msg *msg) { push_to(j, msg, 1); }
+
 /* One encoding for every member (not the attached workers). */
-static void push_to_nodes(job *j, const rdzv_msg *msg) {
-    push p;
-    if (push_init(&p, j->nranks) != 0) {
-        GB_ERROR("cannot send %s to job %s: out of memory", rdzv_type_name(msg->type), j->run_id);
-        return;
-    }
-    if (rdzv_encode(msg, &p.data) != GPL_OK) {
-        GB_ERROR("cannot encode %s for job %s", rdzv_type_name(msg->type), j->run_id);
-        push_send(j->s, &p);
-        return;
-    }
-    for (uint32_t i = 0; i < j->nranks; i++)
-        if (j->ranks[i])
-            push_add(&p, j->ranks[i]->c, 0, p.data.len);
-    push_send(j->s, &p);
-}
+static void push_to_nodes(job *j, const rdzv_msg *msg) { push_to(j, msg, 0); }
 
 static void end_round(job *j, member *culprit, uint32_t reason, const char *fmt, ...) {
     if (j->state != JOB_RUNNING)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "gb_time.h"
+#include "gb_proc.h"
 #include "gpl_int.h"
 
 #define SHM_PREFIX "gpulaunch-"
@@ -34,16 +35,8 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct tim
 static int pid_dead(pid_t p) {
     if (kill(p, 0) != 0)
         return errno == ESRCH;
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)p);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *rp = strrchr(buf, ')');
-    return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
+    char st = gb_proc_state(p);
+    return st == 'Z' || st == 'X';
 }
 
 static size_t seg_len(int nlocal) {
