@@ -188,6 +188,12 @@ Test(options, refusals) {
         {{"--standalone=maybe", "prog"}, "--standalone: 'maybe'"},
         {{"--master-port"}, "--master-port needs a value"},
         {{"--nproc-per-node", "2"}, "no PROGRAM"},
+        {{"--progress-timeout", "soon", "prog"}, "seconds, auto, auto:FLOOR_SECONDS or 0"},
+        {{"--progress-timeout", "-1", "prog"}, "--progress-timeout: '-1'"},
+        {{"--progress-timeout", "auto:0", "prog"}, "--progress-timeout: 'auto:0'"},
+        {{"--progress-timeout", "autox", "prog"}, "--progress-timeout: 'autox'"},
+        {{"--stats-interval", "0.01", "prog"}, "--stats-interval: '0.01'"},
+        {{"--stats-interval", "3601", "prog"}, "--stats-interval: '3601'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *argv[8] = {"gpulaunch"};
@@ -577,4 +583,25 @@ Test(numa, without_gpus_local_ranks_spread_over_nodes) {
     cr_expect_eq(gl_numa_plan(GL_NUMA_NODE, 1, b, e, sizeof e), -1);
     cr_expect(strstr(e, "cannot list the NUMA nodes"), "%s", e);
     drop_sysroot();
+}
+
+/* --progress-timeout: seconds, auto (floor 300 s), auto:FLOOR, 0 (off). */
+Test(options, progress_timeout_forms) {
+    const char *a[] = {"gpulaunch", "prog"};
+    cr_assert_eq(load(2, a), 0, "%s", err);
+    cr_expect(cfg.progress_auto && cfg.progress_floor_s == 300.0 && cfg.progress_timeout_s == 0);
+    cr_expect(cfg.stats_interval_s == 5.0);
+    gl_config_free(&cfg);
+    const char *b[] = {"gpulaunch", "--progress-timeout", "auto:20", "prog"};
+    cr_assert_eq(load(4, b), 0, "%s", err);
+    cr_expect(cfg.progress_auto && cfg.progress_floor_s == 20.0);
+    gl_config_free(&cfg);
+    const char *c[] = {"gpulaunch", "--progress_timeout=45", "--stats-interval", "0", "prog"};
+    cr_assert_eq(load(5, c), 0, "%s", err);
+    cr_expect(!cfg.progress_auto && cfg.progress_timeout_s == 45.0 && cfg.stats_interval_s == 0);
+    gl_config_free(&cfg);
+    const char *d[] = {"gpulaunch", "--progress-timeout", "0", "prog"};
+    cr_assert_eq(load(4, d), 0, "%s", err);
+    cr_expect(!cfg.progress_auto && cfg.progress_timeout_s == 0);
+    gl_config_free(&cfg);
 }
