@@ -14,11 +14,11 @@ static void json_ms(sbuf *b, const char *key, uint32_t us) {
 }
 
 static const char *node_name(job *j, uint32_t node_rank) {
-    member *m = node_rank < j->nranks ? j->ranks[node_rank] : NULL;
+    rdzv_rmember *m = node_rank < j->r.nranks ? j->r.ranks[node_rank] : NULL;
     return m ? m->hostname : "";
 }
 
-void rdzv_health_render_member(job *j, member *m, sbuf *b) {
+void rdzv_health_render_member(job *j, rdzv_rmember *m, sbuf *b) {
     sb_printf(b, ",\"base_rank\":%u,\"ngpus\":%u,\"gpus\":[", m->base_rank, m->ngpus);
     const rdzv_health *h = j->health;
     if (h && h->ranks) {
@@ -37,15 +37,12 @@ void rdzv_health_render_member(job *j, member *m, sbuf *b) {
 void rdzv_health_render_job_line(job *j, sbuf *b) {
     const rdzv_health *h = j->health;
     sb_printf(b, "{\"run_id\":");
-    sb_json_str(b, j->run_id);
+    sb_json_str(b, j->r.run_id);
     sb_printf(b,
               ",\"state\":\"%s\",\"round\":%u,\"nodes\":%u,\"world\":%u,\"stragglers\":%u,"
               "\"hang\":%s}",
-              j->state == JOB_RUNNING ? "running"
-              : j->state == JOB_DONE  ? "done"
-                                      : "gathering",
-              j->round, j->nactive, h ? h->world : 0, h ? h->nstragglers : 0,
-              h && h->has_hang ? "true" : "false");
+              rdzv_round_state_name(j->r.state), j->r.round, j->r.nactive, h ? h->world : 0,
+              h ? h->nstragglers : 0, h && h->has_hang ? "true" : "false");
 }
 
 static void render_event(sbuf *b, const rdzv_tl_event *e) {
@@ -136,7 +133,7 @@ void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
 static void rank_series(sbuf *b, const char *metric, job *j, const rdzv_rank_health *r,
                         uint32_t rank, double v) {
     sb_printf(b, "%s{job=", metric);
-    sb_label(b, j->run_id);
+    sb_label(b, j->r.run_id);
     sb_printf(b, ",node=");
     sb_label(b, node_name(j, r->node_rank));
     sb_printf(b, ",rank=\"%u\"} %.6g\n", rank, v);
@@ -144,7 +141,7 @@ static void rank_series(sbuf *b, const char *metric, job *j, const rdzv_rank_hea
 
 static void job_series(sbuf *b, const char *metric, job *j, double v) {
     sb_printf(b, "%s{job=", metric);
-    sb_label(b, j->run_id);
+    sb_label(b, j->r.run_id);
     sb_printf(b, "} %.6g\n", v);
 }
 

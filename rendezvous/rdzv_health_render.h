@@ -22,7 +22,7 @@ void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms);
  * ranks, stragglers, hangs. */
 void rdzv_health_render_job_line(job *j, sbuf *b);
 /* Appends a member's health fields (base rank, GPU bindings of its ranks). */
-void rdzv_health_render_member(job *j, member *m, sbuf *b);
+void rdzv_health_render_member(job *j, rdzv_rmember *m, sbuf *b);
 /* Appends the per-job and per-rank health metrics. */
 void rdzv_health_render_metrics(rdzv_server *s, sbuf *b);
 

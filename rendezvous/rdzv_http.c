@@ -27,7 +27,7 @@ char *rdzv_render_metrics(rdzv_server *s) {
     uint64_t nodes = 0;
     job *j;
     LIST_FOREACH(j, &s->jobs, link)
-    nodes += j->nactive + j->npending;
+    nodes += j->r.nactive + j->r.npending;
     sb_printf(&b,
               "# HELP gpulaunch_rdzv_jobs Jobs held by the server.\n"
               "# TYPE gpulaunch_rdzv_jobs gauge\ngpulaunch_rdzv_jobs %u\n",
@@ -83,9 +83,7 @@ char *rdzv_render_metrics(rdzv_server *s) {
     return b.p;
 }
 
-static const char *state_name(int st) {
-    return st == JOB_RUNNING ? "running" : st == JOB_DONE ? "done" : "gathering";
-}
+static const char *state_name(int st) { return rdzv_round_state_name(st); }
 
 char *rdzv_render_status(rdzv_server *s) { return rdzv_render_status_of(s, NULL); }
 
@@ -96,18 +94,19 @@ char *rdzv_render_status_of(rdzv_server *s, const char *only) {
     job *j;
     int first = 1;
     LIST_FOREACH(j, &s->jobs, link) {
-        if (only && strcmp(only, j->run_id) != 0)
+        if (only && strcmp(only, j->r.run_id) != 0)
             continue;
         sb_printf(&b, "%s{\"run_id\":", first ? "" : ",");
         first = 0;
-        sb_json_str(&b, j->run_id);
+        sb_json_str(&b, j->r.run_id);
         sb_printf(&b,
                   ",\"state\":\"%s\",\"round\":%u,\"min_nodes\":%u,\"max_nodes\":%u,"
                   "\"waiting\":%u,\"members\":[",
-                  state_name(j->state), j->round, j->min_nodes, j->max_nodes, j->npending);
+                  state_name(j->r.state), j->r.round, j->r.min_nodes, j->r.max_nodes,
+                  j->r.npending);
         int firstm = 1;
-        for (uint32_t i = 0; i < j->nranks; i++) {
-            member *m = j->ranks[i];
+        for (uint32_t i = 0; i < j->r.nranks; i++) {
+            rdzv_rmember *m = j->r.ranks[i];
             if (m == NULL)
                 continue;
             sb_printf(&b, "%s{\"node_rank\":%u,\"hostname\":", firstm ? "" : ",", i);

@@ -1,90 +1,65 @@
-/* Internal state of the rendezvous server, shared by rdzv_server.c (the
- * protocol and the job state machine) and rdzv_http.c (observability). */
+/* Internal state of the rendezvous server, shared by its parts:
+ * rdzv_server.c (the transport: connections, frames, the handshake, output
+ * and pushes, the sweep timer), rdzv_job.c (jobs: requests carried to round
+ * formation, rdzv_round.c, and to the key-value store, rdzv_kv.c; their
+ * decisions carried to connections; liveness) and rdzv_http.c
+ * (observability, read only). */
 #ifndef GPULAUNCH_RDZV_SERVER_INT_H
 #define GPULAUNCH_RDZV_SERVER_INT_H
 
+#include <stddef.h>
 #include <sys/queue.h>
 
 #include "gpulaunch/rdzv.h"
 #include "rdzv_codec.h"
+#include "rdzv_fanout.h"
 #include "rdzv_health.h"
+#include "rdzv_kv.h"
+#include "rdzv_round.h"
 
 typedef struct conn conn;
 typedef struct job job;
 typedef struct member member;
-typedef struct waiter waiter;
-typedef struct kv_entry kv_entry;
 
-enum job_state { JOB_GATHERING = 0, JOB_RUNNING = 1, JOB_DONE = 2 };
+enum conn_state { C_HELLO = 0, C_AUTH = 1, C_READY = 2 };
 
+struct conn {
+    uv_tcp_t tcp;
+    rdzv_server *s;
+    LIST_ENTRY(conn) link, alink, dlink;
+    TAILQ_ENTRY(conn) hlink; /* s->handshaking, in accept order, while state != C_READY */
+    uint64_t push_mark;      /* the last push that listed it */
+    int state, closing;
+    const char *doomed; /* to close once the current event is handled: why */
+    uint8_t nonce[RDZV_NONCE_LEN];
+    rdzv_buf in;
+    size_t outq;
+    uint64_t accepted_ms, last_rx_ms;
+    char peer[64];
+    member *m;
+    job *aj; /* attached job (worker connections) */
+    uint32_t around;
+    LIST_HEAD(, rdzv_waiter) waiters;
+};
+
+/* A node of a job: its round membership and its connection. */
 struct member {
-    job *j;
+    rdzv_rmember rm; /* first: a round's rdzv_rmember pointer is its member */
     conn *c;
-    LIST_ENTRY(member) plink; /* job->pending */
-    char hostname[RDZV_MAX_STR + 1], addr[RDZV_MAX_STR + 1], instance[RDZV_MAX_STR + 1];
-    uint16_t master_port;
-    uint32_t nproc, ngpus;
-    int32_t static_rank;
-    uint32_t join_req;
-    uint64_t joined_ms, next_progress_ms;
-    uint64_t join_seq; /* arrival order (joined_ms ties within a millisecond) */
-    int pending, active, done;
-    uint32_t node_rank;
-    uint32_t base_rank;     /* its first global rank in the current round */
-    int64_t prev_rank;      /* rank in the last round this member was in, -1 none */
-    uint32_t awaited_round; /* a survivor of this failed round, not re-joined yet (0: none) */
 };
 
-struct kv_entry {
-    kv_entry *next;
-    uint32_t hash, klen, vlen;
-    uint8_t data[]; /* key, then value */
-};
-
-struct waiter {
-    LIST_ENTRY(waiter) jlink, clink;
-    conn *c;
-    uint32_t req;
-    uint64_t deadline_ms;
-    uint32_t nkeys;
-    size_t len;
-    uint8_t keys[]; /* the request's key list */
-};
+static inline member *member_of(rdzv_rmember *rm) { return (member *)(void *)rm; }
 
 struct job {
     LIST_ENTRY(job) link;
-    struct rdzv_server *s;
-    char run_id[RDZV_MAX_STR + 1];
-    int state;
-    uint32_t round;
-    uint32_t min_nodes, max_nodes, last_call_ms, join_timeout_ms, hb_timeout_ms;
-    int is_static;
-    char first_host[RDZV_MAX_STR + 1];
-    /* gathering */
-    LIST_HEAD(, member) pending;
-    uint32_t npending;
-    member **static_slots; /* max_nodes entries in static mode */
-    uint64_t min_reached_ms;
-    uint64_t pending_due_ms; /* no waiting node is due before this (sweep skips them) */
-    /* re-forming after a failure: the round starts once every survivor of
-     * round reform_round has re-joined (no last call), or at reform_deadline_ms */
-    int reforming;
-    uint32_t reform_round, reform_left;
-    uint64_t reform_deadline_ms;
-    char reform_why[RDZV_MAX_STR + 1]; /* the node whose failure ended that round */
-    /* running */
-    member **ranks;
-    uint32_t nranks, nactive, ndone;
-    uint64_t resume_deadline_ms;
-    /* key-value store of the current round */
-    kv_entry **kv;
-    uint32_t kv_buckets, kv_count;
-    uint64_t kv_bytes;
-    LIST_HEAD(, waiter) waiters;
+    rdzv_server *s;
+    rdzv_round r; /* round formation: job_of(&j->r) == j */
+    rdzv_kv kv;   /* the current round's key-value store */
     LIST_HEAD(, conn) attached;
-    uint32_t nmembers_total; /* member structs pointing here */
-    rdzv_health *health;     /* stats, stragglers, timeline (rdzv_health.c); NULL: no memory */
+    rdzv_health *health; /* stats, stragglers, timeline (rdzv_health.c); NULL: no memory */
 };
+
+static inline job *job_of(rdzv_round *r) { return (job *)(void *)((char *)r - offsetof(job, r)); }
 
 typedef struct rdzv_metrics {
     uint64_t connections_total, connections_open, joins, rounds, kv_ops, auth_refused,
@@ -94,7 +69,6 @@ typedef struct rdzv_metrics {
 
 struct rdzv_server {
     uv_loop_t *loop;
-    uint64_t join_seq; /* JOINs seen: orders members by arrival */
     rdzv_server_options o;
     char *token;
     uv_tcp_t listener;
@@ -102,8 +76,10 @@ struct rdzv_server {
     int port;
     uint64_t epoch;
     LIST_HEAD(, conn) conns;
+    LIST_HEAD(, conn) doomed;       /* closed once the current event is handled */
     TAILQ_HEAD(, conn) handshaking; /* accept order: the handshake deadline sweep */
     rdzv_buf scratch;               /* send_msg's encoding, reused */
+    rdzv_buf kv_scratch;            /* a multi-get's values */
     struct rdzv_fanout *fan;        /* pushes to many connections */
     uint64_t push_mark;             /* push_send's generation */
     LIST_HEAD(, job) jobs;
@@ -117,6 +93,44 @@ struct rdzv_server {
     void (*http_close)(rdzv_server *s); /* set by rdzv_server_serve_http */
 };
 
+/* ---- the transport (rdzv_server.c), for rdzv_job.c ---- */
+
+/* One push to many connections: frames laid out in data, written by
+ * rdzv_fanout, the rest through each connection's queue. */
+typedef struct rdzv_push {
+    rdzv_fan_item *items;
+    conn **conns;
+    const char **why; /* a connection to close once every frame is out */
+    size_t n, cap;
+    rdzv_buf data;
+} rdzv_push;
+
+int rdzv__push_init(rdzv_push *p, size_t cap);
+/* Adds c with the frame at [off, off + len) of p->data (frames may be shared). */
+void rdzv__push_add(rdzv_push *p, conn *c, size_t off, size_t len);
+/* Writes every frame and frees p. */
+void rdzv__push_send(rdzv_server *s, rdzv_push *p);
+void rdzv__send_msg(conn *c, const rdzv_msg *m);
+void rdzv__send_error(conn *c, uint32_t req, gpl_result_t code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void rdzv__send_simple(conn *c, uint16_t type, uint32_t req);
+/* Closes c once the current event is handled (a close can end a round, and
+ * the round's decisions are carried out first). */
+void rdzv__conn_drop(conn *c, const char *why);
+const char *rdzv__peer_of(conn *c);
+
+/* ---- jobs (rdzv_job.c), for the transport ---- */
+
+/* JOIN, ATTACH, KV_*, EVENT, FAIL, STATS and DONE of a connection past its handshake. */
+void rdzv__job_request(conn *c, const rdzv_msg *msg);
+/* c is closing: its waiters, its attachment and its node go. */
+void rdzv__job_conn_gone(conn *c, const char *why);
+/* The sweep: round deadlines, key waits and, with hb, heartbeats. */
+void rdzv__jobs_sweep(rdzv_server *s, uint64_t now, int hb);
+/* Survivors of a failed round whose heartbeats stopped are dropped. */
+void rdzv__jobs_sweep_survivors(rdzv_server *s, uint64_t now);
+void rdzv__jobs_free(rdzv_server *s);
+
 /* Observability (rdzv_http.c, a library of its own so that the launcher's
  * embedded server does not load an HTTP stack). */
 /* Renders /metrics and /status into malloc'ed strings (for the HTTP side and tests). */
@@ -124,6 +138,6 @@ char *rdzv_render_metrics(rdzv_server *s);
 char *rdzv_render_status(rdzv_server *s);
 /* only non-NULL: that job alone in "jobs", and a "job_list" line for every job. */
 char *rdzv_render_status_of(rdzv_server *s, const char *only);
-uint64_t rdzv_member_last_rx_ms(const member *m);
+uint64_t rdzv_member_last_rx_ms(const rdzv_rmember *m);
 
 #endif

@@ -80,16 +80,6 @@ Test(rdzv, static_duplicate_rank_names_both_nodes) {
     cr_expect(strstr(msg, "alpha") && strstr(msg, "beta") && strstr(msg, "node rank 0"), "%s", msg);
 }
 
-Test(rdzv, mismatched_node_counts_refused) {
-    cr_assert_eq(peer_open(&P[0], port, NULL), 0);
-    cr_assert_eq(peer_open(&P[1], port, NULL), 0);
-    peer_join(&P[0], "mm", "alpha", -1, 1, 2, 4, 1000);
-    usleep(50000);
-    peer_join(&P[1], "mm", "beta", -1, 1, 3, 3, 1000);
-    cr_assert_eq(peer_recv_type(&P[1], RDZV_ERROR, 3000), 0);
-    cr_expect(strstr(P[1].last.u.error.message, "alpha") != NULL, "%s", P[1].last.u.error.message);
-}
-
 Test(rdzv, elastic_round_completes_after_last_call) {
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(peer_open(&P[i], port, NULL), 0);
@@ -153,17 +143,6 @@ Test(rdzv, full_round_keeps_running_and_a_waiting_node_hears_job_done) {
         cr_assert_eq(peer_send(&P[i], &d), 0);
     }
     cr_assert_eq(peer_recv_type(&P[2], RDZV_JOB_DONE, 3000), 0, "the waiting node was not told");
-}
-
-Test(rdzv, elastic_round_completes_at_max_without_waiting) {
-    for (int i = 0; i < 3; i++) {
-        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
-        char h[8];
-        snprintf(h, sizeof h, "m%d", i);
-        peer_join(&P[i], "max", h, -1, 1, 1, 3, 30000);
-    }
-    for (int i = 0; i < 3; i++)
-        cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 2000), 0, "max reached: no last call");
 }
 
 Test(rdzv, join_timeout_says_who_is_missing) {
