@@ -1,6 +1,8 @@
 /* The running GPU monitor (see gl_gpumon.h). Local rank i holds the i-th
  * bound device: its own with --bind-gpus, cuda:LOCAL_RANK by torchrun's
- * convention otherwise. */
+ * convention otherwise. It owns the NVML thread, the samples and the XIDs
+ * seen; the workers it reads from the group, and its notices go to the owner's
+ * callback. */
 #include "gl_gpumon.h"
 
 #include <errno.h>
@@ -17,7 +19,6 @@
 
 #include "gb_log.h"
 #include "gb_time.h"
-#include "gl_launch.h"
 #include "gl_metrics.h"
 #include "gl_nvml.h"
 #include "gpulaunch/rdzv.h"
@@ -49,6 +50,10 @@ typedef struct xid_rec {
 static struct {
     int started;
     uv_loop_t *loop;
+    const gl_config *cfg;
+    const gl_group *group;
+    gl_gpumon_event_cb on_event;
+    void *data;
     char job[256];
     gl_gpu *g;
     gpu_state *st;
@@ -73,11 +78,7 @@ static struct {
 
 /* ---- the worker on a device ---- */
 
-static const worker *holder(int i) {
-    if (L.w == NULL || i >= L.cfg.nproc || i < 0)
-        return NULL;
-    return &L.w[i];
-}
+static const worker *holder(int i) { return gl_group_worker(M.group, i); }
 
 static void who(int i, char *buf, size_t len) {
     const worker *w = holder(i);
@@ -93,14 +94,12 @@ static void who(int i, char *buf, size_t len) {
  * the idle alert, its end, an XID. */
 static void gpu_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void gpu_event(const char *fmt, ...) {
-    if (L.cli == NULL)
-        return;
     char text[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    rdzv_client_event(L.cli, RDZV_EVENT_GPU, 0, text);
+    M.on_event(M.data, text);
 }
 
 static void idle_event(int i, int on) {
@@ -108,8 +107,8 @@ static void idle_event(int i, int on) {
     gl_nvml_name(&M.g[i], name, sizeof name);
     who(i, w, sizeof w);
     if (on)
-        gpu_event("idle GPU: %s of %s under %d %% for %s (now %d %%)", name, w, L.cfg.gpu_idle_pct,
-                  L.cfg.val[GL_GPU_IDLE_ALERT], M.st[i].s.util);
+        gpu_event("idle GPU: %s of %s under %d %% for %s (now %d %%)", name, w, M.cfg->gpu_idle_pct,
+                  M.cfg->val[GL_GPU_IDLE_ALERT], M.st[i].s.util);
     else
         gpu_event("%s of %s is busy again (%d %%)", name, w, M.st[i].s.util);
 }
@@ -144,20 +143,20 @@ static void evaluate(const gl_gpu_sample *fresh, double cost_ms) {
         const worker *wk = holder(i);
         if (wk == NULL || !wk->running) /* between rounds: nobody to blame */
             st->below_since_ms = 0;
-        if (L.cfg.gpu_idle_s <= 0 || st->s.util < 0 || wk == NULL || !wk->running)
+        if (M.cfg->gpu_idle_s <= 0 || st->s.util < 0 || wk == NULL || !wk->running)
             continue;
-        if (st->s.util < L.cfg.gpu_idle_pct) {
+        if (st->s.util < M.cfg->gpu_idle_pct) {
             if (st->below_since_ms == 0)
                 st->below_since_ms = now;
-            if (!st->idle && now - st->below_since_ms >= (uint64_t)(L.cfg.gpu_idle_s * 1000)) {
+            if (!st->idle && now - st->below_since_ms >= (uint64_t)(M.cfg->gpu_idle_s * 1000)) {
                 st->idle = 1;
                 st->idle_alerts++;
                 fprintf(stderr,
                         "gpulaunch: idle GPU: %s of %s under %d %% utilisation for %.0f s (now "
                         "%d %%, --gpu-idle-alert %s): the job may wait on input, a straggler "
                         "or a hang\n",
-                        name, w, L.cfg.gpu_idle_pct, (double)(now - st->below_since_ms) / 1000.0,
-                        st->s.util, L.cfg.val[GL_GPU_IDLE_ALERT]);
+                        name, w, M.cfg->gpu_idle_pct, (double)(now - st->below_since_ms) / 1000.0,
+                        st->s.util, M.cfg->val[GL_GPU_IDLE_ALERT]);
                 idle_event(i, 1);
             }
         } else {
@@ -174,9 +173,9 @@ static void evaluate(const gl_gpu_sample *fresh, double cost_ms) {
 }
 
 void gl_gpumon_round(void) {
-    if (!M.started || M.n == 0 || L.cfg.gpu_interval_s <= 0)
+    if (!M.started || M.n == 0 || M.cfg->gpu_interval_s <= 0)
         return;
-    atomic_store(&M.every_ms, (uint_fast64_t)(L.cfg.gpu_interval_s * 1000));
+    atomic_store(&M.every_ms, (uint_fast64_t)(M.cfg->gpu_interval_s * 1000));
 }
 
 /* ---- the NVML thread ---- */
@@ -488,14 +487,19 @@ static size_t render_text(char *p, size_t cap) {
 
 /* ---- start ---- */
 
-int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) {
+int gl_gpumon_start(uv_loop_t *loop, const gl_config *cfg, const char *job, const gl_group *group,
+                    gl_gpumon_event_cb on_event, void *data, char *err, size_t errlen) {
     M.loop = loop;
+    M.cfg = cfg;
+    M.group = group;
+    M.on_event = on_event;
+    M.data = data;
     snprintf(M.job, sizeof M.job, "%s", job);
     M.started = 1;
-    const char *ms = L.cfg.val[GL_METRICS];
+    const char *ms = M.cfg->val[GL_METRICS];
     if (ms[0] && gl_metrics_listen(loop, ms, render_text, err, errlen) != 0)
         return 2;
-    if (L.cfg.gpu_health == GL_GPU_HEALTH_OFF || gpl_visible_gpu_count() == 0)
+    if (M.cfg->gpu_health == GL_GPU_HEALTH_OFF || gpl_visible_gpu_count() == 0)
         return 0;
     M.g = calloc(GL_NVML_MAX_GPUS, sizeof *M.g);
     M.st = calloc(GL_NVML_MAX_GPUS, sizeof *M.st);
@@ -505,12 +509,12 @@ int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen) 
     if (n <= 0)
         return 0; /* no NVML: nothing more runs */
     M.n = n;
-    M.held = n < L.cfg.nproc ? n : L.cfg.nproc;
+    M.held = n < M.cfg->nproc ? n : M.cfg->nproc;
     atexit(at_exit);
-    if (L.cfg.val[GL_DCGM_JOB_MAPPING_DIR][0])
-        dcgm_write(L.cfg.val[GL_DCGM_JOB_MAPPING_DIR]);
+    if (M.cfg->val[GL_DCGM_JOB_MAPPING_DIR][0])
+        dcgm_write(M.cfg->val[GL_DCGM_JOB_MAPPING_DIR]);
     M.events = gl_nvml_events_create(M.g, M.held);
-    if (M.events == NULL && L.cfg.gpu_interval_s <= 0)
+    if (M.events == NULL && M.cfg->gpu_interval_s <= 0)
         return 0; /* nothing to wait for, nothing to sample: no thread */
     uv_async_init(loop, &M.async, on_async);
     uv_unref((uv_handle_t *)&M.async);

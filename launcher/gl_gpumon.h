@@ -13,14 +13,23 @@
 #include <stdio.h>
 #include <uv.h>
 
+#include "gl_options.h"
+#include "gl_workers.h"
+
 #define GL_GPUMON_XID_MAX 64 /* XIDs kept for the report and /metrics */
 #define GL_XID_LINES_MAX 10  /* XID lines printed per GPU; the rest are counted */
 #define GL_XID_WAIT_MS 500   /* the longest NVML event wait; the thread's exit check */
 
-/* Starts what the options ask for (after preflight, before the rendezvous):
- * the endpoint, the job-mapping files, the XID thread. 0, or 2 with err
- * (a --metrics address that cannot be bound: a usage error). */
-int gl_gpumon_start(uv_loop_t *loop, const char *job, char *err, size_t errlen);
+/* A GPU notice for the job's timeline (the idle alert, its end, an XID). */
+typedef void (*gl_gpumon_event_cb)(void *data, const char *text);
+
+/* Starts what cfg asks for (after preflight, before the rendezvous): the
+ * endpoint, the job-mapping files, the XID thread. The workers on the GPUs
+ * are read from group; notices go to on_event. cfg and group must outlive
+ * the monitor. 0, or 2 with err (a --metrics address that cannot be bound: a
+ * usage error). */
+int gl_gpumon_start(uv_loop_t *loop, const gl_config *cfg, const char *job, const gl_group *group,
+                    gl_gpumon_event_cb on_event, void *data, char *err, size_t errlen);
 /* After each spawn: the workers now on the GPUs; starts the sampler. */
 void gl_gpumon_round(void);
 /* The failure report's GPU lines ("" when none) and its JSON array. */

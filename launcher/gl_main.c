@@ -1,8 +1,11 @@
 /* gpulaunch: options -> preflight -> rendezvous -> spawn -> supervise ->
- * report, on one libuv loop. This file owns the flow: the options, preflight,
- * the rendezvous callbacks, the restart decision, signals to the launcher,
+ * report, on one libuv loop. This file owns the flow and the launcher's state
+ * (L): the options, preflight, the rendezvous callbacks, the round's flags,
+ * the first failure, the restart decision, signals to the launcher,
  * preemption, the failure report and main(). The worker group (environment,
- * spawn, signals, reaping) is gl_workers.c; worker output lines gl_output.c. */
+ * spawn, signals, reaping, output: gl_workers.c, gl_output.c) and the hang
+ * watchdog (gl_watchdog.c) own their state and report here through the
+ * callbacks this file gives them; they never call into it. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
@@ -21,9 +24,9 @@
 #include "gb_time.h"
 #include "gl_cloud.h"
 #include "gl_gpumon.h"
-#include "gl_launch.h"
 #include "gl_numa.h"
 #include "gl_options.h"
+#include "gl_output.h"
 #include "gl_preflight.h"
 #include "gl_progress.h"
 #include "gl_watchdog.h"
@@ -37,7 +40,47 @@
 #define GL_EXIT_RDZV 200
 #define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
 
-struct launcher L;
+typedef struct failure {
+    int set;
+    double when;
+    int rank, local_rank, pid;
+    int64_t exit_code;
+    int signal;
+    char tail[GL_ERR_TAIL_LINES * 256];
+    int hung;       /* the hang watchdog stopped it */
+    char why[1024]; /* then: who, for how long, behind which collective */
+} failure;
+
+static struct launcher {
+    gl_config cfg;
+    uv_loop_t *loop;
+    rdzv_server *srv;
+    rdzv_client *cli;
+    rdzv_assignment a;
+    int restarts;
+    int group_failed;   /* a local worker failed this round */
+    int round_over;     /* the rendezvous ended the round */
+    int round_hung;     /* ... because a rank hung (exit 201 when no restarts are left) */
+    int scale_up;       /* ... to take in waiting nodes: not a failure */
+    int assigned;       /* holds an assignment of the current round */
+    int exit_requested; /* a signal to us: exit once workers are gone */
+    int exit_code;
+    int done_sent;
+    uv_timer_t done_timer, cloud_timer;
+    gl_cloud *cloud;
+    uv_signal_t sigs[GL_MAX_SIGNALS]; /* --signals-to-handle */
+    char hostname[256], addr[256], run_id[256], instance[64];
+    char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
+    char *token;
+    size_t token_len;
+    failure first;     /* the job's root cause on this node, kept across restarts */
+    char rdzv_ep[300]; /* the rendezvous endpoint the workers are given */
+    uint64_t t_start_ns;
+    uint64_t t_join_ns; /* this node's last JOIN: the banner's rendezvous time */
+} L;
+
+static gl_group G;     /* the local workers */
+static gl_watchdog WD; /* --progress-timeout */
 
 /* ---- the failure report and the restart decision ---- */
 
@@ -112,15 +155,11 @@ static void finish(int code) {
 static void on_done_timeout(uv_timer_t *t);
 static void on_cloud_timer(uv_timer_t *t);
 
-/* Everything local is gone: decide between done, restart and exit. */
-void gl_maybe_finish_round(void) {
-    if (L.nrunning > 0)
+/* Everything local is gone (the group also ended its stop): decide between
+ * done, restart and exit. Called whenever a worker exits or its pipes close. */
+static void maybe_finish_round(void) {
+    if (!gl_group_idle(&G))
         return;
-    for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w && L.w[i].pipes_open)
-            return;
-    uv_timer_stop(&L.kill_timer);
-    uv_timer_stop(&L.discard_timer);
     if (L.exit_requested)
         finish(L.exit_code);
     if (!L.group_failed && !L.round_over) {
@@ -137,7 +176,7 @@ void gl_maybe_finish_round(void) {
     if (L.scale_up && !L.group_failed) {
         fprintf(stderr, "gpulaunch: re-rendezvous to take in waiting nodes (not counted as a "
                         "restart)\n");
-        L.round_over = L.scale_up = L.stopping = 0;
+        L.round_over = L.scale_up = 0;
         L.t_join_ns = gb_now_ns();
         rdzv_client_rejoin(L.cli);
         return;
@@ -157,7 +196,7 @@ void gl_maybe_finish_round(void) {
     L.restarts++;
     GB_WARN("restarting the worker group (restart %d of %d)", L.restarts, L.cfg.max_restarts);
     fprintf(stderr, "gpulaunch: restarting workers (%d/%d)\n", L.restarts, L.cfg.max_restarts);
-    L.group_failed = L.round_over = L.scale_up = L.stopping = 0;
+    L.group_failed = L.round_over = L.scale_up = 0;
     L.t_join_ns = gb_now_ns();
     rdzv_client_rejoin(L.cli);
 }
@@ -166,6 +205,96 @@ static void on_done_timeout(uv_timer_t *t) {
     fprintf(stderr, "gpulaunch: local workers finished; other nodes did not finish within %d s\n",
             GL_DONE_WAIT_MS / 1000);
     finish(0);
+}
+
+/* ---- the worker group's and the watchdog's reports ---- */
+
+static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
+    int failed = status != 0 || sig != 0;
+    if (failed && !g->stopping && !L.exit_requested && !L.round_over) {
+        if (!L.first.set) {
+            failure *f = &L.first;
+            f->set = 1;
+            f->when = gb_wall_s();
+            f->rank = w->rank;
+            f->local_rank = w->local_rank;
+            f->pid = w->pid;
+            f->exit_code = status;
+            f->signal = sig;
+            gl_output_tail(w, f->tail, sizeof f->tail);
+        }
+        L.group_failed = 1;
+        char msg[256];
+        if (sig)
+            snprintf(msg, sizeof msg, "rank %d (local rank %d) killed by %s", w->rank,
+                     w->local_rank, gl_signame(sig));
+        else
+            snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
+                     w->local_rank, (long long)status);
+        GB_ERROR("%s: stopping the local workers", msg);
+        gl_group_stop(g, GL_DISCARD_GRACE_MS);
+        rdzv_client_fail(L.cli, msg);
+    }
+    maybe_finish_round();
+}
+
+static void on_spawn_error(gl_group *g, worker *w, int err) {
+    if (!L.first.set) {
+        L.first.set = 1;
+        L.first.when = gb_wall_s();
+        L.first.rank = w->rank;
+        L.first.local_rank = w->local_rank;
+        L.first.exit_code = 127;
+        snprintf(L.first.tail, sizeof L.first.tail, "    cannot start %s: %s\n", L.cfg.prog_argv[0],
+                 strerror(err));
+    }
+    L.group_failed = 1;
+}
+
+static void on_pipe_closed(gl_group *g, worker *w) { maybe_finish_round(); }
+
+/* The group knows its own stop; the rest of a round's end is ours. */
+static int round_ending(gl_watchdog *wd) {
+    return L.round_over || L.exit_requested || L.group_failed;
+}
+
+/* The whole job restarts its workers through the rendezvous; a round that
+ * already ends (the rendezvous, a failure, a preemption) only loses the hung
+ * ranks. The rendezvous hears of the hang before they are killed. */
+static void on_hang(gl_watchdog *wd, const worker *cw, const char *detail) {
+    if (G.stopping || L.round_over || L.exit_requested) {
+        gl_watchdog_kill_hung(wd);
+        return;
+    }
+    if (!L.first.set) {
+        failure *f = &L.first;
+        f->set = 1;
+        f->hung = 1;
+        f->when = gb_wall_s();
+        f->rank = cw->rank;
+        f->local_rank = cw->local_rank;
+        f->pid = cw->pid;
+        f->exit_code = -1;
+        snprintf(f->why, sizeof f->why, "%s", detail);
+        gl_output_tail(cw, f->tail, sizeof f->tail);
+    }
+    L.group_failed = 1;
+    rdzv_client_hang(L.cli, (uint32_t)cw->rank, detail);
+    gl_watchdog_kill_hung(wd); /* the others stop as after a failure */
+    gl_group_stop(&G, 0);
+}
+
+static int stats_due(void *data) {
+    return G.w != NULL && G.nrunning > 0 && !G.stopping && L.cli != NULL;
+}
+
+static void send_stats(void *data, uint32_t window_ms, const rdzv_rank_stats *rs, uint32_t n) {
+    rdzv_client_stats(L.cli, window_ms, rs, n);
+}
+
+static void on_gpu_event(void *data, const char *text) {
+    if (L.cli)
+        rdzv_client_event(L.cli, RDZV_EVENT_GPU, 0, text);
 }
 
 /* ---- rendezvous callbacks ---- */
@@ -199,10 +328,14 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
-    gl_spawn_workers();
+    if (gl_group_spawn(&G, &L.a, L.restarts, L.nccl_ifname) > 0) {
+        gl_group_stop(&G, GL_DISCARD_GRACE_MS);
+        rdzv_client_fail(L.cli, "a worker could not be started");
+        maybe_finish_round();
+    }
     gl_gpumon_round();
-    gl_watchdog_round();
-    gl_progress_start_stats(L.cfg.stats_interval_s);
+    gl_watchdog_round(&WD);
+    gl_progress_start_stats(L.loop, L.cfg.stats_interval_s, stats_due, send_stats, NULL);
 }
 
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
@@ -212,10 +345,10 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
     L.round_hung = reason == RDZV_REASON_HUNG;
-    if (L.nrunning)
-        gl_stop_group(0);
+    if (G.nrunning)
+        gl_group_stop(&G, 0);
     else
-        gl_maybe_finish_round();
+        maybe_finish_round();
 }
 
 static void on_progress(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited,
@@ -235,9 +368,9 @@ static void on_waiting(rdzv_client *c, uint32_t waiting, uint32_t members) {
 }
 
 static void on_job_done(rdzv_client *c) {
-    if (L.nrunning == 0 && L.done_sent)
+    if (G.nrunning == 0 && L.done_sent)
         finish(0);
-    if (L.nrunning == 0 && !L.assigned) {
+    if (G.nrunning == 0 && !L.assigned) {
         fprintf(stderr,
                 "gpulaunch: job %s finished while this node waited to join it; nothing "
                 "left to do\n",
@@ -248,10 +381,10 @@ static void on_job_done(rdzv_client *c) {
 
 static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     fprintf(stderr, "gpulaunch: rendezvous failed: %s\n", msg);
-    if (L.nrunning) {
+    if (G.nrunning) {
         L.exit_requested = 1;
         L.exit_code = GL_EXIT_RDZV;
-        gl_stop_group(GL_DISCARD_GRACE_MS);
+        gl_group_stop(&G, GL_DISCARD_GRACE_MS);
         return;
     }
     finish(code == GPL_ERR_CONFIG || code == GPL_ERR_EXISTS || code == GPL_ERR_INVALID_ARG
@@ -269,17 +402,16 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
     L.exit_requested = 1;
     L.exit_code = 128 + SIGTERM;
     fprintf(stderr, "gpulaunch: preemption (%s): workers checkpoint and stop%s\n", why,
-            L.nrunning ? "" : " (none running)");
-    if (L.nrunning == 0) {
-        gl_maybe_finish_round();
+            G.nrunning ? "" : " (none running)");
+    if (G.nrunning == 0) {
+        maybe_finish_round();
         return;
     }
-    gl_signal_group(SIGTERM);
-    L.stopping = 1;
+    gl_group_signal(&G, SIGTERM);
     double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
     if (left_ms < 1000)
         left_ms = 1000;
-    uv_timer_start(&L.kill_timer, gl_on_kill_timer, (uint64_t)left_ms, 0);
+    gl_group_kill_after(&G, (uint64_t)left_ms);
 }
 
 static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
@@ -366,14 +498,11 @@ static void on_signal(uv_signal_t *h, int sig) {
     fprintf(stderr, "gpulaunch: got %s: stopping the workers\n", gl_signame(sig));
     L.exit_requested = 1;
     L.exit_code = 128 + sig;
-    if (L.nrunning == 0)
+    if (G.nrunning == 0)
         finish(L.exit_code);
-    gl_signal_group(sig);
-    if (!L.stopping) {
-        L.stopping = 1;
-        uv_timer_start(&L.kill_timer, gl_on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000),
-                       0);
-    }
+    gl_group_signal(&G, sig);
+    if (!G.stopping)
+        gl_group_kill_after(&G, (uint64_t)(L.cfg.shutdown_timeout_s * 1000));
 }
 
 /* ---- preflight ---- */
@@ -541,7 +670,7 @@ int main(int argc, char **argv) {
         snprintf(L.addr, sizeof L.addr, "%s",
                  L.cfg.val[GL_LOCAL_ADDR][0] ? L.cfg.val[GL_LOCAL_ADDR] : L.hostname);
     /* the GPU monitor, --metrics and the DCGM job-mapping files (docs/gpu-health.md) */
-    if (gl_gpumon_start(L.loop, L.run_id, err, sizeof err) != 0) {
+    if (gl_gpumon_start(L.loop, &L.cfg, L.run_id, &G, on_gpu_event, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_USAGE;
     }
@@ -590,8 +719,6 @@ int main(int argc, char **argv) {
                                 .on_job_done = on_job_done,
                                 .on_event = on_event,
                                 .on_error = on_rdzv_error};
-    uv_timer_init(L.loop, &L.kill_timer);
-    uv_timer_init(L.loop, &L.discard_timer);
     uv_timer_init(L.loop, &L.done_timer);
     uv_timer_init(L.loop, &L.cloud_timer);
     for (int i = 0; i < L.cfg.nsignals; i++) { /* --signals-to-handle */
@@ -599,8 +726,16 @@ int main(int argc, char **argv) {
         uv_signal_start(&L.sigs[i], on_signal, L.cfg.signals[i]);
     }
     slurm_signals_start();
-    uv_signal_init(L.loop, &L.sigchld);
-    uv_signal_start(&L.sigchld, gl_on_sigchld, SIGCHLD);
+    gl_group_job job = {.run_id = L.run_id,
+                        .hostname = L.hostname,
+                        .addr = L.addr,
+                        .rdzv_ep = L.rdzv_ep,
+                        .token = L.token,
+                        .token_len = L.token_len};
+    gl_group_callbacks gcb = {
+        .on_exit = on_worker_exit, .on_spawn_error = on_spawn_error, .on_closed = on_pipe_closed};
+    gl_group_init(&G, L.loop, &L.cfg, &job, &gcb); /* reaps from here on */
+    gl_watchdog_init(&WD, L.loop, &L.cfg, L.hostname, &G, round_ending, on_hang);
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

@@ -1,8 +1,10 @@
-/* NVML through dlopen (see gl_nvml.h). The few types and prototypes used are
- * declared here, matching NVML's ABI (nvml.h of CUDA 12): the symbol names are
- * the versioned ones nvml.h maps its calls to (nvmlInit_v2,
- * nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetPciInfo_v3, ...). */
-#include "gl_nvml.h"
+/* NVML through dlopen (see gl_nvml.h): the library and its functions, the
+ * bound devices matched to what NVML lists, samples and the XID wait. The few
+ * types and prototypes used are declared in gl_nvml_abi.h, matching NVML's
+ * ABI: the symbol names are the versioned ones nvml.h maps its calls to
+ * (nvmlInit_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetPciInfo_v3, ...).
+ * The preflight checks are gl_gpucheck.c's. */
+#include "gl_nvml_abi.h"
 
 #include <dirent.h>
 #include <dlfcn.h>
@@ -14,81 +16,10 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- NVML's ABI ---- */
-
-typedef int nvmlReturn_t;
-typedef struct nvmlDevice_st *nvmlDevice_t;
-typedef struct nvmlEventSet_st *nvmlEventSet_t;
-
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_NOT_SUPPORTED = 3,
-    NVML_ERROR_NOT_FOUND = 6,
-    NVML_ERROR_TIMEOUT = 10,
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
-    NVML_ERROR_GPU_IS_LOST = 15,
-};
-
-typedef struct {
-    unsigned int gpu, memory;
-} nvmlUtilization_t;
-
-typedef struct {
-    unsigned long long total, free, used;
-} nvmlMemory_t;
-
-typedef struct {
-    char busIdLegacy[16]; /* NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE */
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[32]; /* NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE */
-} nvmlPciInfo_t;
-
-typedef struct {
-    nvmlDevice_t device;
-    unsigned long long eventType, eventData;
-    unsigned int gpuInstanceId, computeInstanceId;
-} nvmlEventData_t;
-
-#define NVML_EVENT_XID 0x8ull           /* nvmlEventTypeXidCriticalError */
-#define NVML_TEMPERATURE_GPU 0          /* nvmlTemperatureSensors_t */
-#define NVML_MEMORY_ERROR_UNCORRECTED 1 /* nvmlMemoryErrorType_t */
-#define NVML_VOLATILE_ECC 0             /* nvmlEccCounterType_t */
-
-/* ---- the functions, each looked up on its own ---- */
-
-static struct {
-    nvmlReturn_t (*init)(void);
-    nvmlReturn_t (*count)(unsigned int *);
-    nvmlReturn_t (*by_index)(unsigned int, nvmlDevice_t *);
-    nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned int);
-    nvmlReturn_t (*pci)(nvmlDevice_t, nvmlPciInfo_t *);
-    const char *(*errstr)(nvmlReturn_t);
-    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *);
-    nvmlReturn_t (*index)(nvmlDevice_t, unsigned int *);
-    nvmlReturn_t (*retired_pending)(nvmlDevice_t, int *);
-    nvmlReturn_t (*remapped)(nvmlDevice_t, unsigned int *, unsigned int *, unsigned int *,
-                             unsigned int *);
-    nvmlReturn_t (*ecc)(nvmlDevice_t, int, int, unsigned long long *);
-    nvmlReturn_t (*nvlink)(nvmlDevice_t, unsigned int, int *);
-    nvmlReturn_t (*reasons)(nvmlDevice_t, unsigned long long *);
-    nvmlReturn_t (*reasons_old)(nvmlDevice_t, unsigned long long *);
-    nvmlReturn_t (*mig_mode)(nvmlDevice_t, unsigned int *, unsigned int *);
-    nvmlReturn_t (*mig_max)(nvmlDevice_t, unsigned int *);
-    nvmlReturn_t (*mig_by_index)(nvmlDevice_t, unsigned int, nvmlDevice_t *);
-    nvmlReturn_t (*mig_parent)(nvmlDevice_t, nvmlDevice_t *);
-    nvmlReturn_t (*gi_id)(nvmlDevice_t, unsigned int *);
-    nvmlReturn_t (*ci_id)(nvmlDevice_t, unsigned int *);
-    nvmlReturn_t (*util)(nvmlDevice_t, nvmlUtilization_t *);
-    nvmlReturn_t (*mem)(nvmlDevice_t, nvmlMemory_t *);
-    nvmlReturn_t (*temp)(nvmlDevice_t, int, unsigned int *);
-    nvmlReturn_t (*power)(nvmlDevice_t, unsigned int *);
-    nvmlReturn_t (*ev_create)(nvmlEventSet_t *);
-    nvmlReturn_t (*ev_register)(nvmlDevice_t, unsigned long long, nvmlEventSet_t);
-    nvmlReturn_t (*ev_wait)(nvmlEventSet_t, nvmlEventData_t *, unsigned int);
-} N;
+gl_nvml_fns gl_nv;
 
 #define FN(field, sym, what)                                                                       \
-    { sym, offsetof(__typeof__(N), field), what }
+    { sym, offsetof(gl_nvml_fns, field), what }
 static const struct {
     const char *sym;
     size_t off;
@@ -179,15 +110,15 @@ static void load(void) {
     }
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
         void *p = dlsym(h, fns[i].sym);
-        memcpy((char *)&N + fns[i].off, &p, sizeof p);
+        memcpy((char *)&gl_nv + fns[i].off, &p, sizeof p);
     }
-    if (N.reasons == NULL)
-        N.reasons = N.reasons_old;
+    if (gl_nv.reasons == NULL)
+        gl_nv.reasons = gl_nv.reasons_old;
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
         void *p;
-        memcpy(&p, (char *)&N + fns[i].off, sizeof p);
-        if (p == NULL && fns[i].what == NULL && fns[i].off != offsetof(__typeof__(N), reasons) &&
-            fns[i].off != offsetof(__typeof__(N), reasons_old)) {
+        memcpy(&p, (char *)&gl_nv + fns[i].off, sizeof p);
+        if (p == NULL && fns[i].what == NULL && fns[i].off != offsetof(gl_nvml_fns, reasons) &&
+            fns[i].off != offsetof(gl_nvml_fns, reasons_old)) {
             fprintf(stderr,
                     "gpulaunch: NVML (%s) lacks %s: GPU health checks are off; update "
                     "the NVIDIA driver\n",
@@ -201,7 +132,7 @@ static void load(void) {
     size_t nsaid = 0;
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
         void *p;
-        memcpy(&p, (char *)&N + fns[i].off, sizeof p);
+        memcpy(&p, (char *)&gl_nv + fns[i].off, sizeof p);
         if (p || fns[i].what == NULL)
             continue;
         int dup = 0;
@@ -213,18 +144,18 @@ static void load(void) {
         fprintf(stderr, "gpulaunch: NVML lacks %s (an older driver): %s\n", fns[i].sym,
                 fns[i].what);
     }
-    if (N.reasons == NULL)
+    if (gl_nv.reasons == NULL)
         fprintf(stderr, "gpulaunch: NVML lacks nvmlDeviceGetCurrentClocksEventReasons (an older "
                         "driver): the clock slowdown check is off\n");
     fdset before;
     fds_now(&before);
-    nvmlReturn_t r = N.init();
+    nvmlReturn_t r = gl_nv.init();
     cloexec_since(&before);
     if (r != NVML_SUCCESS) {
         fprintf(stderr,
                 "gpulaunch: NVML did not start (%s): GPU health checks are off; "
                 "nvidia-smi says why\n",
-                N.errstr(r));
+                gl_nv.errstr(r));
         dlclose(h);
         return;
     }
@@ -232,6 +163,8 @@ static void load(void) {
 }
 
 static atomic_int stuck; /* a preflight call never returned: NVML is not used again */
+
+void gl_nvml_set_stuck(void) { atomic_store(&stuck, 1); }
 
 int gl_nvml_open(void) {
     if (atomic_load(&stuck))
@@ -242,8 +175,7 @@ int gl_nvml_open(void) {
 
 /* ---- the bound devices ---- */
 
-/* Notes a lost GPU; 1 when r says it is. */
-static int lost(nvmlReturn_t r, gl_gpu *g) {
+int gl_nvml_lost(nvmlReturn_t r, gl_gpu *g) {
     if (r == NVML_ERROR_GPU_IS_LOST)
         g->lost = 1;
     return r == NVML_ERROR_GPU_IS_LOST;
@@ -253,31 +185,31 @@ static int lost(nvmlReturn_t r, gl_gpu *g) {
 static void describe(gl_gpu *g) {
     g->found = 1;
     g->phys = g->dev;
-    if (N.mig_parent) {
+    if (gl_nv.mig_parent) {
         nvmlDevice_t p;
-        if (N.mig_parent((nvmlDevice_t)g->dev, &p) == NVML_SUCCESS && p != NULL) {
+        if (gl_nv.mig_parent((nvmlDevice_t)g->dev, &p) == NVML_SUCCESS && p != NULL) {
             g->mig = 1;
             g->phys = p;
         }
     }
-    nvmlReturn_t r = N.uuid((nvmlDevice_t)g->dev, g->uuid, sizeof g->uuid);
-    lost(r, g);
+    nvmlReturn_t r = gl_nv.uuid((nvmlDevice_t)g->dev, g->uuid, sizeof g->uuid);
+    gl_nvml_lost(r, g);
     if (r != NVML_SUCCESS)
         snprintf(g->uuid, sizeof g->uuid, "UUID unknown");
     nvmlPciInfo_t pci;
     memset(&pci, 0, sizeof pci);
-    r = N.pci((nvmlDevice_t)g->phys, &pci);
-    lost(r, g);
+    r = gl_nv.pci((nvmlDevice_t)g->phys, &pci);
+    gl_nvml_lost(r, g);
     if (r != NVML_SUCCESS)
         snprintf(g->busid, sizeof g->busid, "bus id unknown");
     else
         snprintf(g->busid, sizeof g->busid, "%s", pci.busId);
     unsigned v;
-    if (N.index && N.index((nvmlDevice_t)g->phys, &v) == NVML_SUCCESS)
+    if (gl_nv.index && gl_nv.index((nvmlDevice_t)g->phys, &v) == NVML_SUCCESS)
         g->index = (int)v;
-    if (g->mig && N.gi_id && N.gi_id((nvmlDevice_t)g->dev, &v) == NVML_SUCCESS)
+    if (g->mig && gl_nv.gi_id && gl_nv.gi_id((nvmlDevice_t)g->dev, &v) == NVML_SUCCESS)
         g->gi = v;
-    if (g->mig && N.ci_id && N.ci_id((nvmlDevice_t)g->dev, &v) == NVML_SUCCESS)
+    if (g->mig && gl_nv.ci_id && gl_nv.ci_id((nvmlDevice_t)g->dev, &v) == NVML_SUCCESS)
         g->ci = v;
 }
 
@@ -299,17 +231,17 @@ static void find_uuid(gl_gpu *g, const char *want) {
         gl_gpu parent = {.index = -1};
         find_uuid(&parent, gpu);
         unsigned max = 0;
-        if (!parent.found || !N.mig_max || !N.mig_by_index || !N.gi_id || !N.ci_id ||
-            N.mig_max((nvmlDevice_t)parent.dev, &max) != NVML_SUCCESS) {
+        if (!parent.found || !gl_nv.mig_max || !gl_nv.mig_by_index || !gl_nv.gi_id ||
+            !gl_nv.ci_id || gl_nv.mig_max((nvmlDevice_t)parent.dev, &max) != NVML_SUCCESS) {
             snprintf(g->why, sizeof g->why, "NVML does not find that MIG instance");
             g->lost = parent.lost;
             return;
         }
         for (unsigned k = 0; k < max; k++) {
             unsigned a, b;
-            if (N.mig_by_index((nvmlDevice_t)parent.dev, k, &d) == NVML_SUCCESS &&
-                N.gi_id(d, &a) == NVML_SUCCESS && N.ci_id(d, &b) == NVML_SUCCESS && a == gi &&
-                b == ci) {
+            if (gl_nv.mig_by_index((nvmlDevice_t)parent.dev, k, &d) == NVML_SUCCESS &&
+                gl_nv.gi_id(d, &a) == NVML_SUCCESS && gl_nv.ci_id(d, &b) == NVML_SUCCESS &&
+                a == gi && b == ci) {
                 g->dev = d;
                 describe(g);
                 return;
@@ -322,8 +254,8 @@ static void find_uuid(gl_gpu *g, const char *want) {
     /* nvmlDeviceGetHandleByUUID answers GPU_IS_LOST when any GPU of the node
      * is lost, not only this one: the listing below tells which */
     int any_lost = 0;
-    if (N.by_uuid) {
-        r = N.by_uuid(want, &d);
+    if (gl_nv.by_uuid) {
+        r = gl_nv.by_uuid(want, &d);
         if (r == NVML_SUCCESS) {
             g->dev = d;
             describe(g);
@@ -333,24 +265,24 @@ static void find_uuid(gl_gpu *g, const char *want) {
     }
     /* a prefix, or no lookup by UUID: list the GPUs and their MIG instances */
     unsigned n = 0;
-    if (N.count(&n) != NVML_SUCCESS)
+    if (gl_nv.count(&n) != NVML_SUCCESS)
         n = 0;
     size_t wl = strlen(want);
     for (unsigned i = 0; i < n && !g->found; i++) {
         char u[96];
-        if (N.by_index(i, &d) != NVML_SUCCESS)
+        if (gl_nv.by_index(i, &d) != NVML_SUCCESS)
             continue;
-        if (N.uuid(d, u, sizeof u) == NVML_SUCCESS && strncmp(u, want, wl) == 0) {
+        if (gl_nv.uuid(d, u, sizeof u) == NVML_SUCCESS && strncmp(u, want, wl) == 0) {
             g->dev = d;
             describe(g);
             return;
         }
         unsigned max = 0;
-        if (N.mig_max && N.mig_by_index && N.mig_max(d, &max) == NVML_SUCCESS)
+        if (gl_nv.mig_max && gl_nv.mig_by_index && gl_nv.mig_max(d, &max) == NVML_SUCCESS)
             for (unsigned k = 0; k < max; k++) {
                 nvmlDevice_t m;
-                if (N.mig_by_index(d, k, &m) == NVML_SUCCESS &&
-                    N.uuid(m, u, sizeof u) == NVML_SUCCESS && strncmp(u, want, wl) == 0) {
+                if (gl_nv.mig_by_index(d, k, &m) == NVML_SUCCESS &&
+                    gl_nv.uuid(m, u, sizeof u) == NVML_SUCCESS && strncmp(u, want, wl) == 0) {
                     g->dev = m;
                     describe(g);
                     return;
@@ -369,10 +301,10 @@ static void find_uuid(gl_gpu *g, const char *want) {
 static void find_index(gl_gpu *g, unsigned i) {
     nvmlDevice_t d;
     g->index = (int)i;
-    nvmlReturn_t r = N.by_index(i, &d);
+    nvmlReturn_t r = gl_nv.by_index(i, &d);
     if (r != NVML_SUCCESS) {
         g->lost = r == NVML_ERROR_GPU_IS_LOST;
-        snprintf(g->why, sizeof g->why, "NVML has no GPU %u (%s)", i, N.errstr(r));
+        snprintf(g->why, sizeof g->why, "NVML has no GPU %u (%s)", i, gl_nv.errstr(r));
         return;
     }
     g->dev = d;
@@ -394,7 +326,7 @@ int gl_nvml_bound(gl_gpu *out, int max) {
     int n = 0;
     if (v == NULL) {
         unsigned c = 0;
-        if (N.count(&c) != NVML_SUCCESS)
+        if (gl_nv.count(&c) != NVML_SUCCESS)
             c = 0;
         for (unsigned i = 0; i < c && n < max; i++) {
             gl_gpu *g = &out[n++];
@@ -465,280 +397,6 @@ const char *gl_nvml_reasons(int64_t mask, char *buf, size_t len) {
     return buf;
 }
 
-/* ---- preflight ---- */
-
-typedef struct check_ctx {
-    FILE *out;
-    int refuse, verbose, fails;
-    int faults; /* found, in either mode */
-} check_ctx;
-
-static void fault(check_ctx *c, const gl_gpu *g, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fault(check_ctx *c, const gl_gpu *g, const char *fmt, ...) {
-    char name[256], what[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    fprintf(c->out, "%s %s: %s\n", c->refuse ? "FAIL" : "warn", gl_nvml_name(g, name, sizeof name),
-            what);
-    c->faults++;
-    if (c->refuse)
-        c->fails++;
-}
-
-static const char lost_fix[] =
-    "NVML cannot reach it (GPU is lost, XID 79 in dmesg): it fell off the bus; drain the "
-    "node, reset the GPU (nvidia-smi -r) or reboot, and have it inspected if it recurs";
-
-/* One physical GPU's checks (also for a MIG instance: they are the GPU's). */
-static void check_gpu(check_ctx *c, gl_gpu *g) {
-    nvmlDevice_t d = (nvmlDevice_t)g->phys;
-    int state = 0;
-    nvmlReturn_t r;
-    int faults = c->faults;
-    if (N.retired_pending) {
-        r = N.retired_pending(d, &state);
-        if (lost(r, g))
-            goto gone;
-        if (r == NVML_SUCCESS && state)
-            fault(c, g,
-                  "retired memory pages are pending: they take effect at the next reset; reset "
-                  "the GPU (nvidia-smi -r -i %d with nothing running on it) or reboot before "
-                  "using it",
-                  g->index);
-    }
-    if (N.remapped) {
-        unsigned corr = 0, unc = 0, pending = 0, failed = 0;
-        r = N.remapped(d, &corr, &unc, &pending, &failed);
-        if (lost(r, g))
-            goto gone;
-        if (r == NVML_SUCCESS && failed)
-            fault(c, g,
-                  "a memory row remapping failed (%u uncorrectable rows): the GPU cannot hide "
-                  "its bad memory; drain the node and have the GPU replaced (RMA, dcgmi diag -r 3 "
-                  "first)",
-                  unc);
-        else if (r == NVML_SUCCESS && pending)
-            fault(c, g,
-                  "a memory row remapping is pending: reset the GPU (nvidia-smi -r -i %d) or "
-                  "reboot before using it",
-                  g->index);
-    }
-    if (N.ecc) {
-        unsigned long long n = 0;
-        r = N.ecc(d, NVML_MEMORY_ERROR_UNCORRECTED, NVML_VOLATILE_ECC, &n);
-        if (lost(r, g))
-            goto gone;
-        if (r == NVML_SUCCESS && n)
-            fault(c, g,
-                  "%llu uncorrectable ECC error(s) since the driver loaded: a kernel on it may "
-                  "have read corrupt memory; reset the GPU, and drain the node if they come back",
-                  n);
-    }
-    if (N.nvlink) {
-        int have = 0, up = 0;
-        char down[128] = "";
-        size_t off = 0;
-        for (unsigned l = 0; l < GL_NVML_MAX_LINKS; l++) {
-            int on = 0;
-            r = N.nvlink(d, l, &on);
-            if (lost(r, g))
-                goto gone;
-            if (r != NVML_SUCCESS)
-                continue;
-            have++;
-            if (on) {
-                up++;
-            } else {
-                int w = snprintf(down + off, sizeof down - off, "%s%u", off ? "," : "", l);
-                if (w > 0 && (size_t)w < sizeof down - off)
-                    off += (size_t)w;
-            }
-        }
-        /* every link down: a card without NVLink bridges reads the same as a
-         * board whose fabric is down, so that is a warning, not a refusal */
-        if (up > 0 && up < have)
-            fault(c, g,
-                  "NVLink link(s) %s down (%d of %d up): NCCL falls back to slower paths or "
-                  "hangs; check nvidia-smi nvlink -s, drain the node and reset the GPU",
-                  down, up, have);
-        else if (have > 0 && up == 0)
-            fprintf(c->out,
-                    "warn GPU %d: no NVLink link is up (of %d): fine for a card without NVLink; "
-                    "on an NVLink board check nvidia-fabricmanager and nvidia-smi nvlink -s\n",
-                    g->index, have);
-        else if (c->verbose && have)
-            fprintf(c->out, "ok   GPU %d: %d NVLink link(s) up\n", g->index, up);
-    }
-    if (N.reasons) {
-        unsigned long long m = 0;
-        r = N.reasons(d, &m);
-        if (lost(r, g))
-            goto gone;
-        char why[128];
-        if (r == NVML_SUCCESS && (m & GL_SLOW_FAULTS))
-            fault(c, g,
-                  "clocks are slowed (%s) before any work: this GPU will hold every rank back; "
-                  "check cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE)",
-                  gl_nvml_reasons((int64_t)(m & GL_SLOW_FAULTS), why, sizeof why));
-    }
-    if (c->verbose && c->faults == faults) {
-        char name[256];
-        fprintf(c->out, "ok   %s\n", gl_nvml_name(g, name, sizeof name));
-    }
-    return;
-gone:
-    fault(c, g, "%s", lost_fix);
-}
-
-/* A binding that contradicts the MIG layout. */
-static void check_mig(check_ctx *c, gl_gpu *g) {
-    if (N.mig_mode == NULL)
-        return;
-    unsigned cur = 0, pend = 0;
-    if (N.mig_mode((nvmlDevice_t)g->phys, &cur, &pend) != NVML_SUCCESS)
-        return;
-    if (!g->mig && cur && g->listed)
-        fprintf(c->out,
-                "warn GPU %d: MIG mode is on and nothing binds its instances: CUDA may see one "
-                "of them at most; set CUDA_VISIBLE_DEVICES to their UUIDs (nvidia-smi -L)\n",
-                g->index);
-    else if (!g->mig && cur)
-        fault(c, g,
-              "MIG mode is on but the binding names the whole GPU, so CUDA gets no or one slice "
-              "of it; bind its MIG instances (nvidia-smi -L lists their UUIDs) or turn MIG off "
-              "(nvidia-smi -mig 0 -i %d)",
-              g->index);
-    else if (cur != pend)
-        fault(c, g,
-              "a MIG mode change (to %s) is pending: it takes effect at the next GPU reset; "
-              "reset the GPU (nvidia-smi -r -i %d) first",
-              pend ? "on" : "off", g->index);
-}
-
-static int preflight_here(int mode, FILE *out, int verbose) {
-    check_ctx c = {.out = out, .refuse = mode == GL_GPU_HEALTH_REFUSE, .verbose = verbose};
-    gl_gpu *g = calloc(GL_NVML_MAX_GPUS, sizeof *g);
-    if (g == NULL)
-        return 0;
-    int n = gl_nvml_bound(g, GL_NVML_MAX_GPUS);
-    if (n < 0) {
-        if (verbose)
-            fprintf(out, "ok   NVML not loaded: GPU health checks skipped\n");
-        goto out;
-    }
-    for (int i = 0; i < n; i++) {
-        if (!g[i].found) {
-            if (g[i].lost)
-                fault(&c, &g[i], "%s", lost_fix);
-            else
-                fault(&c, &g[i], "%s; check CUDA_VISIBLE_DEVICES against nvidia-smi -L", g[i].why);
-            continue;
-        }
-        if (g[i].lost) {
-            fault(&c, &g[i], "%s", lost_fix);
-            continue;
-        }
-        /* MIG instances of one GPU share its health: check it once */
-        int seen = 0;
-        for (int k = 0; k < i; k++)
-            seen |= g[k].found && g[k].phys == g[i].phys;
-        check_mig(&c, &g[i]);
-        if (!seen)
-            check_gpu(&c, &g[i]);
-    }
-    if (verbose && n == 0)
-        fprintf(out, "ok   NVML lists no GPU bound to this node\n");
-out:
-    free(g);
-    return c.fails;
-}
-
-/* The checks run in a thread of their own, with a deadline: a driver that
- * hangs on a sick GPU (nvidia-smi then hangs too) must not hold the node's
- * start forever. Their lines are kept and printed whole when they finish. */
-typedef struct timed {
-    int mode, verbose, fails, done;
-    char *buf;
-    size_t len;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-} timed;
-
-static void *preflight_thread(void *arg) {
-    timed *t = arg;
-    FILE *f = open_memstream(&t->buf, &t->len);
-    int fails = f ? preflight_here(t->mode, f, t->verbose) : 0;
-    if (f)
-        fclose(f);
-    pthread_mutex_lock(&t->mu);
-    t->fails = fails;
-    t->done = 1;
-    pthread_cond_signal(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-    return NULL;
-}
-
-int gl_nvml_preflight(int mode, FILE *out, int verbose) {
-    if (mode == GL_GPU_HEALTH_OFF)
-        return 0;
-    double limit = GL_NVML_PREFLIGHT_TIMEOUT_S;
-    const char *e = getenv("GPULAUNCH_NVML_TIMEOUT_S"); /* tests */
-    if (e && *e && strtod(e, NULL) > 0)
-        limit = strtod(e, NULL);
-    /* the thread may outlive this call when NVML hangs: its state stays */
-    timed *t = calloc(1, sizeof *t);
-    if (t == NULL)
-        return 0;
-    t->mode = mode;
-    t->verbose = verbose;
-    pthread_mutex_init(&t->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&t->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_t th;
-    if (pthread_create(&th, NULL, preflight_thread, t) != 0) {
-        free(t);
-        return preflight_here(mode, out, verbose);
-    }
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += (time_t)limit;
-    dl.tv_nsec += (long)((limit - (double)(time_t)limit) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&t->mu);
-    while (!t->done && pthread_cond_timedwait(&t->cv, &t->mu, &dl) == 0)
-        ;
-    int done = t->done;
-    pthread_mutex_unlock(&t->mu);
-    if (!done) {
-        atomic_store(&stuck, 1);
-        pthread_detach(th);
-        fprintf(out,
-                "%s NVML did not answer within %g s: the driver hangs, usually on a GPU in a bad "
-                "state (nvidia-smi would hang too); check dmesg for XID errors, drain the node "
-                "and reset or reboot it\n",
-                mode == GL_GPU_HEALTH_REFUSE ? "FAIL" : "warn", limit);
-        return mode == GL_GPU_HEALTH_REFUSE;
-    }
-    pthread_join(th, NULL);
-    if (t->buf)
-        fwrite(t->buf, 1, t->len, out);
-    int fails = t->fails;
-    free(t->buf);
-    pthread_cond_destroy(&t->cv);
-    pthread_mutex_destroy(&t->mu);
-    free(t);
-    return fails;
-}
-
 /* ---- sampling and events ---- */
 
 int gl_nvml_sample(const gl_gpu *g, gl_gpu_sample *s) {
@@ -754,35 +412,35 @@ int gl_nvml_sample(const gl_gpu *g, gl_gpu_sample *s) {
     /* a MIG instance has no utilisation of its own in NVML, and a GPU in MIG
      * mode has none either (nvml.h: not supported on MIG-enabled GPUs): asked
      * of the GPU, in case a later driver answers; -1 until then */
-    if (N.util && (r = N.util(g->mig ? p : d, &u)) == NVML_SUCCESS)
+    if (gl_nv.util && (r = gl_nv.util(g->mig ? p : d, &u)) == NVML_SUCCESS)
         s->util = (int)u.gpu;
-    else if (N.util && r == NVML_ERROR_GPU_IS_LOST)
+    else if (gl_nv.util && r == NVML_ERROR_GPU_IS_LOST)
         s->lost = 1;
     nvmlMemory_t m;
-    if (N.mem && N.mem(d, &m) == NVML_SUCCESS) {
+    if (gl_nv.mem && gl_nv.mem(d, &m) == NVML_SUCCESS) {
         s->mem_used = (int64_t)m.used;
         s->mem_total = (int64_t)m.total;
     }
     unsigned v;
-    if (N.temp && (r = N.temp(p, NVML_TEMPERATURE_GPU, &v)) == NVML_SUCCESS)
+    if (gl_nv.temp && (r = gl_nv.temp(p, NVML_TEMPERATURE_GPU, &v)) == NVML_SUCCESS)
         s->temp = (int)v;
-    else if (N.temp && r == NVML_ERROR_GPU_IS_LOST)
+    else if (gl_nv.temp && r == NVML_ERROR_GPU_IS_LOST)
         s->lost = 1;
-    if (N.power && N.power(p, &v) == NVML_SUCCESS)
+    if (gl_nv.power && gl_nv.power(p, &v) == NVML_SUCCESS)
         s->power_w = v / 1000.0;
     unsigned long long rs;
-    if (N.reasons && N.reasons(p, &rs) == NVML_SUCCESS)
+    if (gl_nv.reasons && gl_nv.reasons(p, &rs) == NVML_SUCCESS)
         s->reasons = (int64_t)rs;
     return s->lost ? -1 : 0;
 }
 
 void *gl_nvml_events_create(gl_gpu *g, int n) {
-    if (gl_nvml_open() != 0 || !N.ev_create || !N.ev_register || !N.ev_wait)
+    if (gl_nvml_open() != 0 || !gl_nv.ev_create || !gl_nv.ev_register || !gl_nv.ev_wait)
         return NULL;
     nvmlEventSet_t set = NULL;
     fdset before;
     fds_now(&before);
-    if (N.ev_create(&set) != NVML_SUCCESS)
+    if (gl_nv.ev_create(&set) != NVML_SUCCESS)
         return NULL;
     int any = 0;
     for (int i = 0; i < n; i++) {
@@ -791,7 +449,7 @@ void *gl_nvml_events_create(gl_gpu *g, int n) {
             seen |= g[k].found && g[k].phys == g[i].phys;
         /* events are the physical GPU's; a MIG instance's come with its GI id */
         if (g[i].found && !seen &&
-            N.ev_register((nvmlDevice_t)g[i].phys, NVML_EVENT_XID, set) == NVML_SUCCESS)
+            gl_nv.ev_register((nvmlDevice_t)g[i].phys, NVML_EVENT_XID, set) == NVML_SUCCESS)
             any = 1;
     }
     cloexec_since(&before);
@@ -803,7 +461,7 @@ int gl_nvml_events_wait(void *set, const gl_gpu *g, int n, unsigned timeout_ms, 
                         uint64_t *xid, unsigned *gi) {
     nvmlEventData_t e;
     memset(&e, 0, sizeof e);
-    nvmlReturn_t r = N.ev_wait((nvmlEventSet_t)set, &e, timeout_ms);
+    nvmlReturn_t r = gl_nv.ev_wait((nvmlEventSet_t)set, &e, timeout_ms);
     if (r == NVML_ERROR_TIMEOUT)
         return 0;
     if (r != NVML_SUCCESS)

@@ -119,6 +119,13 @@ void gl_config_free(gl_config *cfg);
 /* Prints every option's effective value and its source. */
 void gl_config_print(const gl_config *cfg, FILE *out);
 const char *gl_opt_name(int id);
+/* the option takes no value (--flag) */
+int gl_opt_is_flag(int id);
+/* "--NAME: 'V' is not valid; expected FORMS" into err; returns 2 */
+int gl_opt_bad(char *err, size_t errlen, int id, const char *v);
+/* The values as the launcher uses them, each checked (gl_resolve.c): 0, or
+ * 2 with err naming the option. */
+int gl_config_resolve(gl_config *cfg, char *err, size_t errlen);
 /* The --help text. */
 extern const char gl_usage[];
 /* --print-completion SHELL: a completion script for bash, zsh or tcsh. */

@@ -1,6 +1,6 @@
-/* Worker output lines: line buffers, the rank prefix, the console and the
- * --log-dir files (--redirects, --tee, --local-ranks-filter), and the last
- * stderr lines kept for the failure report. */
+/* Worker output lines (see gl_output.h). A gl_output owns the attempt's
+ * filtered logs; each worker's line buffers, prefix, log file and stderr tail
+ * live in its record, which points back to the router for its lines. */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -57,18 +57,7 @@ size_t gl_subst(const char *t, const char *const *names, const char *const *vals
     return o;
 }
 
-/* --duplicate-stdout-filters / --duplicate-stderr-filters: the attempt's
- * filtered_stdout.log / filtered_stderr.log and the substrings that select
- * --tee'd lines for it (torchrun's PContext does the same). */
-#define GL_DUP_FILTERS_MAX 64
-static struct dup_filter {
-    int fd;
-    int n;
-    char *needle[GL_DUP_FILTERS_MAX];
-    char text[4096];
-} dup_filter[2] = {{.fd = -1}, {.fd = -1}};
-
-static int dup_match(const struct dup_filter *d, const char *line, size_t n) {
+static int dup_match(const gl_dup_filter *d, const char *line, size_t n) {
     for (int i = 0; i < d->n; i++)
         if (memmem(line, n, d->needle[i], strlen(d->needle[i])) != NULL)
             return 1;
@@ -89,7 +78,7 @@ static void emit_line(worker *w, int is_err, const char *line, size_t n) {
         write_all(is_err ? 2 : 1, out, (size_t)h + n + 1);
     if (w->log_fd >= 0 && ((w->redirect | w->tee) & bit))
         write_all(w->log_fd, out + h, n + 1);
-    const struct dup_filter *d = &dup_filter[is_err];
+    const gl_dup_filter *d = &w->router->dup[is_err];
     if (d->fd >= 0 && (w->tee & bit) && dup_match(d, line, n))
         write_all(d->fd, out, (size_t)h + n + 1);
     if (is_err) {
@@ -137,7 +126,7 @@ static void on_pipe_closed(uv_handle_t *h) {
         close(w->log_fd);
         w->log_fd = -1;
     }
-    gl_maybe_finish_round();
+    w->router->on_closed(w->router, w);
 }
 
 static void on_out(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
@@ -176,8 +165,8 @@ static int stream_bits(const char *spec, int lr) {
     return 0;
 }
 
-static int rank_shown(int lr) {
-    const char *f = L.cfg.val[GL_LOCAL_RANKS_FILTER];
+static int rank_shown(const gl_config *cfg, int lr) {
+    const char *f = cfg->val[GL_LOCAL_RANKS_FILTER];
     if (*f == '\0')
         return 1;
     for (const char *p = f; *p;) {
@@ -205,7 +194,7 @@ static void mkdirs(const char *path) {
 }
 
 /* "a,b,,c" -> "a" and "b,c" (a doubled comma is a comma). */
-static void dup_parse(struct dup_filter *d, const char *spec) {
+static void dup_parse(gl_dup_filter *d, const char *spec) {
     d->n = 0;
     snprintf(d->text, sizeof d->text, "%s", spec);
     char *w = d->text, *start = d->text;
@@ -229,19 +218,19 @@ static void dup_parse(struct dup_filter *d, const char *spec) {
     }
 }
 
-static void dup_open(void) {
+static void dup_open(gl_output *o, int attempt) {
+    const gl_config *cfg = o->cfg;
     for (int s = 0; s < 2; s++) {
-        struct dup_filter *d = &dup_filter[s];
+        gl_dup_filter *d = &o->dup[s];
         if (d->fd >= 0)
             close(d->fd);
         d->fd = -1;
-        const char *spec = L.cfg.val[s ? GL_DUPLICATE_STDERR_FILTERS : GL_DUPLICATE_STDOUT_FILTERS];
-        if (*spec == '\0' || L.cfg.val[GL_LOG_DIR][0] == '\0')
+        const char *spec = cfg->val[s ? GL_DUPLICATE_STDERR_FILTERS : GL_DUPLICATE_STDOUT_FILTERS];
+        if (*spec == '\0' || cfg->val[GL_LOG_DIR][0] == '\0')
             continue;
         dup_parse(d, spec);
         char path[PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s/attempt_%d", L.cfg.val[GL_LOG_DIR], L.run_id,
-                 L.restarts);
+        snprintf(path, sizeof path, "%s/%s/attempt_%d", cfg->val[GL_LOG_DIR], o->run_id, attempt);
         mkdirs(path);
         snprintf(path + strlen(path), sizeof path - strlen(path), "/filtered_%s.log",
                  s ? "stderr" : "stdout");
@@ -251,17 +240,28 @@ static void dup_open(void) {
     }
 }
 
-void gl_output_open(worker *w) {
+void gl_output_init(gl_output *o, const gl_config *cfg, const char *run_id, const char *hostname,
+                    gl_output_closed_cb on_closed) {
+    o->cfg = cfg;
+    o->run_id = run_id;
+    o->hostname = hostname;
+    o->on_closed = on_closed;
+    o->dup[0].fd = o->dup[1].fd = -1;
+}
+
+void gl_output_open(gl_output *o, worker *w, int attempt) {
+    const gl_config *cfg = o->cfg;
     int i = w->local_rank;
+    w->router = o;
     if (i == 0)
-        dup_open();
-    w->redirect = stream_bits(L.cfg.val[GL_REDIRECTS], i);
-    w->tee = stream_bits(L.cfg.val[GL_TEE], i);
-    w->show = rank_shown(i);
-    if (L.cfg.val[GL_LOG_DIR][0] && (w->redirect | w->tee)) {
+        dup_open(o, attempt);
+    w->redirect = stream_bits(cfg->val[GL_REDIRECTS], i);
+    w->tee = stream_bits(cfg->val[GL_TEE], i);
+    w->show = rank_shown(cfg, i);
+    if (cfg->val[GL_LOG_DIR][0] && (w->redirect | w->tee)) {
         char path[PATH_MAX];
-        snprintf(path, sizeof path, "%s/%s/attempt_%d/%d", L.cfg.val[GL_LOG_DIR], L.run_id,
-                 L.restarts, i);
+        snprintf(path, sizeof path, "%s/%s/attempt_%d/%d", cfg->val[GL_LOG_DIR], o->run_id, attempt,
+                 i);
         mkdirs(path);
         snprintf(path + strlen(path), sizeof path - strlen(path), "/output.log");
         w->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -271,17 +271,18 @@ void gl_output_open(worker *w) {
 }
 
 void gl_output_start(worker *w) {
-    const char *tpl = L.cfg.val[GL_LOG_LINE_PREFIX_TEMPLATE];
+    const gl_config *cfg = w->router->cfg;
+    const char *tpl = cfg->val[GL_LOG_LINE_PREFIX_TEMPLATE];
     if (*tpl) {
         char rank[16], lr[16], pid[16];
         snprintf(rank, sizeof rank, "%d", w->rank);
         snprintf(lr, sizeof lr, "%d", w->local_rank);
         snprintf(pid, sizeof pid, "%d", (int)w->pid);
         static const char *const names[] = {"role_name", "rank", "local_rank", "pid", "hostname"};
-        const char *vals[] = {L.cfg.val[GL_ROLE], rank, lr, pid, L.hostname};
+        const char *vals[] = {cfg->val[GL_ROLE], rank, lr, pid, w->router->hostname};
         w->prefix_len = gl_subst(tpl, names, vals, 5, 1, w->prefix, sizeof w->prefix);
     } else {
-        int k = snprintf(w->prefix, sizeof w->prefix, "[%s%d]:", L.cfg.val[GL_ROLE], w->local_rank);
+        int k = snprintf(w->prefix, sizeof w->prefix, "[%s%d]:", cfg->val[GL_ROLE], w->local_rank);
         w->prefix_len = k > 0 && (size_t)k < sizeof w->prefix ? (size_t)k : strlen(w->prefix);
     }
     uv_read_start((uv_stream_t *)&w->out, on_alloc, on_out);

@@ -1,4 +1,7 @@
-/* The launcher's side of the progress channel (see gl_progress.h). */
+/* The launcher's side of the progress channel (see gl_progress.h). It owns
+ * the region, the pipes and their readers, and the summaries' window; who
+ * holds each slot it learns at gl_progress_started, and whether and where a
+ * summary goes it asks its owner through the callbacks it was given. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -9,10 +12,14 @@
 
 #include "gb_log.h"
 #include "gb_time.h"
-#include "gl_launch.h"
 #include "gl_progress.h"
 
 #define GB_COMPONENT "launcher"
+
+typedef struct slot_holder {
+    int rank;
+    char gpu[64];
+} slot_holder;
 
 typedef struct reader {
     uv_pipe_t pipe;
@@ -30,8 +37,12 @@ static struct {
     int *pipe_r, *pipe_w;
     reader **rd;
     /* the summaries */
+    slot_holder *holder; /* per slot: the worker of this round */
     uv_timer_t stats_timer;
     int stats_on;
+    gl_progress_active_cb active;
+    gl_progress_send_cb send;
+    void *data;
     uint64_t win_start_ns;
     uint64_t *prev_steps, *prev_step_ns, *prev_coll_ns;
 } P = {.fd = -1};
@@ -83,6 +94,7 @@ int gl_progress_round(int nproc) {
         P.pipe_r = malloc((size_t)nproc * sizeof *P.pipe_r);
         P.pipe_w = malloc((size_t)nproc * sizeof *P.pipe_w);
         P.rd = calloc((size_t)nproc, sizeof *P.rd);
+        P.holder = calloc((size_t)nproc, sizeof *P.holder);
         P.prev_steps = calloc((size_t)nproc, sizeof *P.prev_steps);
         P.prev_step_ns = calloc((size_t)nproc, sizeof *P.prev_step_ns);
         P.prev_coll_ns = calloc((size_t)nproc, sizeof *P.prev_coll_ns);
@@ -197,7 +209,14 @@ static void on_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf) {
     }
 }
 
-void gl_progress_started(int local_rank) {
+void gl_progress_holder(int local_rank, int rank, const char *gpu) {
+    if (P.fd < 0 || (uint32_t)local_rank >= P.nslots || P.holder == NULL)
+        return;
+    P.holder[local_rank].rank = rank;
+    snprintf(P.holder[local_rank].gpu, sizeof P.holder[local_rank].gpu, "%s", gpu);
+}
+
+void gl_progress_started(uv_loop_t *loop, int local_rank) {
     if (P.fd < 0 || (uint32_t)local_rank >= P.nslots)
         return;
     if (P.pipe_w[local_rank] >= 0) {
@@ -211,7 +230,7 @@ void gl_progress_started(int local_rank) {
         return;
     r->local_rank = local_rank;
     r->pipe.data = r;
-    uv_pipe_init(L.loop, &r->pipe, 0);
+    uv_pipe_init(loop, &r->pipe, 0);
     if (uv_pipe_open(&r->pipe, P.pipe_r[local_rank]) != 0 ||
         uv_read_start((uv_stream_t *)&r->pipe, on_alloc, on_read) != 0) {
         uv_close((uv_handle_t *)&r->pipe, on_reader_closed);
@@ -224,7 +243,7 @@ void gl_progress_started(int local_rank) {
 /* ---- the summaries ---- */
 
 static void on_stats_timer(uv_timer_t *t) {
-    if (P.fd < 0 || L.w == NULL || L.nrunning == 0 || L.stopping || L.cli == NULL)
+    if (P.fd < 0 || P.holder == NULL || !P.active(P.data))
         return;
     uint64_t now = gb_now_ns();
     rdzv_rank_stats *rs = calloc(P.nslots, sizeof *rs);
@@ -238,7 +257,7 @@ static void on_stats_timer(uv_timer_t *t) {
         rdzv_rank_stats *r = &rs[n++];
         uint64_t steps = atomic_load(&s->steps), step_ns = atomic_load(&s->step_ns);
         uint64_t coll_ns = atomic_load(&s->coll_ns), beat = atomic_load(&s->beat_ns);
-        r->rank = (uint32_t)L.w[i].rank;
+        r->rank = (uint32_t)P.holder[i].rank;
         r->local_rank = i;
         r->step = (uint64_t)atomic_load(&s->step);
         r->wait_us = UINT32_MAX;
@@ -259,20 +278,24 @@ static void on_stats_timer(uv_timer_t *t) {
             P.prev_coll_ns[i] = coll_ns;
         }
         r->since_progress_ms = now > beat ? (uint32_t)((now - beat) / 1000000) : 0;
-        snprintf(r->gpu, sizeof r->gpu, "%s", L.w[i].gpu);
+        snprintf(r->gpu, sizeof r->gpu, "%s", P.holder[i].gpu);
     }
     uint32_t window_ms = (uint32_t)((now - P.win_start_ns) / 1000000);
     P.win_start_ns = now;
     if (n)
-        rdzv_client_stats(L.cli, window_ms, rs, n);
+        P.send(P.data, window_ms, rs, n);
     free(rs);
 }
 
-void gl_progress_start_stats(double interval_s) {
+void gl_progress_start_stats(uv_loop_t *loop, double interval_s, gl_progress_active_cb active,
+                             gl_progress_send_cb send, void *data) {
     if (P.stats_on || !(interval_s > 0))
         return;
     P.stats_on = 1;
-    uv_timer_init(L.loop, &P.stats_timer);
+    P.active = active;
+    P.send = send;
+    P.data = data;
+    uv_timer_init(loop, &P.stats_timer);
     uint64_t ms = (uint64_t)(interval_s * 1000);
     uv_timer_start(&P.stats_timer, on_stats_timer, ms, ms);
 }

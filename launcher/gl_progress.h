@@ -7,8 +7,10 @@
 
 #include <signal.h>
 #include <stdint.h>
+#include <uv.h>
 
 #include "gb_progress.h"
+#include "gpulaunch/rdzv.h"
 
 #define GL_PROGRESS_LINE_MAX 64 /* a longer progress line is malformed */
 /* Sent to a hung worker that registered for it (gpl_progress_stack_signal):
@@ -24,11 +26,23 @@ int gl_progress_round(int nproc);
 void gl_progress_child(int local_rank);
 /* The environment entries of a worker ("K=V", malloc'd) into env[n..max). */
 int gl_progress_env(int local_rank, char **env, int n, int max);
-/* After the fork: the parent closes the worker's pipe end and reads the other. */
-void gl_progress_started(int local_rank);
+/* The worker of the slot this round, as the summaries name it: its rank and
+ * gpu (its CUDA_VISIBLE_DEVICES, "" without). */
+void gl_progress_holder(int local_rank, int rank, const char *gpu);
+/* After the fork: the parent closes the worker's pipe end and reads the
+ * other on loop. */
+void gl_progress_started(uv_loop_t *loop, int local_rank);
 /* The slot of a local worker, NULL without a channel. */
 gb_progress_slot *gl_progress_slot(int local_rank);
-/* Starts the summaries to the rendezvous (every interval_s; 0: off). */
-void gl_progress_start_stats(double interval_s);
+/* Whether the workers run, not stopping: a summary is due (else the window
+ * goes on). */
+typedef int (*gl_progress_active_cb)(void *data);
+/* A window's summaries, one per slot that has reported. */
+typedef void (*gl_progress_send_cb)(void *data, uint32_t window_ms, const rdzv_rank_stats *rs,
+                                    uint32_t n);
+/* Starts the summaries on loop (every interval_s; 0: off; once: later calls
+ * do nothing). */
+void gl_progress_start_stats(uv_loop_t *loop, double interval_s, gl_progress_active_cb active,
+                             gl_progress_send_cb send, void *data);
 
 #endif

@@ -1,7 +1,8 @@
-/* The worker group: each worker's environment, fork/exec in a session of its
- * own with PR_SET_PDEATHSIG, signals to the group (stop, the discard notice,
- * the kill timer), and supervision: reaping on SIGCHLD and noting the first
- * failure. */
+/* The worker group (see gl_workers.h): each worker's environment, fork/exec
+ * in a session of its own with PR_SET_PDEATHSIG, signals to the group (stop,
+ * the discard notice, the kill timer), and supervision: reaping on SIGCHLD.
+ * It owns the worker records, the running count, the stop and its timers,
+ * and the output router; the first failure and the round are its owner's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -29,45 +30,75 @@ extern char **environ;
 
 /* ---- signalling the group ---- */
 
-void gl_signal_group(int sig) {
-    for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w[i].running && L.w[i].pid > 0) {
+void gl_group_signal(gl_group *g, int sig) {
+    for (int i = 0; i < g->n; i++)
+        if (g->w[i].running && g->w[i].pid > 0) {
             /* the group, and the process itself in case it has not called
              * setsid() yet (the signal then waits, blocked, until it has) */
-            kill(-L.w[i].pid, sig);
-            kill(L.w[i].pid, sig);
+            kill(-g->w[i].pid, sig);
+            kill(g->w[i].pid, sig);
             if (sig == SIGTERM || sig == SIGINT) { /* a stopped worker would hold it
                                                       pending until the kill timer */
-                kill(-L.w[i].pid, SIGCONT);
-                kill(L.w[i].pid, SIGCONT);
+                kill(-g->w[i].pid, SIGCONT);
+                kill(g->w[i].pid, SIGCONT);
             }
         }
 }
 
-void gl_on_kill_timer(uv_timer_t *t) {
+static void on_kill_timer(uv_timer_t *t) {
+    gl_group *g = t->data;
     GB_WARN("workers still running %.0f s after SIGTERM: sending SIGKILL",
-            L.cfg.shutdown_timeout_s);
-    gl_signal_group(SIGKILL);
+            g->cfg->shutdown_timeout_s);
+    gl_group_signal(g, SIGKILL);
+}
+
+void gl_group_kill_after(gl_group *g, uint64_t ms) {
+    g->stopping = 1;
+    uv_timer_start(&g->kill_timer, on_kill_timer, ms, 0);
 }
 
 static void on_discard_timer(uv_timer_t *t) {
-    for (int i = 0; i < L.cfg.nproc; i++)
-        if (L.w[i].running && L.w[i].pid > 0)
-            sigqueue(L.w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
+    gl_group *g = t->data;
+    for (int i = 0; i < g->n; i++)
+        if (g->w[i].running && g->w[i].pid > 0)
+            sigqueue(g->w[i].pid, SIGTERM, (union sigval){.sival_int = GB_SIGVAL_ROUND_OVER});
 }
 
-/* Stops the workers of a round that is over (not a preemption: see preempt in
- * gl_main.c). */
-void gl_stop_group(uint64_t discard_after_ms) {
-    if (L.nrunning == 0 || L.stopping)
+/* Not a preemption's stop, which the owner makes of gl_group_signal and
+ * gl_group_kill_after: that one lets workers checkpoint instead. */
+void gl_group_stop(gl_group *g, uint64_t discard_after_ms) {
+    if (g->nrunning == 0 || g->stopping)
         return;
-    L.stopping = 1;
+    g->stopping = 1;
     if (discard_after_ms == 0)
-        on_discard_timer(&L.discard_timer);
+        on_discard_timer(&g->discard_timer);
     else
-        uv_timer_start(&L.discard_timer, on_discard_timer, discard_after_ms, 0);
-    gl_signal_group(SIGTERM);
-    uv_timer_start(&L.kill_timer, gl_on_kill_timer, (uint64_t)(L.cfg.shutdown_timeout_s * 1000), 0);
+        uv_timer_start(&g->discard_timer, on_discard_timer, discard_after_ms, 0);
+    gl_group_signal(g, SIGTERM);
+    uv_timer_start(&g->kill_timer, on_kill_timer, (uint64_t)(g->cfg->shutdown_timeout_s * 1000), 0);
+}
+
+int gl_group_idle(const gl_group *g) {
+    if (g->nrunning > 0)
+        return 0;
+    for (int i = 0; g->w && i < g->n; i++)
+        if (g->w[i].pipes_open)
+            return 0;
+    return 1;
+}
+
+const worker *gl_group_worker(const gl_group *g, int i) {
+    return g->w == NULL || i < 0 || i >= g->n ? NULL : &g->w[i];
+}
+
+/* A stop ends with the group's last worker and pipe, once the owner has
+ * heard of them (so that it takes no exit during the stop for a failure). */
+static void settle(gl_group *g) {
+    if (!gl_group_idle(g))
+        return;
+    uv_timer_stop(&g->kill_timer);
+    uv_timer_stop(&g->discard_timer);
+    g->stopping = 0;
 }
 
 const char *gl_signame(int sig) {
@@ -167,7 +198,10 @@ static int is_managed(const char *kv) {
     return 0;
 }
 
-static char **build_env(worker *w, const char *rdzv_ep) {
+static char **build_env(const gl_group *g, const worker *w, const rdzv_assignment *a, int restarts,
+                        const char *nccl_ifname) {
+    const gl_config *cfg = g->cfg;
+    const gl_group_job *job = &g->job;
     int max = 64;
     for (char **e = environ; *e; e++)
         max++;
@@ -177,7 +211,7 @@ static char **build_env(worker *w, const char *rdzv_ep) {
     int n = 0;
     int have_omp = 0, have_async = 0;
     for (char **e = environ; *e; e++) {
-        if (is_managed(*e) || ((L.cfg.bind_gpus || L.cfg.virtual_local_rank) &&
+        if (is_managed(*e) || ((cfg->bind_gpus || cfg->virtual_local_rank) &&
                                strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0))
             continue;
         if (strncmp(*e, "OMP_NUM_THREADS=", 16) == 0)
@@ -186,49 +220,48 @@ static char **build_env(worker *w, const char *rdzv_ep) {
             have_async = 1;
         env[n++] = strdup(*e);
     }
-    const rdzv_assignment *a = &L.a;
-    const char *role = L.cfg.val[GL_ROLE];
+    const char *role = cfg->val[GL_ROLE];
     n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
     /* --virtual-local-rank: every worker is local rank 0 of its one GPU;
      * libgpulaunch still needs the true one */
-    n = env_add(env, n, max, "LOCAL_RANK", "%d", L.cfg.virtual_local_rank ? 0 : w->local_rank);
+    n = env_add(env, n, max, "LOCAL_RANK", "%d", cfg->virtual_local_rank ? 0 : w->local_rank);
     n = env_add(env, n, max, "GPULAUNCH_LOCAL_RANK", "%d", w->local_rank);
     n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
     n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
     n = env_add(env, n, max, "ROLE_NAME", "%s", role);
     n = env_add(env, n, max, "WORLD_SIZE", "%u", a->world_size);
-    n = env_add(env, n, max, "LOCAL_WORLD_SIZE", "%d", L.cfg.nproc);
+    n = env_add(env, n, max, "LOCAL_WORLD_SIZE", "%d", cfg->nproc);
     n = env_add(env, n, max, "GROUP_WORLD_SIZE", "%u", a->nnodes);
     n = env_add(env, n, max, "ROLE_WORLD_SIZE", "%u", a->world_size);
     n = env_add(env, n, max, "MASTER_ADDR", "%s", a->master_addr);
     n = env_add(env, n, max, "MASTER_PORT", "%u", a->master_port);
-    n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", L.restarts);
-    n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", L.cfg.max_restarts);
-    n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", L.run_id);
+    n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", restarts);
+    n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", cfg->max_restarts);
+    n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", job->run_id);
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s/gpulaunch-%s-error-%u.json", dir,
-                L.run_id, a->base_rank + (uint32_t)w->local_rank);
+                job->run_id, a->base_rank + (uint32_t)w->local_rank);
     /* workers create their own store on MASTER_PORT (rank 0 listens) */
     n = env_add(env, n, max, "TORCHELASTIC_USE_AGENT_STORE", "False");
     n = env_add(env, n, max, "TORCHELASTIC_SIGNALS_TO_HANDLE", "%s",
-                L.cfg.val[GL_SIGNALS_TO_HANDLE]);
-    if (!have_omp && L.cfg.nproc > 1)
+                cfg->val[GL_SIGNALS_TO_HANDLE]);
+    if (!have_omp && cfg->nproc > 1)
         n = env_add(env, n, max, "OMP_NUM_THREADS", "1");
     if (!have_async)
         n = env_add(env, n, max, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
-    n = env_add(env, n, max, "GPULAUNCH_RDZV_ENDPOINT", "%s", rdzv_ep);
-    n = env_add(env, n, max, "GPULAUNCH_RUN_ID", "%s", L.run_id);
+    n = env_add(env, n, max, "GPULAUNCH_RDZV_ENDPOINT", "%s", job->rdzv_ep);
+    n = env_add(env, n, max, "GPULAUNCH_RUN_ID", "%s", job->run_id);
     n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
     n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
-    n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", L.hostname);
-    n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", L.addr);
-    n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", L.cfg.shutdown_timeout_s);
+    n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", job->hostname);
+    n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", job->addr);
+    n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", cfg->shutdown_timeout_s);
     n = gl_progress_env(w->local_rank, env, n, max);
-    if (L.token)
-        n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)L.token_len, L.token);
-    if (L.nccl_ifname[0])
-        n = env_add(env, n, max, "NCCL_SOCKET_IFNAME", "%s", L.nccl_ifname);
-    if (L.cfg.bind_gpus || L.cfg.virtual_local_rank) {
+    if (job->token)
+        n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)job->token_len, job->token);
+    if (nccl_ifname[0])
+        n = env_add(env, n, max, "NCCL_SOCKET_IFNAME", "%s", nccl_ifname);
+    if (cfg->bind_gpus || cfg->virtual_local_rank) {
         char dev[128];
         bound_device(w->local_rank, dev, sizeof dev);
         n = env_add(env, n, max, "CUDA_VISIBLE_DEVICES", "%s", dev);
@@ -240,7 +273,8 @@ static char **build_env(worker *w, const char *rdzv_ep) {
 /* fork, then in the child: its own session (signals reach its whole process
  * group), death with the launcher (PR_SET_PDEATHSIG, which no spawn API
  * offers), the pipes as stdout and stderr, exec. 0 or -errno. */
-static int spawn_one(char **argv, char **env, int out_w, int err_w, int local_rank, pid_t *pid) {
+static int spawn_one(const gl_config *cfg, char **argv, char **env, int out_w, int err_w,
+                     int local_rank, pid_t *pid) {
     pid_t parent = getpid();
     /* Signals stay blocked across the fork: a signal that reaches the child
      * before it has reset our handlers must not run them (they would write to
@@ -260,9 +294,9 @@ static int spawn_one(char **argv, char **env, int out_w, int err_w, int local_ra
                                    SIGCHLD, SIGPIPE, SIGUSR1, SIGUSR2};
         for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
             signal(sigs[i], SIG_DFL);
-        for (int i = 0; i < L.cfg.nsignals; i++) /* SIGUSR1 & co. */
-            signal(L.cfg.signals[i], SIG_DFL);
-        if (L.cfg.slurm) { /* Slurm signals every process of the step; the
+        for (int i = 0; i < cfg->nsignals; i++) /* SIGUSR1 & co. */
+            signal(cfg->signals[i], SIG_DFL);
+        if (cfg->slurm) { /* Slurm signals every process of the step; the
                               launcher alone makes the notice a checkpoint */
             signal(SIGUSR1, SIG_IGN);
             signal(SIGUSR2, SIG_IGN);
@@ -346,33 +380,34 @@ static void argv_free(char **a) {
     free(a);
 }
 
-void gl_spawn_workers(void) {
-    int np = L.cfg.nproc;
-    if (L.w == NULL)
-        L.w = calloc((size_t)np, sizeof *L.w);
+int gl_group_spawn(gl_group *g, const rdzv_assignment *a, int restarts, const char *nccl_ifname) {
+    const gl_config *cfg = g->cfg;
+    int np = cfg->nproc;
+    if (g->w == NULL)
+        g->w = calloc((size_t)np, sizeof *g->w);
     /* argv: the shim, then the program as torchrun would run it */
-    int pa = L.cfg.prog_argc;
+    int pa = cfg->prog_argc;
     char **argv = calloc((size_t)pa + 4, sizeof *argv);
     int k = 0;
-    const char *prog = L.cfg.prog_argv[0];
+    const char *prog = cfg->prog_argv[0];
     size_t pl = strlen(prog);
     /* python -u as torchrun runs it (PYTHON_EXEC overrides the interpreter);
      * --run-path runs the script in a fresh interpreter, as runpy would */
     const char *py = getenv("PYTHON_EXEC") && *getenv("PYTHON_EXEC") ? getenv("PYTHON_EXEC")
                                                                      : python_for_workers();
-    if (L.cfg.run_path ||
-        (!L.cfg.no_python && !L.cfg.module && pl > 3 && strcmp(prog + pl - 3, ".py") == 0)) {
+    if (cfg->run_path ||
+        (!cfg->no_python && !cfg->module && pl > 3 && strcmp(prog + pl - 3, ".py") == 0)) {
         argv[k++] = (char *)py;
         argv[k++] = "-u";
-    } else if (L.cfg.module) {
+    } else if (cfg->module) {
         argv[k++] = (char *)py;
         argv[k++] = "-u";
         argv[k++] = "-m";
     }
     for (int i = 0; i < pa; i++)
-        argv[k++] = L.cfg.prog_argv[i];
+        argv[k++] = cfg->prog_argv[i];
     argv[k] = NULL;
-    L.stopping = 0;
+    g->stopping = 0;
     static int told_omp;
     if (!told_omp && np > 1 && getenv("OMP_NUM_THREADS") == NULL) {
         told_omp = 1; /* torchrun's warning, at INFO */
@@ -381,29 +416,31 @@ void gl_spawn_workers(void) {
                 np);
     }
     /* the channel, unless nothing reads it (--progress-timeout 0 --stats-interval 0) */
-    if (L.cfg.progress_timeout_s > 0 || L.cfg.progress_auto || L.cfg.stats_interval_s > 0)
+    if (cfg->progress_timeout_s > 0 || cfg->progress_auto || cfg->stats_interval_s > 0)
         gl_progress_round(np);
+    int failed = 0;
     for (int i = 0; i < np; i++) {
-        worker *w = &L.w[i];
+        worker *w = &g->w[i];
         memset(w, 0, sizeof *w);
         w->local_rank = i;
-        w->rank = (int)L.a.base_rank + i;
+        w->rank = (int)a->base_rank + i;
         w->log_fd = -1;
-        gl_output_open(w);
-        uv_pipe_init(L.loop, &w->out, 0);
-        uv_pipe_init(L.loop, &w->err, 0);
+        gl_output_open(&g->out, w, restarts);
+        uv_pipe_init(g->loop, &w->out, 0);
+        uv_pipe_init(g->loop, &w->err, 0);
         w->out.data = w->err.data = w;
-        char **env = build_env(w, L.rdzv_ep);
+        char **env = build_env(g, w, a, restarts, nccl_ifname);
         for (char **e = env; e && *e; e++)
             if (strncmp(*e, "CUDA_VISIBLE_DEVICES=", 21) == 0)
                 snprintf(w->gpu, sizeof w->gpu, "%s", *e + 21);
+        gl_progress_holder(i, w->rank, w->gpu);
         int po[2] = {-1, -1}, pe[2] = {-1, -1};
         int r = 0;
         if (pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0)
             r = -errno;
         else {
             char **wargv = argv_for_rank(argv, i);
-            r = spawn_one(wargv ? wargv : argv, env, po[1], pe[1], i, &w->pid);
+            r = spawn_one(cfg, wargv ? wargv : argv, env, po[1], pe[1], i, &w->pid);
             argv_free(wargv);
         }
         for (char **e = env; e && *e; e++)
@@ -419,79 +456,70 @@ void gl_spawn_workers(void) {
         if (r != 0) {
             fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, strerror(-r));
             gl_output_close(w);
-            if (!L.first.set) {
-                L.first.set = 1;
-                L.first.when = gb_wall_s();
-                L.first.rank = w->rank;
-                L.first.local_rank = i;
-                L.first.exit_code = 127;
-                snprintf(L.first.tail, sizeof L.first.tail, "    cannot start %s: %s\n", prog,
-                         strerror(-r));
-            }
-            L.group_failed = 1;
+            failed++;
+            g->cb.on_spawn_error(g, w, -r);
             continue;
         }
         w->running = 1;
-        L.nrunning++;
+        g->nrunning++;
         gl_output_start(w);
-        gl_progress_started(i);
+        gl_progress_started(g->loop, i);
     }
     free(argv);
-    if (L.group_failed) {
-        gl_stop_group(GL_DISCARD_GRACE_MS);
-        rdzv_client_fail(L.cli, "a worker could not be started");
-        gl_maybe_finish_round();
-    }
+    return failed;
 }
 
 /* ---- supervision ---- */
 
-static void on_worker_exit(worker *w, int64_t status, int sig) {
+static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     w->running = 0;
-    L.nrunning--;
-    int failed = status != 0 || sig != 0;
-    if (failed && !L.stopping && !L.exit_requested && !L.round_over) {
-        if (!L.first.set) {
-            failure *f = &L.first;
-            f->set = 1;
-            f->when = gb_wall_s();
-            f->rank = w->rank;
-            f->local_rank = w->local_rank;
-            f->pid = w->pid;
-            f->exit_code = status;
-            f->signal = sig;
-            gl_output_tail(w, f->tail, sizeof f->tail);
-        }
-        L.group_failed = 1;
-        char msg[256];
-        if (sig)
-            snprintf(msg, sizeof msg, "rank %d (local rank %d) killed by %s", w->rank,
-                     w->local_rank, gl_signame(sig));
-        else
-            snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
-                     w->local_rank, (long long)status);
-        GB_ERROR("%s: stopping the local workers", msg);
-        gl_stop_group(GL_DISCARD_GRACE_MS);
-        rdzv_client_fail(L.cli, msg);
-    }
-    gl_maybe_finish_round();
+    g->nrunning--;
+    g->cb.on_exit(g, w, status, sig);
+    settle(g);
 }
 
 /* Every child exit, ours or an orphan's (as PID 1 we inherit them all), is
  * reaped here: no zombie stays behind. */
-void gl_on_sigchld(uv_signal_t *h, int sig) {
+static void on_sigchld(uv_signal_t *h, int sig) {
+    gl_group *g = h->data;
     int st;
     pid_t pid;
     while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-        for (int i = 0; L.w && i < L.cfg.nproc; i++) {
-            worker *w = &L.w[i];
+        for (int i = 0; g->w && i < g->n; i++) {
+            worker *w = &g->w[i];
             if (!w->running || w->pid != pid)
                 continue;
             if (WIFSIGNALED(st))
-                on_worker_exit(w, 0, WTERMSIG(st));
+                on_worker_exit(g, w, 0, WTERMSIG(st));
             else
-                on_worker_exit(w, WEXITSTATUS(st), 0);
+                on_worker_exit(g, w, WEXITSTATUS(st), 0);
             break;
         }
     }
+}
+
+static void on_output_closed(gl_output *o, worker *w) {
+    gl_group *g = o->data;
+    g->cb.on_closed(g, w);
+    settle(g);
+}
+
+void gl_group_init(gl_group *g, uv_loop_t *loop, const gl_config *cfg, const gl_group_job *job,
+                   const gl_group_callbacks *cb) {
+    g->w = NULL;
+    g->n = cfg->nproc;
+    g->nrunning = 0;
+    g->stopping = 0;
+    g->loop = loop;
+    g->cfg = cfg;
+    g->job = *job;
+    g->cb = *cb;
+    gl_output_init(&g->out, cfg, job->run_id, job->hostname, on_output_closed);
+    g->out.data = g;
+    uv_timer_init(loop, &g->kill_timer);
+    uv_timer_init(loop, &g->discard_timer);
+    g->kill_timer.data = g->discard_timer.data = g;
+    uv_signal_init(loop, &g->sigchld);
+    g->sigchld.data = g;
+    uv_signal_start(&g->sigchld, on_sigchld, SIGCHLD);
 }

@@ -33,7 +33,7 @@ echo "== example on the NCCL backend"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 --device
 GPULAUNCH_BACKEND=cpu $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/examples/dp_train --steps 50 | grep params_sha256
 echo "== GPU health: preflight against the real NVML (clean expected), then the monitor's samples while dp_train --device runs"
-# gl_nvml.c declares NVML's ABI itself (the fake NVML of the tests shares it):
+# gl_nvml_abi.h declares NVML's ABI itself (the fake NVML of the tests shares it):
 # checked here against NVIDIA's nvml.h before the driver is called with it
 nvml_inc=$(dirname "$(ls /usr/local/cuda/include/nvml.h /usr/local/cuda/targets/*/include/nvml.h \
   /usr/include/nvml.h 2>/dev/null | head -n 1)")

@@ -168,7 +168,7 @@ int main(void) {
         const char *sym;
         size_t off;
     } want[] = {
-#define ROW(field, fn, ...) {#fn, offsetof(__typeof__(N), field)},
+#define ROW(field, fn, ...) {#fn, offsetof(gl_nvml_fns, field)},
         FUNCTIONS(ROW)};
     int bad = sizeof want / sizeof want[0] != sizeof fns / sizeof fns[0];
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
