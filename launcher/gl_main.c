@@ -23,6 +23,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "gl_cloud.h"
+#include "gl_endpoint.h"
 #include "gl_gpumon.h"
 #include "gl_numa.h"
 #include "gl_options.h"
@@ -537,6 +538,29 @@ static int check_rendezvous(void) {
     } else if (rdzv_parse_endpoint(L.cfg.val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, host,
                                    sizeof host, &port) != GPL_OK) {
         return 1;
+    } else if (L.cfg.rdzv_is_host == 1 ||
+               (L.cfg.rdzv_is_host == -1 && gl_endpoint_locality(host) != GL_EP_REMOTE)) {
+        /* this node would host it, unless the port is held here already */
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        int held = 0;
+        if (getaddrinfo(host, ps, &hints, &res) == 0) {
+            int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            held = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+            if (fd >= 0)
+                close(fd);
+            freeaddrinfo(res);
+        }
+        if (held)
+            printf("ok   rendezvous %s:%d resolves and answers (the port is held on this "
+                   "machine: this node joins whoever holds it)\n",
+                   host, port);
+        else
+            printf("ok   rendezvous %s:%d names this machine and nothing holds the port: "
+                   "this launcher will host it\n",
+                   host, port);
+        return 0;
     }
     uint64_t budget = L.cfg.join_timeout_ms < 10000 ? L.cfg.join_timeout_ms : 10000;
     uint64_t deadline = gb_now_ms() + budget;
@@ -623,6 +647,10 @@ int main(int argc, char **argv) {
         int f = preflight(1) + check_rendezvous();
         return f ? GL_EXIT_PREFLIGHT : 0;
     }
+    if (gl_group_check_program(&L.cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "gpulaunch: %s; nothing was started\n", err);
+        return GL_EXIT_USAGE;
+    }
     L.loop = uv_default_loop();
 
     gethostname(L.hostname, sizeof L.hostname);
@@ -676,21 +704,52 @@ int main(int argc, char **argv) {
     }
     int hosts =
         L.cfg.mode == GL_MODE_STANDALONE || (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0);
+    const char *listen = L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : "0.0.0.0";
+    /* torchrun's c10d: the launcher on the endpoint's host hosts the
+     * rendezvous, a second one there finds the port taken and joins it */
+    int self_host = 0;
+    if (L.cfg.mode == GL_MODE_DYNAMIC && L.cfg.rdzv_is_host != 0) {
+        int where = L.cfg.rdzv_is_host == 1 ? GL_EP_HERE : gl_endpoint_locality(rhost);
+        self_host = where != GL_EP_REMOTE;
+        if (where == GL_EP_LOOPBACK)
+            listen = strchr(rhost, ':') ? "::1" : "127.0.0.1";
+        hosts = self_host;
+    }
     if (hosts) {
         rdzv_server_options so = RDZV_SERVER_OPTIONS_INIT;
-        so.listen_addr = L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : "0.0.0.0";
+        so.listen_addr = listen;
         so.listen_port = rport;
         so.token = L.token;
         so.token_len = L.token_len;
         so.heartbeat_timeout_ms = L.cfg.hb_timeout_ms;
-        if (rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err) != GPL_OK) {
-            fprintf(stderr, "gpulaunch: node rank 0 hosts the rendezvous: %s\n", err);
+        gpl_result_t rc = rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err);
+        if (rc == GPL_ERR_EXISTS && self_host) {
+            fprintf(stderr,
+                    "gpulaunch: rendezvous %s:%d: the port is taken on this machine; joining "
+                    "whoever holds it\n",
+                    rhost, rport);
+            hosts = 0;
+        } else if (rc != GPL_OK) {
+            fprintf(stderr, "gpulaunch: %s hosts the rendezvous: %s\n",
+                    self_host ? "this launcher (the --rdzv-endpoint names this machine)"
+                              : "node rank 0",
+                    err);
             return GL_EXIT_RDZV;
+        } else {
+            rport = rdzv_server_port(L.srv);
+            if (self_host)
+                fprintf(stderr,
+                        "gpulaunch: hosting the rendezvous of job %s at %s:%d (the "
+                        "--rdzv-endpoint names this machine)\n",
+                        L.run_id, rhost, rport);
         }
-        rport = rdzv_server_port(L.srv);
     }
     snprintf(L.rdzv_ep, sizeof L.rdzv_ep, "%s:%d",
-             hosts ? (L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : L.addr) : rhost, rport);
+             !hosts                                   ? rhost
+             : L.cfg.mode == GL_MODE_STANDALONE       ? "127.0.0.1"
+             : self_host && strcmp(listen, "0.0.0.0") ? rhost
+                                                      : L.addr,
+             rport);
     rdzv_client_options co = {.host = rhost,
                               .port = rport,
                               .token = L.token,

@@ -220,7 +220,7 @@ static int load_yaml(gl_config *c, const char *path, char *err, size_t errlen) {
     yaml_parser_t p;
     yaml_parser_initialize(&p);
     yaml_parser_set_input_file(&p, f);
-    int rc = 0, depth = 0;
+    int rc = 0, depth = 0, root = 1; /* root: the next node is the document's top */
     char key[128] = "";
     int have_key = 0;
     for (;;) {
@@ -232,7 +232,16 @@ static int load_yaml(gl_config *c, const char *path, char *err, size_t errlen) {
             break;
         }
         int done = ev.type == YAML_STREAM_END_EVENT;
-        if (ev.type == YAML_MAPPING_START_EVENT)
+        if (root && (ev.type == YAML_SCALAR_EVENT || ev.type == YAML_SEQUENCE_START_EVENT ||
+                     ev.type == YAML_ALIAS_EVENT)) {
+            /* a file of options is a mapping; anything else would be ignored */
+            snprintf(err, errlen,
+                     "--config %s: the file holds a %s at line %zu, not a mapping of options; "
+                     "write one option per line as `name: value` (e.g. `nproc-per-node: 8`)",
+                     path, ev.type == YAML_SEQUENCE_START_EVENT ? "list" : "scalar",
+                     ev.start_mark.line + 1);
+            rc = 2;
+        } else if (ev.type == YAML_MAPPING_START_EVENT)
             depth++;
         else if (ev.type == YAML_MAPPING_END_EVENT)
             depth--;
@@ -263,6 +272,11 @@ static int load_yaml(gl_config *c, const char *path, char *err, size_t errlen) {
                      key);
             rc = 2;
         }
+        if (ev.type == YAML_MAPPING_START_EVENT || ev.type == YAML_SCALAR_EVENT ||
+            ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_ALIAS_EVENT)
+            root = 0;
+        else if (ev.type == YAML_DOCUMENT_END_EVENT)
+            root = 1;
         yaml_event_delete(&ev);
         if (done || rc)
             break;

@@ -91,6 +91,7 @@ typedef struct gl_config {
     double shutdown_timeout_s;
     uint64_t shm_min;
     uint32_t join_timeout_ms, last_call_ms, hb_timeout_ms;
+    int rdzv_is_host; /* --rdzv-conf is_host: -1 auto (the endpoint names this machine), 0, 1 */
     int standalone, no_python, module, check, print_config, bind_gpus, nccl_ifname_auto;
     int preemption_source; /* GL_CLOUD_* */
     double preemption_poll_s;

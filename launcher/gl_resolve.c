@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include "gl_cloud.h"
 #include "gl_numa.h"
@@ -336,6 +337,7 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
     c->join_timeout_ms = RDZV_DEFAULT_JOIN_TIMEOUT_MS;
     c->last_call_ms = RDZV_DEFAULT_LAST_CALL_MS;
     c->hb_timeout_ms = RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+    c->rdzv_is_host = -1;
     char conf[512];
     snprintf(conf, sizeof conf, "%s", c->val[GL_RDZV_CONF]);
     char *save = NULL;
@@ -344,6 +346,16 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
         if (eq == NULL)
             return gl_opt_bad(err, errlen, GL_RDZV_CONF, kv);
         *eq = '\0';
+        if (strcmp(kv, "is_host") == 0) { /* torchrun's c10d: host the store or not */
+            const char *b = eq + 1;
+            if (!strcasecmp(b, "true") || !strcmp(b, "1") || !strcasecmp(b, "yes"))
+                c->rdzv_is_host = 1;
+            else if (!strcasecmp(b, "false") || !strcmp(b, "0") || !strcasecmp(b, "no"))
+                c->rdzv_is_host = 0;
+            else
+                return gl_opt_bad(err, errlen, GL_RDZV_CONF, b);
+            continue;
+        }
         double s = strtod(eq + 1, &end);
         if (*end || !(s >= 0) || s > 86400)
             return gl_opt_bad(err, errlen, GL_RDZV_CONF, eq + 1);
@@ -354,8 +366,7 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
             c->last_call_ms = ms;
         else if (strcmp(kv, "heartbeat_timeout") == 0)
             c->hb_timeout_ms = ms ? ms : 1;
-        else if (strcmp(kv, "close_timeout") && strcmp(kv, "read_timeout") &&
-                 strcmp(kv, "timeout") && strcmp(kv, "is_host"))
+        else if (strcmp(kv, "close_timeout") && strcmp(kv, "read_timeout") && strcmp(kv, "timeout"))
             return gl_opt_bad(err, errlen, GL_RDZV_CONF, kv);
     }
     /* mode */
@@ -365,8 +376,9 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
         return gl_opt_bad(err, errlen, GL_RDZV_BACKEND, be);
     if (!strcmp(be, "etcd") || !strcmp(be, "etcd-v2")) {
         snprintf(err, errlen,
-                 "--rdzv-backend %s is not supported; run a gpulaunch-rdzv server "
-                 "and use --rdzv-backend c10d --rdzv-endpoint HOST:PORT",
+                 "--rdzv-backend %s needs an etcd server, which gpulaunch does not speak; use "
+                 "--rdzv-backend c10d with --rdzv-endpoint naming one of the job's nodes (its "
+                 "launcher hosts the rendezvous) or a gpulaunch-rdzv server",
                  be);
         return 2;
     }
@@ -393,12 +405,29 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
         }
         if ((uint32_t)c->node_rank >= c->max_nodes)
             return gl_opt_bad(err, errlen, GL_NODE_RANK, c->val[GL_NODE_RANK]);
+        /* torchrun's static backend: an endpoint given is the master's address */
+        if (c->val[GL_RDZV_ENDPOINT][0]) {
+            char host[256];
+            int port;
+            if (rdzv_parse_endpoint(c->val[GL_RDZV_ENDPOINT], c->master_port, host, sizeof host,
+                                    &port) != GPL_OK)
+                return gl_opt_bad(err, errlen, GL_RDZV_ENDPOINT, c->val[GL_RDZV_ENDPOINT]);
+            free(c->val[GL_MASTER_ADDR]);
+            c->val[GL_MASTER_ADDR] = strdup(host);
+            c->src[GL_MASTER_ADDR] = c->src[GL_RDZV_ENDPOINT];
+            c->master_port = port;
+            char ps[16];
+            snprintf(ps, sizeof ps, "%d", port);
+            free(c->val[GL_MASTER_PORT]);
+            c->val[GL_MASTER_PORT] = strdup(ps);
+            c->src[GL_MASTER_PORT] = c->src[GL_RDZV_ENDPOINT];
+        }
         c->mode = GL_MODE_STATIC;
     } else {
         if (c->val[GL_RDZV_ENDPOINT][0] == '\0') {
             snprintf(err, errlen,
-                     "--rdzv-backend %s needs --rdzv-endpoint HOST[:PORT] of a "
-                     "gpulaunch-rdzv server",
+                     "--rdzv-backend %s needs --rdzv-endpoint HOST[:PORT]: one of the job's "
+                     "nodes (its launcher hosts the rendezvous) or a gpulaunch-rdzv server",
                      be);
             return 2;
         }

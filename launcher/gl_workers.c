@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -318,10 +319,19 @@ static int spawn_one(const gl_config *cfg, char **argv, char **env, int out_w, i
         }
         gl_progress_child(local_rank);
         execvpe(argv[0], argv, env);
-        static const char msg[] = "gpulaunch: cannot run the program: exec failed\n";
-        if (write(2, msg, sizeof msg - 1) < 0)
-            _exit(126);
-        _exit(127);
+        /* only async-signal-safe calls here: strerrordesc_np reads a table */
+        int e = errno;
+        const char *parts[] = {"gpulaunch: cannot run ",
+                               argv[0],
+                               ": ",
+                               strerrordesc_np(e) ? strerrordesc_np(e) : "exec failed",
+                               " (",
+                               strerrorname_np(e) ? strerrorname_np(e) : "?",
+                               ")\n"};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            if (write(2, parts[i], strlen(parts[i])) < 0)
+                break;
+        _exit(e == ENOENT ? 127 : 126);
     }
     *pid = p;
     return 0;
@@ -378,6 +388,63 @@ static void argv_free(char **a) {
     for (char **p = a; p && *p; p++)
         free(*p);
     free(a);
+}
+
+/* Where execvp would find name: 0, or the errno it would fail with. */
+static int find_exec(const char *name, char *found, size_t len) {
+    if (strchr(name, '/')) {
+        snprintf(found, len, "%s", name);
+        struct stat st;
+        if (stat(name, &st) != 0)
+            return errno;
+        if (S_ISDIR(st.st_mode))
+            return EISDIR;
+        return access(name, X_OK) == 0 ? 0 : errno;
+    }
+    const char *path = getenv("PATH");
+    int seen = ENOENT;
+    for (const char *p = path && *path ? path : "/usr/local/bin:/usr/bin:/bin"; *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(found, len, "%.*s%s%s", (int)n, p, n ? "/" : "", name);
+        struct stat st;
+        if (stat(found, &st) == 0 && !S_ISDIR(st.st_mode)) {
+            if (access(found, X_OK) == 0)
+                return 0;
+            seen = errno;
+        }
+        p += n + (p[n] == ':');
+    }
+    snprintf(found, len, "%s", name);
+    return seen;
+}
+
+int gl_group_check_program(const gl_config *cfg, char *err, size_t errlen) {
+    const char *prog = cfg->prog_argv[0];
+    size_t pl = strlen(prog);
+    int script = cfg->run_path ||
+                 (!cfg->no_python && !cfg->module && pl > 3 && strcmp(prog + pl - 3, ".py") == 0);
+    char found[PATH_MAX];
+    const char *what = "the program";
+    int e;
+    if (script || cfg->module) {
+        const char *py = getenv("PYTHON_EXEC") && *getenv("PYTHON_EXEC") ? getenv("PYTHON_EXEC")
+                                                                         : python_for_workers();
+        e = find_exec(py, found, sizeof found);
+        what = "the Python interpreter";
+        if (e == 0 && script) {
+            snprintf(found, sizeof found, "%s", prog);
+            e = access(prog, R_OK) == 0 ? 0 : errno;
+            what = "the script";
+        }
+    } else {
+        e = find_exec(prog, found, sizeof found);
+    }
+    if (e == 0)
+        return 0;
+    snprintf(err, errlen, "cannot run %s %s: %s (%s)%s", what, found, strerror(e),
+             strerrorname_np(e) ? strerrorname_np(e) : "?",
+             e == ENOENT && !strchr(found, '/') ? "; it is not on PATH" : "");
+    return -1;
 }
 
 int gl_group_spawn(gl_group *g, const rdzv_assignment *a, int restarts, const char *nccl_ifname) {

@@ -68,6 +68,10 @@ struct gl_group {
  * must outlive it. */
 void gl_group_init(gl_group *g, uv_loop_t *loop, const gl_config *cfg, const gl_group_job *job,
                    const gl_group_callbacks *cb);
+/* Whether the program can be run as spawning would run it (the interpreter
+ * and the script for a .py or -m program, else the program on PATH): 0, or
+ * -1 with err naming the path and the errno. */
+int gl_group_check_program(const gl_config *cfg, char *err, size_t errlen);
 /* Starts a round's workers with their environment and output (restarts:
  * TORCHELASTIC_RESTART_COUNT and the log attempt; nccl_ifname: "" to leave
  * NCCL_SOCKET_IFNAME alone). Returns how many could not start. */

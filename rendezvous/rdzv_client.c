@@ -16,6 +16,9 @@
 
 #define GB_COMPONENT "rdzv-client"
 
+#define RDZV_NOTICE_FIRST_MS 2000  /* an unreachable rendezvous is said after this ... */
+#define RDZV_NOTICE_EVERY_MS 10000 /* ... and again at this interval */
+
 enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
 
 struct rdzv_client {
@@ -29,7 +32,11 @@ struct rdzv_client {
     rdzv_client_callbacks cb;
     uv_tcp_t *tcp; /* a fresh handle per connection attempt */
     uv_connect_t creq;
-    uv_timer_t retry, hb;
+    uv_timer_t retry, hb, notice;
+    char target[80];    /* the address of the last connection attempt */
+    char last_why[300]; /* why the last attempt failed */
+    char doing[300];    /* the attempt under way */
+    int noticed;        /* the outage was reported */
     uv_getaddrinfo_t gai;
     int state;
     int want_join; /* send JOIN once ready */
@@ -59,7 +66,8 @@ static void client_unref(rdzv_client *c) {
 
 static void on_handle_closed(uv_handle_t *h) {
     rdzv_client *c = h->data;
-    if (h != (uv_handle_t *)&c->retry && h != (uv_handle_t *)&c->hb)
+    if (h != (uv_handle_t *)&c->retry && h != (uv_handle_t *)&c->hb &&
+        h != (uv_handle_t *)&c->notice)
         free(h);
     client_unref(c);
 }
@@ -68,7 +76,8 @@ static void fatal(rdzv_client *c, gpl_result_t code, const char *msg) {
     if (c->failed || c->closing)
         return;
     c->failed = 1;
-    GB_ERROR("%s", msg);
+    if (c->cb.on_error == NULL) /* the owner says it otherwise */
+        GB_ERROR("%s", msg);
     if (c->cb.on_error)
         c->cb.on_error(c, code, msg);
 }
@@ -85,21 +94,47 @@ static void drop_conn(rdzv_client *c) {
 
 /* The connection failed or broke: try again after a backoff with jitter,
  * until the retry budget of this outage is spent. */
+/* Never silent: an outage is said RDZV_NOTICE_FIRST_MS after it began, then
+ * every RDZV_NOTICE_EVERY_MS, with what was tried and the time left. */
+static void on_notice(uv_timer_t *t) {
+    rdzv_client *c = t->data;
+    if (c->closing || c->failed || c->down_since_ms == 0)
+        return;
+    uint64_t now = gb_now_ms(), down = now - c->down_since_ms;
+    uint64_t left = c->o.connect_timeout_ms > down ? c->o.connect_timeout_ms - down : 0;
+    char now_doing[320];
+    snprintf(now_doing, sizeof now_doing, "%s: no answer yet", c->doing);
+    GB_WARN("rendezvous %s:%d not reached for %.1f s: %s; still trying for %.0f s (the join "
+            "timeout, --rdzv-conf join_timeout=SECONDS)",
+            c->host, c->o.port, (double)down / 1000.0, c->last_why[0] ? c->last_why : now_doing,
+            (double)left / 1000.0);
+    c->noticed = 1;
+}
+
+static void outage_begins(rdzv_client *c, uint64_t now) {
+    c->down_since_ms = now;
+    c->backoff_ms = 50;
+    c->noticed = 0;
+    c->last_why[0] = '\0';
+    uv_timer_start(&c->notice, on_notice, RDZV_NOTICE_FIRST_MS, RDZV_NOTICE_EVERY_MS);
+}
+
 static void schedule_retry(rdzv_client *c, const char *why) {
     drop_conn(c);
     if (c->closing || c->failed)
         return;
     uint64_t now = gb_now_ms();
     if (c->down_since_ms == 0) {
-        c->down_since_ms = now;
-        c->backoff_ms = 50;
+        outage_begins(c, now);
         GB_WARN("rendezvous %s:%d: %s; reconnecting", c->host, c->o.port, why);
     }
+    snprintf(c->last_why, sizeof c->last_why, "%s", why);
     if (now - c->down_since_ms >= c->o.connect_timeout_ms) {
         char msg[512];
         snprintf(msg, sizeof msg,
                  "could not reach the rendezvous at %s:%d for %.1f s (last error: %s); check "
-                 "--rdzv-endpoint / --master-addr and that the server is running",
+                 "--rdzv-endpoint / --master-addr, and that the launcher on that host (or the "
+                 "gpulaunch-rdzv server) is running",
                  c->host, c->o.port, (double)(now - c->down_since_ms) / 1000.0, why);
         fatal(c, GPL_ERR_TIMEOUT, msg);
         return;
@@ -107,6 +142,9 @@ static void schedule_retry(rdzv_client *c, const char *why) {
     uint32_t d = c->backoff_ms / 2 + (uint32_t)(rand() % (int)(c->backoff_ms / 2 + 1));
     if (c->backoff_ms < 2000)
         c->backoff_ms *= 2;
+    uint64_t left = c->o.connect_timeout_ms - (now - c->down_since_ms);
+    if (d > left) /* the last try comes at the deadline, not up to 2 s after it */
+        d = (uint32_t)left;
     uv_timer_start(&c->retry, on_retry, d, 0);
 }
 
@@ -207,7 +245,12 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
     }
     case RDZV_WELCOME:
         c->state = CS_READY;
+        if (c->noticed)
+            GB_WARN("rendezvous %s:%d reached after %.1f s", c->host, c->o.port,
+                    (double)(gb_now_ms() - c->down_since_ms) / 1000.0);
         c->down_since_ms = 0;
+        c->noticed = 0;
+        uv_timer_stop(&c->notice);
         if (c->want_join || c->assigned)
             send_join(c);
         return;
@@ -324,7 +367,7 @@ static void on_connect(uv_connect_t *req, int status) {
         return;
     if (status < 0) {
         char why[160];
-        snprintf(why, sizeof why, "connect: %s", uv_strerror(status));
+        snprintf(why, sizeof why, "connect to %s: %s", c->target, uv_strerror(status));
         schedule_retry(c, why);
         return;
     }
@@ -362,6 +405,15 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
 }
 
 static void connect_addr(rdzv_client *c, const struct sockaddr *sa) {
+    char ip[64] = "?";
+    if (sa->sa_family == AF_INET6) {
+        uv_ip6_name((const struct sockaddr_in6 *)sa, ip, sizeof ip);
+        snprintf(c->target, sizeof c->target, "[%s]:%d", ip, c->o.port);
+    } else {
+        uv_ip4_name((const struct sockaddr_in *)sa, ip, sizeof ip);
+        snprintf(c->target, sizeof c->target, "%s:%d", ip, c->o.port);
+    }
+    snprintf(c->doing, sizeof c->doing, "connecting to %s", c->target);
     c->tcp = malloc(sizeof *c->tcp);
     if (c->tcp == NULL) {
         fatal(c, GPL_ERR_NOMEM, "out of memory");
@@ -386,6 +438,7 @@ static void start_connect(rdzv_client *c) {
         connect_addr(c, (struct sockaddr *)&ss);
         return;
     }
+    snprintf(c->doing, sizeof c->doing, "resolving %s", c->host);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     char port[16];
     snprintf(port, sizeof port, "%d", c->o.port);
@@ -436,14 +489,14 @@ gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
     rdzv_buf_init(&c->in, RDZV_MAX_FRAME + 4 + 65536);
     uv_timer_init(loop, &c->retry);
     uv_timer_init(loop, &c->hb);
-    c->retry.data = c->hb.data = c;
-    c->handles = 2;
+    uv_timer_init(loop, &c->notice);
+    c->retry.data = c->hb.data = c->notice.data = c;
+    c->handles = 3;
     c->want_join = 1;
     uint32_t hb =
         jp->heartbeat_interval_ms ? jp->heartbeat_interval_ms : RDZV_DEFAULT_HEARTBEAT_INTERVAL_MS;
     uv_timer_start(&c->hb, on_heartbeat, hb, hb);
-    c->down_since_ms = gb_now_ms();
-    c->backoff_ms = 50;
+    outage_begins(c, gb_now_ms()); /* not connected yet: said after 2 s like any outage */
     start_connect(c);
     *out = c;
     return GPL_OK;
@@ -526,6 +579,8 @@ void rdzv_client_close(rdzv_client *c) {
     drop_conn(c);
     uv_timer_stop(&c->retry);
     uv_timer_stop(&c->hb);
+    uv_timer_stop(&c->notice);
     uv_close((uv_handle_t *)&c->retry, on_handle_closed);
     uv_close((uv_handle_t *)&c->hb, on_handle_closed);
+    uv_close((uv_handle_t *)&c->notice, on_handle_closed);
 }

@@ -872,3 +872,58 @@ Test(faults, hung_rank_restarts_the_job, .timeout = 200) {
     expect_resumed(all_nodes, NODES);
     expect_same_params(all_nodes, NODES, 8, NULL);
 }
+
+static int count_of(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *q = s; (q = strstr(q, needle)) != NULL; q += strlen(needle))
+        n++;
+    return n;
+}
+
+/* 10. No gpulaunch-rdzv: as an elastic PyTorchJob runs by default (the
+ * operator sets PET_RDZV_ENDPOINT=<job>-worker-0:PORT and starts no server),
+ * the launcher on the endpoint's host hosts the rendezvous. That host dies
+ * (launcher and workers); its replacement comes back at the same address 1 s
+ * later, hosts again, the others re-attach and the job trains on from its
+ * last checkpoint. */
+Test(faults, hosting_node_dies_and_its_replacement_hosts_again, .timeout = 200) {
+    setup_bed("10-self-hosted", NODES + 1, 0, 0);
+    char a[32];
+    netbed_addr(1, a, sizeof a);
+    snprintf(endpoint, sizeof endpoint, "%s:%s", a, RDZV_PORT);
+    job_args ja = {.nnodes = "3:4", .steps = "700", .sleep_ms = "10"};
+    start_job(&ja);
+    cr_expect(strstr(nodes[1].out, "hosting the rendezvous") != NULL, "%s", nodes[1].out);
+    for (int i = 2; i <= NODES; i++)
+        cr_expect(strstr(nodes[i].out, "hosting the rendezvous") == NULL, "host%d: %s", i,
+                  nodes[i].out);
+    usleep(1500000);
+    uint64_t t_fault = now_ms();
+    cr_assert(netbed_kill_host(&bed, 1) >= 3, "host1 had no launcher and workers");
+    proc_wait(&nodes[1], 5000);
+    netbed_save_log(&bed, "run-host1-killed", &nodes[1]);
+    usleep(1000000); /* the replacement pod is scheduled */
+    start_node(1, &ja);
+    /* every node trains in a new round: the others' second banner, the replacement's first */
+    const char *banner = "gpulaunch: job matrix round ";
+    uint64_t back = 0;
+    int ready = 0;
+    while (!ready && now_ms() - t_fault < 90000) {
+        drain_all();
+        usleep(20000);
+        ready = count_of(nodes[1].out, banner) >= 1;
+        for (int i = 2; i <= NODES; i++)
+            ready &= count_of(nodes[i].out, banner) >= 2;
+        back = now_ms() - t_fault;
+    }
+    cr_expect(ready, "the job did not form again: host1:\n%s\nhost2:\n%s", nodes[1].out,
+              nodes[2].out);
+    cr_expect(strstr(nodes[1].out, "hosting the rendezvous") != NULL, "%s", nodes[1].out);
+    expect_exit(all_nodes, NODES, 0, 120000);
+    save_logs("run");
+    cr_log_info("scenario 10 (self-hosted, 3:4): the hosting node killed; with its replacement "
+                "back 1 s later every node trained again %llu ms after the kill",
+                (unsigned long long)back);
+    expect_resumed(all_nodes, NODES);
+    expect_same_params(all_nodes, NODES, 8, NULL);
+}

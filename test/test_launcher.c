@@ -1081,3 +1081,250 @@ Test(launcher, bind_gpus_under_the_container_runtime) {
         cr_expect(strstr(p.out, w0) && strstr(p.out, w1), "%s: %s", c[k].nvd, p.out);
     }
 }
+
+/* ---- the c10d endpoint hosted by a launcher, as torchrun's agents do ---- */
+
+/* A dp_train node of a 2-node (or nn) job at endpoint ep, checkpointing into
+ * dir/ck-ID, with a step long enough for the job to last a few seconds. */
+static void start_c10d(proc *p, const char *ep, const char *id, const char *nn, const char *steps) {
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/ck-%s", dir, id);
+    char *argv[] = {GL,
+                    "--nnodes",
+                    (char *)nn,
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    (char *)ep,
+                    "--rdzv-id",
+                    (char *)id,
+                    "--rdzv-conf",
+                    "last_call_timeout=1,heartbeat_timeout=2",
+                    "--max-restarts",
+                    "3",
+                    DP,
+                    "--steps",
+                    (char *)steps,
+                    "--global-batch",
+                    "32",
+                    "--print-every",
+                    "100000",
+                    "--step-sleep-ms",
+                    "5",
+                    "--checkpoint-dir",
+                    ck,
+                    "--checkpoint-every",
+                    "50",
+                    NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+}
+
+/* Every rank's params_sha256 in a and b equal (world ranks). */
+static void same_params(const proc *a, const proc *b, int world) {
+    char sha[8][65];
+    int found = params_sha_lines(a->out, b ? b->out : NULL, sha, world);
+    cr_assert_eq(found, world, "%s\n%s", a->out, b ? b->out : "");
+    for (int r = 1; r < world; r++)
+        cr_expect_str_eq(sha[r], sha[0], "rank %d", r);
+}
+
+Test(launcher, torchrun_c10d_line_hosts_its_own_rendezvous) {
+    /* torchrun's tutorial line with only the word changed: nothing listens at
+     * the endpoint, which names this machine, so the launcher hosts it */
+    char ep[64];
+    snprintf(ep, sizeof ep, "localhost:%d", free_tcp_port());
+    proc p;
+    uint64_t t0 = now_ms();
+    const char *a[] = {"--nnodes",
+                       "1",
+                       "--nproc-per-node",
+                       "2",
+                       "--rdzv-backend",
+                       "c10d",
+                       "--rdzv-endpoint",
+                       ep,
+                       DP,
+                       "--steps",
+                       "50",
+                       NULL};
+    int st = run(&p, a, 30000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "hosting the rendezvous") != NULL, "%s", p.out);
+    cr_log_info("torchrun's c10d line: done in %llu ms", (unsigned long long)(now_ms() - t0));
+    same_params(&p, NULL, 2);
+}
+
+Test(launcher, two_launchers_on_one_host_one_hosts_the_other_joins, .timeout = 90) {
+    char ep[64];
+    snprintf(ep, sizeof ep, "localhost:%d", free_tcp_port());
+    proc a, b;
+    start_c10d(&a, ep, "pair", "2", "200");
+    cr_assert(proc_expect(&a, "hosting the rendezvous", 10000), "%s", a.out);
+    start_c10d(&b, ep, "pair", "2", "200");
+    int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
+    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "host status %d: %s", sa, a.out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "joiner status %d: %s", sb, b.out);
+    cr_expect(strstr(b.out, "the port is taken on this machine; joining whoever holds it"), "%s",
+              b.out);
+    same_params(&a, &b, 4);
+}
+
+Test(launcher, the_hosting_launcher_killed_and_back_the_job_trains_on, .timeout = 120) {
+    /* the host's pod dies (its launcher and workers killed) and its
+     * replacement starts with the same command: it hosts again, the survivor
+     * re-attaches, the job resumes from its checkpoint and finishes */
+    char ep[64];
+    snprintf(ep, sizeof ep, "localhost:%d", free_tcp_port());
+    proc a, b, a2;
+    start_c10d(&a, ep, "phoenix", "2", "1500");
+    cr_assert(proc_expect(&a, "hosting the rendezvous", 10000), "%s", a.out);
+    start_c10d(&b, ep, "phoenix", "2", "1500");
+    cr_assert(proc_expect(&b, "workers (", 15000), "%s", b.out);
+    usleep(1500000);
+    kill(a.pid, SIGKILL); /* its workers follow (PDEATHSIG) */
+    proc_wait(&a, 5000);
+    uint64_t t_kill = now_ms();
+    usleep(1000000); /* the replacement pod is scheduled */
+    start_c10d(&a2, ep, "phoenix", "2", "1500");
+    cr_assert(proc_expect(&a2, "hosting the rendezvous", 10000), "%s", a2.out);
+    cr_assert(proc_expect(&a2, "workers (", 40000), "no new round: %s\n---\n%s", a2.out, b.out);
+    uint64_t back = now_ms() - t_kill;
+    int s2 = proc_wait(&a2, 90000), sb = proc_wait(&b, 90000);
+    cr_expect(WIFEXITED(s2) && WEXITSTATUS(s2) == 0, "new host status %d: %s", s2, a2.out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "survivor status %d: %s", sb, b.out);
+    same_params(&a2, &b, 4);
+    cr_log_info("hosting launcher killed: workers of both nodes training again %llu ms later "
+                "(1 s of it the replacement's start)",
+                (unsigned long long)back);
+}
+
+Test(launcher, an_unreachable_rendezvous_is_said_within_2_s_then_exit_200) {
+    int port = free_tcp_port();
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    proc p;
+    /* is_host=0: this launcher must not host it, and nothing listens there */
+    char *argv[] = {GL,
+                    "--nnodes",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    ep,
+                    "--rdzv-conf",
+                    "is_host=0,join_timeout=5",
+                    "/bin/true",
+                    NULL};
+    uint64_t t0 = now_ms();
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    char want[128];
+    snprintf(want, sizeof want, "connect to 127.0.0.1:%d: connection refused", port);
+    cr_assert(proc_expect(&p, "not reached for", 2600), "nothing said in 2.6 s: %s", p.out);
+    uint64_t said = now_ms() - t0;
+    cr_assert(proc_expect(&p, "s (the join timeout", 1000), "%s", p.out);
+    cr_expect(strstr(p.out, want) && strstr(p.out, ep), "%s", p.out);
+    int st = proc_wait(&p, 15000);
+    uint64_t gone = now_ms() - t0;
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 200, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "could not reach the rendezvous") != NULL, "%s", p.out);
+    cr_expect(gone >= 4500 && gone < 9000, "exit after %llu ms (join timeout 5 s)",
+              (unsigned long long)gone);
+    cr_log_info("unreachable rendezvous said after %llu ms, exit 200 after %llu ms",
+                (unsigned long long)said, (unsigned long long)gone);
+    /* a name that does not resolve is said as well */
+    proc q;
+    char *bargv[] = {GL,
+                     "--nnodes",
+                     "2",
+                     "--rdzv-backend",
+                     "c10d",
+                     "--rdzv-endpoint",
+                     "no-such-host.invalid:29400",
+                     "--rdzv-conf",
+                     "join_timeout=3",
+                     "/bin/true",
+                     NULL};
+    cr_assert_eq(proc_start(&q, bargv, NULL), 0);
+    cr_assert(proc_expect(&q, "not reached for", 2600), "%s", q.out);
+    cr_expect(strstr(q.out, "no-such-host.invalid"), "%s", q.out);
+    st = proc_wait(&q, 15000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 200, "status %d: %s", st, q.out);
+}
+
+Test(launcher, a_program_that_cannot_run_is_refused_before_any_worker_starts) {
+    char noexec[128];
+    snprintf(noexec, sizeof noexec, "%s/data.txt", dir);
+    FILE *f = fopen(noexec, "w");
+    cr_assert(f);
+    fputs("not a program\n", f);
+    fclose(f);
+    char script[128];
+    snprintf(script, sizeof script, "%s/missing_train.py", dir);
+    struct {
+        const char *prog, *want;
+    } cases[] = {
+        {"/no/such/prog",
+         "cannot run the program /no/such/prog: No such file or directory (ENOENT)"},
+        {noexec, "Permission denied (EACCES)"},
+        {"no-such-command-anywhere", "it is not on PATH"},
+        {script, "cannot run the script"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        proc p;
+        const char *a[] = {"--standalone", "--nproc-per-node", "2", cases[i].prog, NULL};
+        int st = run(&p, a, 10000);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: status %d: %s", cases[i].prog, st,
+                  p.out);
+        cr_expect(strstr(p.out, cases[i].want) && strstr(p.out, "nothing was started"), "%s: %s",
+                  cases[i].prog, p.out);
+        cr_expect(strstr(p.out, "workers (") == NULL, "workers started: %s", p.out);
+    }
+}
+
+Test(launcher, elastic_pytorchjob_environment_worker_0_hosts, .timeout = 90) {
+    /* what the training operator gives every pod of an elastic PyTorchJob,
+     * with no server: the endpoint is worker-0's name (this host here, so
+     * both pods run on it: one hosts, the other finds the port taken) */
+    char host[256] = "", ep[300], port[16];
+    gethostname(host, sizeof host - 1);
+    snprintf(port, sizeof port, "%d", free_tcp_port());
+    snprintf(ep, sizeof ep, "%s:%s", host, port);
+    setenv("PET_RDZV_BACKEND", "c10d", 1);
+    setenv("PET_RDZV_ENDPOINT", ep, 1);
+    setenv("PET_NNODES", "1:2", 1);
+    setenv("PET_RDZV_ID", "llm-elastic", 1);
+    setenv("PET_MAX_RESTARTS", "3", 1);
+    setenv("PET_NPROC_PER_NODE", "2", 1);
+    setenv("PET_RDZV_CONF", "last_call_timeout=2", 1);
+    setenv("PYTHONUNBUFFERED", "1", 1);
+    char *argv[] = {GL,
+                    DP,
+                    "--steps",
+                    "300",
+                    "--global-batch",
+                    "32",
+                    "--print-every",
+                    "100000",
+                    "--step-sleep-ms",
+                    "3",
+                    NULL};
+    proc a, b;
+    cr_assert_eq(proc_start(&a, argv, NULL), 0);
+    cr_assert(proc_expect(&a, "hosting the rendezvous of job llm-elastic", 10000), "%s", a.out);
+    cr_assert_eq(proc_start(&b, argv, NULL), 0);
+    int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
+    const char *vars[] = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_NNODES",
+                          "PET_RDZV_ID",      "PET_MAX_RESTARTS",  "PET_NPROC_PER_NODE",
+                          "PET_RDZV_CONF",    "PYTHONUNBUFFERED"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        unsetenv(vars[i]);
+    cr_expect(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "worker-0 status %d: %s", sa, a.out);
+    cr_expect(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "worker-1 status %d: %s", sb, b.out);
+    cr_expect(strstr(b.out, "the port is taken on this machine"), "%s", b.out);
+    /* both nodes in one world of 4 (b joined during round 1's last call, or
+     * scaled it up): the final parameters of the last round agree */
+    cr_expect(strstr(a.out, "of 4") || strstr(b.out, "of 4"), "%s\n%s", a.out, b.out);
+    same_params(&a, &b, 4);
+}

@@ -126,7 +126,66 @@ Test(options, yaml_file_is_the_lowest_source) {
     cr_expect_eq(load(6, a), 2);
     cr_expect(strstr(err, "unknown option 'bogus' (line 2)") != NULL, "%s", err);
     gl_config_free(&cfg);
+    /* a file that is not a mapping would be ignored: refused, saying what it holds */
+    const char *notmap[] = {"nproc-per-node 8\n", "- nnodes: 2\n", "--- just text\n"};
+    for (size_t i = 0; i < sizeof notmap / sizeof notmap[0]; i++) {
+        fd = open(path, O_WRONLY | O_TRUNC);
+        cr_assert(write(fd, notmap[i], strlen(notmap[i])) == (ssize_t)strlen(notmap[i]));
+        close(fd);
+        cr_expect_eq(load(6, a), 2, "%s accepted", notmap[i]);
+        cr_expect(strstr(err, "not a mapping of options") && strstr(err, "name: value") &&
+                      strstr(err, i == 1 ? "holds a list" : "holds a scalar"),
+                  "%s", err);
+        gl_config_free(&cfg);
+    }
+    /* an empty file holds no options */
+    fd = open(path, O_WRONLY | O_TRUNC);
+    close(fd);
+    const char *e[] = {"gpulaunch", "--config", path, "prog", NULL};
+    cr_expect_eq(load(4, e), 0, "%s", err);
+    gl_config_free(&cfg);
     unlink(path);
+}
+
+Test(options, rdzv_conf_is_host_and_a_static_endpoint) {
+    const char *a[] = {"gpulaunch",
+                       "--nnodes",
+                       "1:2",
+                       "--rdzv-backend",
+                       "c10d",
+                       "--rdzv-endpoint",
+                       "h:1",
+                       "--rdzv-conf",
+                       "is_host=false,join_timeout=3",
+                       "prog",
+                       NULL};
+    cr_assert_eq(load(10, a), 0, "%s", err);
+    cr_expect_eq(cfg.rdzv_is_host, 0);
+    cr_expect_eq(cfg.join_timeout_ms, 3000);
+    gl_config_free(&cfg);
+    a[8] = "is_host=True";
+    cr_assert_eq(load(10, a), 0, "%s", err);
+    cr_expect_eq(cfg.rdzv_is_host, 1);
+    gl_config_free(&cfg);
+    a[8] = "is_host=maybe";
+    cr_expect_eq(load(10, a), 2);
+    cr_expect(strstr(err, "'maybe' is not valid") != NULL, "%s", err);
+    gl_config_free(&cfg);
+    /* torchrun's static backend takes the master's address from the endpoint */
+    const char *s[] = {
+        "gpulaunch",       "--nnodes",       "2",    "--node-rank", "1", "--rdzv-backend", "static",
+        "--rdzv-endpoint", "master-0:23456", "prog", NULL};
+    cr_assert_eq(load(10, s), 0, "%s", err);
+    cr_expect_eq(cfg.mode, GL_MODE_STATIC);
+    cr_expect_str_eq(cfg.val[GL_MASTER_ADDR], "master-0");
+    cr_expect_eq(cfg.master_port, 23456);
+    gl_config_free(&cfg);
+    /* etcd is refused saying what to use */
+    const char *e[] = {"gpulaunch", "--nnodes", "2", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",
+                       "etcd:2379", "prog",     NULL};
+    cr_expect_eq(load(8, e), 2);
+    cr_expect(strstr(err, "etcd server") && strstr(err, "--rdzv-backend c10d"), "%s", err);
+    gl_config_free(&cfg);
 }
 
 Test(options, elastic_dynamic_mode) {
@@ -182,7 +241,7 @@ Test(options, refusals) {
         {{"--standalone", "--nnodes", "2", "prog"}, "--standalone runs one node"},
         {{"--nnodes", "1:2", "prog"}, "needs --rdzv-backend c10d"},
         {{"--rdzv-backend", "c10d", "prog"}, "needs --rdzv-endpoint"},
-        {{"--rdzv-backend", "etcd", "prog"}, "not supported"},
+        {{"--rdzv-backend", "etcd", "prog"}, "does not speak"},
         {{"--rdzv-conf", "join_timeout", "prog"}, "--rdzv-conf"},
         {{"--redirects", "9", "prog"}, "--redirects"},
         {{"--standalone=maybe", "prog"}, "--standalone: 'maybe'"},

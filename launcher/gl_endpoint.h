@@ -1,0 +1,18 @@
+/* Whether a rendezvous endpoint names this machine, by torchrun's rule for
+ * its c10d backend: the launcher on the endpoint's host hosts the rendezvous
+ * itself (gl_main.c), every other one connects. */
+#ifndef GPULAUNCH_GL_ENDPOINT_H
+#define GPULAUNCH_GL_ENDPOINT_H
+
+enum {
+    GL_EP_REMOTE = 0,   /* another machine, or a name that does not resolve */
+    GL_EP_LOOPBACK = 1, /* localhost or a loopback address: reachable from here only */
+    GL_EP_HERE = 2,     /* this host's name or FQDN, or an address of one of its interfaces */
+};
+
+/* GL_EP_*: host as `localhost`, a loopback address, this host's name or
+ * FQDN, or a name or address that resolves to an address one of this
+ * machine's interfaces holds. */
+int gl_endpoint_locality(const char *host);
+
+#endif
