@@ -140,6 +140,12 @@ void gb_progress_set_stack_signal(int sig) {
         atomic_store_explicit(&s->stack_signal, sig, memory_order_release);
 }
 
+void gb_progress_set_ckpt_ready(int ready) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s)
+        atomic_store_explicit(&s->ckpt_ready, ready ? 1 : 0, memory_order_release);
+}
+
 void gb_progress_wait_alive(void) {
     gb_progress_slot *s = slot;
     if (s)

@@ -41,7 +41,9 @@ typedef struct gb_progress_slot {
     _Atomic uint32_t state;         /* enum gb_progress_state */
     _Atomic int32_t stack_signal;   /* signal that dumps this worker's stacks; 0: none */
     _Atomic int32_t pid;
-    _Atomic int32_t spare;
+    _Atomic int32_t ckpt_ready; /* 1: the worker saves a checkpoint when stopped (its
+                                   runtime handles SIGTERM): a preemption's stop is held
+                                   for workers that have not said so yet */
     _Atomic uint64_t wait_ns; /* last sign of life while waiting inside a collective (libgpulaunch's
                                  wait loops, every 100 ms): a rank in a collective whose this
                                  goes stale is stuck there itself, not waiting for a peer */
@@ -77,5 +79,7 @@ void gb_progress_set_state(enum gb_progress_state s);
 /* Alive while waiting inside a collective (called by its wait loop). */
 void gb_progress_wait_alive(void);
 void gb_progress_set_stack_signal(int sig);
+/* The worker can save a checkpoint when stopped from now on (1), or no more (0). */
+void gb_progress_set_ckpt_ready(int ready);
 
 #endif

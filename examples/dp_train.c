@@ -246,19 +246,21 @@ static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
     "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
-    "                [--step-sleep-ms MS] [--device]\n"
+    "                [--step-sleep-ms MS] [--start-delay-ms MS] [--device]\n"
     "                [--slow-rank R [--slow-factor F] [--slow-ms MS] [--slow-from-step N]]\n"
     "--device (a build with CUDA): the gradients are averaged on the GPU, through NCCL.\n"
     "--slow-rank R: from step N on (default 0), rank R's compute part of each step (forward,\n"
     "backward and --step-sleep-ms) takes F times as long (default 1.5), plus MS, before the\n"
     "gradient all-reduce: a straggler, as a throttled GPU would make one.\n"
+    "--start-delay-ms MS: sleep that long before anything else, as a program importing a\n"
+    "framework does (until then a SIGTERM ends it: it cannot checkpoint yet).\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
     "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
 
 int main(int argc, char **argv) {
     long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
-    long slow_rank = -1, slow_ms = 0, slow_from = 0;
+    long slow_rank = -1, slow_ms = 0, slow_from = 0, start_delay_ms = 0;
     double slow_factor = 1.5;
     int device = 0;
     double ckpt_every_s = 0;
@@ -302,6 +304,8 @@ int main(int argc, char **argv) {
             ckpt_every_s = strtod(v, NULL);
         else if (strcmp(a, "--step-sleep-ms") == 0)
             sleep_ms = arg_long(a, v, 0, 60000);
+        else if (strcmp(a, "--start-delay-ms") == 0)
+            start_delay_ms = arg_long(a, v, 0, 600000);
         else if (strcmp(a, "--slow-rank") == 0)
             slow_rank = arg_long(a, v, 0, 1L << 30);
         else if (strcmp(a, "--slow-ms") == 0)
@@ -334,6 +338,11 @@ int main(int argc, char **argv) {
         return 2;
     }
 #endif
+    if (start_delay_ms > 0) {
+        struct timespec ts = {start_delay_ms / 1000, (start_delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
     if (gpl_init(NULL, &comm) != GPL_OK) {
         fprintf(stderr, "dp_train: %s\n", gpl_last_error(comm));
         goto out;

@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import inspect
 import math
 import os
 import sys
@@ -334,8 +335,15 @@ def main(argv: list[str]) -> int:
             if rank == 0:
                 print(f"resumed from the checkpoint of step {got}", flush=True)
 
+    # The one buffer (the causal mask) is the same on every rank: it need not
+    # be synced before each forward. torch 2.15 renamed the switch.
+    no_sync: dict[str, bool] = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+        else {"broadcast_buffers": False}
+    )
     ddp: Optional[DDP] = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                             broadcast_buffers=False)
+                             **no_sync)
 
     # Under gpulaunch: steps and the time DDP's all-reduces wait reach the
     # launcher's hang watchdog and the rendezvous' straggler detection

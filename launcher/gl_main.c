@@ -67,7 +67,9 @@ static struct launcher {
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
-    uv_timer_t done_timer, cloud_timer;
+    uv_timer_t done_timer, cloud_timer, hold_timer;
+    uint64_t hold_deadline_unix_ms; /* a held preemption's deadline (hold_timer running) */
+    uint64_t t_spawn_ns;            /* when this round's workers were started */
     gl_cloud *cloud;
     uv_signal_t sigs[GL_MAX_SIGNALS]; /* --signals-to-handle */
     char hostname[256], addr[256], run_id[256], instance[64];
@@ -329,6 +331,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
+    L.t_spawn_ns = gb_now_ns();
     if (gl_group_spawn(&G, &L.a, L.restarts, L.nccl_ifname) > 0) {
         gl_group_stop(&G, GL_DISCARD_GRACE_MS);
         rdzv_client_fail(L.cli, "a worker could not be started");
@@ -393,6 +396,72 @@ static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
                : GL_EXIT_RDZV);
 }
 
+/* A notice minutes ahead may come while the workers are still starting
+ * (importing a framework, setting up DDP) and cannot save yet: a SIGTERM then
+ * would end them without a checkpoint. Their stop is held until every local
+ * worker says it can checkpoint (the progress channel's ckpt_ready, set when
+ * the runtime's SIGTERM handler is in place) or until GL_HOLD_MARGIN_MS
+ * before the notice's deadline, whichever comes first. Only a round younger
+ * than GL_HOLD_STARTUP_MS is held: a program that never says so (one without
+ * the runtime) is stopped as before once it has run that long. */
+#define GL_HOLD_MARGIN_MS 30000   /* a held stop comes at the latest this long before the deadline \
+                                   */
+#define GL_HOLD_STARTUP_MS 120000 /* workers started longer ago than this are not waited for */
+#define GL_HOLD_TICK_MS 100
+
+/* Running local workers that have not said they can checkpoint (0 without
+ * a progress channel: nothing to wait on). */
+static int unready_workers(void) {
+    int n = 0;
+    for (int i = 0; i < L.cfg.nproc; i++) {
+        const worker *w = gl_group_worker(&G, i);
+        if (w == NULL || !w->running)
+            continue;
+        gb_progress_slot *s = gl_progress_slot(i);
+        if (s == NULL)
+            return 0;
+        n += atomic_load_explicit(&s->ckpt_ready, memory_order_acquire) == 0;
+    }
+    return n;
+}
+
+static void stop_for_preemption(uint64_t deadline_unix_ms) {
+    gl_group_signal(&G, SIGTERM);
+    double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
+    if (left_ms < 1000)
+        left_ms = 1000;
+    gl_group_kill_after(&G, (uint64_t)left_ms);
+}
+
+static void on_hold_tick(uv_timer_t *t) {
+    if (G.stopping) { /* stopped for another reason meanwhile (a round's end, a signal) */
+        uv_timer_stop(t);
+        return;
+    }
+    if (G.nrunning == 0) { /* they ended by themselves meanwhile */
+        uv_timer_stop(t);
+        maybe_finish_round();
+        return;
+    }
+    int n = unready_workers();
+    double left_ms = (double)L.hold_deadline_unix_ms - gb_wall_s() * 1000.0;
+    if (n > 0 && left_ms > GL_HOLD_MARGIN_MS)
+        return;
+    uv_timer_stop(t);
+    double held = (double)(gb_now_ns() - L.t_spawn_ns) / 1e9;
+    if (n == 0)
+        fprintf(stderr,
+                "gpulaunch: every worker can checkpoint now (%.1f s after they started): "
+                "stopping them\n",
+                held);
+    else
+        fprintf(stderr,
+                "gpulaunch: %d worker(s) still cannot checkpoint %.0f s before the notice's "
+                "deadline: stopping them anyway\n",
+                n, left_ms / 1000.0);
+    stop_for_preemption(L.hold_deadline_unix_ms);
+}
+
 /* A preemption: every node's workers checkpoint the same step and stop; the
  * launcher exits 143 (retryable). Workers get SIGTERM: those that use the
  * runtime turn it into a checkpoint request, others (PyTorch) stop as they
@@ -408,11 +477,21 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
         maybe_finish_round();
         return;
     }
-    gl_group_signal(&G, SIGTERM);
+    int n = unready_workers();
     double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
-    if (left_ms < 1000)
-        left_ms = 1000;
-    gl_group_kill_after(&G, (uint64_t)left_ms);
+    double age_ms = (double)(gb_now_ns() - L.t_spawn_ns) / 1e6;
+    if (n > 0 && left_ms > GL_HOLD_MARGIN_MS && age_ms < GL_HOLD_STARTUP_MS) {
+        fprintf(stderr,
+                "gpulaunch: %d of %d workers cannot checkpoint yet (started %.1f s ago): their "
+                "stop is held until they can, at most until %.0f s before the deadline (%.0f s "
+                "from now)\n",
+                n, G.nrunning, age_ms / 1000.0, GL_HOLD_MARGIN_MS / 1000.0,
+                (left_ms - GL_HOLD_MARGIN_MS) / 1000.0);
+        L.hold_deadline_unix_ms = deadline_unix_ms;
+        uv_timer_start(&L.hold_timer, on_hold_tick, GL_HOLD_TICK_MS, GL_HOLD_TICK_MS);
+        return;
+    }
+    stop_for_preemption(deadline_unix_ms);
 }
 
 static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
@@ -780,6 +859,7 @@ int main(int argc, char **argv) {
                                 .on_error = on_rdzv_error};
     uv_timer_init(L.loop, &L.done_timer);
     uv_timer_init(L.loop, &L.cloud_timer);
+    uv_timer_init(L.loop, &L.hold_timer);
     for (int i = 0; i < L.cfg.nsignals; i++) { /* --signals-to-handle */
         uv_signal_init(L.loop, &L.sigs[i]);
         uv_signal_start(&L.sigs[i], on_signal, L.cfg.signals[i]);

@@ -181,6 +181,7 @@ gpl_result_t gpl_ckpt_setup(gpl_comm_t c, const gpl_ckpt_options *o, gpl_save_fn
         sa.sa_flags = SA_RESTART | SA_SIGINFO;
         sigemptyset(&sa.sa_mask);
         sigaction(SIGTERM, &sa, NULL);
+        gb_progress_set_ckpt_ready(1); /* a preemption's stop need not wait for us any more */
     }
     free(c->ckpt);
     c->ckpt = k;

@@ -20,7 +20,14 @@
 
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define DP GPL_BUILD_DIR "/examples/dp_train"
-#define TORCH_PYTHON "/usr/bin/python3" /* Debian's python3-torch (scripts/deps.sh) */
+/* Debian's python3-torch (scripts/deps.sh; the python3 first on PATH may be
+ * another interpreter without torch), or GPL_TORCH_PYTHON: today's torch from
+ * PyPI, in the environment scripts/torch2.sh makes */
+static const char *torch_python(void) {
+    const char *e = getenv("GPL_TORCH_PYTHON");
+    return e && *e ? e : "/usr/bin/python3";
+}
+#define TORCH_PYTHON ((char *)torch_python())
 #define TRAIN_DDP GPL_SOURCE_DIR "/examples/train_ddp.py"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
 #define HOSTILE GPL_BUILD_DIR "/test/netbed_hostile"

@@ -347,3 +347,67 @@ Test(preempt, periodic_by_time_and_reload_at_another_world_size, .timeout = 120)
     cr_expect(strstr(p.out, "resumed from the checkpoint of step ") != NULL, "%s", p.out);
     cr_expect(strstr(p.out, "rank 1 params_sha256 ") != NULL, "%s", p.out);
 }
+
+/* A notice that comes while the workers are still starting (a framework's
+ * import takes seconds): a SIGTERM then would end them without a
+ * checkpoint. The launchers hold the stop until every worker can save
+ * (their runtime's SIGTERM handler is in place), then all save one step. */
+Test(preempt, a_notice_during_start_up_waits_until_workers_can_checkpoint, .timeout = 120) {
+    proc fake, n[2];
+    int fport = start_fake(&fake, "aws", "0.3");
+    char ep[64], ck[128];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", fport);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    int port = free_tcp_port();
+    char po[16];
+    snprintf(po, sizeof po, "%d", port);
+    for (int node = 1; node >= 0; node--) {
+        char *argv[] = {GL,
+                        "--nnodes",
+                        "2",
+                        "--nproc-per-node",
+                        "2",
+                        "--node-rank",
+                        node ? "1" : "0",
+                        "--master-addr",
+                        "127.0.0.1",
+                        "--master-port",
+                        po,
+                        "--preemption-source",
+                        node ? "aws" : "none", /* only node 1 sees the notice */
+                        "--preemption-endpoint",
+                        node ? ep : "",
+                        "--preemption-poll",
+                        "0.2",
+                        DP,
+                        "--steps",
+                        "3000",
+                        "--global-batch",
+                        "32",
+                        "--print-every",
+                        "100000",
+                        "--checkpoint-dir",
+                        ck,
+                        "--step-sleep-ms",
+                        "4",
+                        "--start-delay-ms",
+                        "3000",
+                        NULL};
+        cr_assert_eq(proc_start(&n[node], argv, NULL), 0);
+    }
+    uint64_t t0 = now_ms();
+    int s0 = proc_wait(&n[0], 60000), s1 = proc_wait(&n[1], 60000);
+    uint64_t took = now_ms() - t0;
+    proc_kill(&fake, SIGTERM);
+    proc_wait(&fake, 5000);
+    for (int node = 0; node < 2; node++) {
+        cr_expect(strstr(n[node].out, "workers cannot checkpoint yet (started ") != NULL,
+                  "node %d did not hold the stop: %s", node, n[node].out);
+        cr_expect(strstr(n[node].out, "every worker can checkpoint now") != NULL, "node %d: %s",
+                  node, n[node].out);
+    }
+    long step = preempted_step(&n[0], &n[1], s0, s1, 3000);
+    cr_log_info("a notice 1.2 s after the start, workers ready after 3 s: every rank saved step "
+                "%ld; both launchers gone %llu ms after the start",
+                step, (unsigned long long)took);
+}

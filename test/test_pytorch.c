@@ -15,9 +15,14 @@
 #include "harness.h"
 
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
-/* Debian's python3-torch installs here (scripts/deps.sh); the python3 first
- * on PATH may be another interpreter without torch. */
-#define TORCH_PYTHON "/usr/bin/python3"
+/* Debian's python3-torch (scripts/deps.sh; the python3 first on PATH may be
+ * another interpreter without torch), or GPL_TORCH_PYTHON: today's torch from
+ * PyPI, in the environment scripts/torch2.sh makes */
+static const char *torch_python(void) {
+    const char *e = getenv("GPL_TORCH_PYTHON");
+    return e && *e ? e : "/usr/bin/python3";
+}
+#define TORCH_PYTHON ((char *)torch_python())
 #define TRAIN GPL_SOURCE_DIR "/examples/train_ddp.py"
 #define STEPS 150     /* per run: a few seconds of training on 2 cores */
 #define CK_EVERY "20" /* periodic checkpoints before the preemption */

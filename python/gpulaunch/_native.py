@@ -6,7 +6,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
+import importlib
+import importlib.util
 import os
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -173,12 +176,27 @@ def _candidates() -> list[str]:
     return found + ([system] if system else []) + ["libgpulaunch.so.0"]
 
 
+def _torch_first() -> None:
+    """Imports torch before libgpulaunch when it is installed. A libgpulaunch
+    built with CUDA needs libnccl.so.2 and libcudart by soname, and so does
+    torch: whichever loads first is the process's, and PyPI's torch refuses an
+    older system NCCL ("libtorch_cuda.so: undefined symbol: ncclCommResume")
+    while libgpulaunch works with torch's newer one."""
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
+        return
+    try:
+        importlib.import_module("torch")
+    except Exception:  # a broken torch is the program's to meet, not ours
+        pass
+
+
 def lib() -> ctypes.CDLL:
     """The loaded library, with argument and result types declared."""
     global _lib
     with _lock:
         if _lib is not None:
             return _lib
+        _torch_first()
         tried: list[str] = []
         for name in _candidates():
             try:
