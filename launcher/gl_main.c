@@ -404,7 +404,7 @@ static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
  * before the notice's deadline, whichever comes first. Only a round younger
  * than GL_HOLD_STARTUP_MS is held: a program that never says so (one without
  * the runtime) is stopped as before once it has run that long. */
-#define GL_HOLD_MARGIN_MS 30000   /* a held stop comes this long before the deadline, at most */
+#define GL_HOLD_MARGIN_MS 30000   /* a held stop comes no later than this before the deadline */
 #define GL_HOLD_STARTUP_MS 120000 /* workers started longer ago than this are not waited for */
 #define GL_HOLD_TICK_MS 100
 
