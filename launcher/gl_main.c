@@ -24,6 +24,7 @@
 #include "gb_time.h"
 #include "gl_cloud.h"
 #include "gl_endpoint.h"
+#include "gl_errfile.h"
 #include "gl_gpumon.h"
 #include "gl_numa.h"
 #include "gl_options.h"
@@ -103,15 +104,28 @@ static void report_failure(void) {
         snprintf(what, sizeof what, "signal %d (%s)", f->signal, gl_signame(f->signal));
     else
         snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
-    char ef[PATH_MAX + 64] = "";
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char errfile[PATH_MAX];
     snprintf(errfile, sizeof errfile, "%s/gpulaunch-%s-error-%d.json", dir, L.run_id, f->rank);
-    FILE *ej = fopen(errfile, "r");
-    if (ej) {
-        size_t n = fread(ef, 1, sizeof ef - 1, ej);
-        ef[n] = '\0';
-        fclose(ej);
+    /* what the worker wrote (torch's @record): its message and traceback as lines */
+    static gl_errfile ef;
+    char efs[2 * sizeof ef.trace + sizeof ef.message + sizeof ef.raw + PATH_MAX + 64] =
+        "(none written)\n";
+    if (gl_errfile_read(errfile, &ef) == 0) {
+        size_t o = (size_t)snprintf(efs, sizeof efs, "%s\n", errfile);
+        if (ef.message[0] && o < sizeof efs)
+            o += (size_t)snprintf(efs + o, sizeof efs - o, "  error      : %s\n", ef.message);
+        if (ef.trace[0] && o < sizeof efs) {
+            o += (size_t)snprintf(efs + o, sizeof efs - o, "  traceback  :\n");
+            for (const char *p = ef.trace; *p && o < sizeof efs;) {
+                size_t n = strcspn(p, "\n");
+                o += (size_t)snprintf(efs + o, sizeof efs - o, "    %.*s\n", (int)n, p);
+                p += n + (p[n] == '\n');
+            }
+        }
+        if (ef.raw[0] && o < sizeof efs)
+            snprintf(efs + o, sizeof efs - o, "  (not the JSON of @record; it begins:) %s\n",
+                     ef.raw);
     }
     fprintf(stderr,
             "\n========== gpulaunch: job failed ==========\n"
@@ -121,10 +135,10 @@ static void report_failure(void) {
             "  rank       : %d (local rank %d)\n"
             "  pid        : %d\n"
             "  result     : %s\n"
-            "  error file : %s\n"
+            "  error file : %s"
             "  last stderr lines:\n%s",
-            when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid, what,
-            ef[0] ? ef : "(none written)", f->tail[0] ? f->tail : "    (none)\n");
+            when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid, what, efs,
+            f->tail[0] ? f->tail : "    (none)\n");
     gl_gpumon_report(stderr); /* XID errors of the job's GPUs, with their ranks */
     fprintf(stderr, "==========================================\n");
     if (L.cfg.val[GL_LOG_DIR][0]) {

