@@ -213,3 +213,91 @@ static void preemption_case(int aws) {
 Test(pytorch, aws_notice_on_one_node_same_step_and_bitwise_resume) { preemption_case(1); }
 
 Test(pytorch, sigterm_to_one_launcher_same_step_and_bitwise_resume) { preemption_case(0); }
+
+/* A spot notice while the workers still import torch (here held 3 s longer,
+ * as a slow import on a loaded node is): no Checkpointer exists yet, and a
+ * SIGTERM would end them with nothing saved. The launchers hold the stop
+ * until every worker's Checkpointer is in place, then every rank saves the
+ * same step and both launchers exit 143. */
+Test(pytorch, a_notice_during_the_import_waits_for_the_checkpointer, .timeout = 300) {
+    require_torch();
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    char *fargv[] = {"/usr/bin/env",
+                     "python3",
+                     GPL_SOURCE_DIR "/test/fake_metadata.py",
+                     "--cloud",
+                     "aws",
+                     "--notice-after",
+                     "0",
+                     NULL};
+    proc fake, n[2];
+    cr_assert_eq(proc_start(&fake, fargv, NULL), 0);
+    cr_assert(proc_expect(&fake, "listening on 127.0.0.1:", 10000), "fake metadata: %s", fake.out);
+    char ep[64], po[16];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d",
+             (int)strtol(strstr(fake.out, "127.0.0.1:") + 10, NULL, 10));
+    snprintf(po, sizeof po, "%d", free_tcp_port());
+    /* python -c CODE TRAIN ARGS: sleep, then run TRAIN as its own __main__ */
+    char *slow = "import runpy, sys, time; time.sleep(3); sys.argv = sys.argv[1:]; "
+                 "runpy.run_path(sys.argv[0], run_name='__main__')";
+    for (int node = 1; node >= 0; node--) {
+        char *argv[] = {GL,
+                        "--nnodes",
+                        "2",
+                        "--nproc-per-node",
+                        "2",
+                        "--node-rank",
+                        node ? "1" : "0",
+                        "--master-addr",
+                        "127.0.0.1",
+                        "--master-port",
+                        po,
+                        "--preemption-source",
+                        node ? "aws" : "none", /* node 1 sees the notice, node 0 is told */
+                        "--preemption-endpoint",
+                        node ? ep : "",
+                        "--preemption-poll",
+                        "0.2",
+                        "--no-python",
+                        TORCH_PYTHON,
+                        "-c",
+                        slow,
+                        TRAIN,
+                        "--steps",
+                        "400",
+                        "--seed",
+                        "11",
+                        "--print-every",
+                        "1",
+                        "--checkpoint-dir",
+                        ck,
+                        "--step-sleep-ms",
+                        "20",
+                        NULL};
+        cr_assert_eq(proc_start(&n[node], argv, NULL), 0);
+    }
+    uint64_t t0 = now_ms();
+    int s0 = proc_wait(&n[0], 120000), s1 = proc_wait(&n[1], 120000);
+    uint64_t took = now_ms() - t0;
+    proc_kill(&fake, SIGTERM);
+    proc_wait(&fake, 5000);
+    cr_expect(WIFEXITED(s0) && WEXITSTATUS(s0) == 143, "node 0 status %d: %s", s0, n[0].out);
+    cr_expect(WIFEXITED(s1) && WEXITSTATUS(s1) == 143, "node 1 status %d: %s", s1, n[1].out);
+    for (int node = 0; node < 2; node++)
+        cr_expect(strstr(n[node].out, "workers cannot checkpoint yet") &&
+                      strstr(n[node].out, "every worker can checkpoint now"),
+                  "node %d did not hold the stop: %s", node, n[node].out);
+    long step[4];
+    for (int r = 0; r < 4; r++) {
+        step[r] = preempted_step_line(n[0].out, n[1].out, r);
+        cr_assert_geq(step[r], 0, "rank %d did not checkpoint:\n%s\n%s", r, n[0].out, n[1].out);
+        cr_expect_eq(step[r], step[0], "rank %d saved step %ld, rank 0 %ld", r, step[r], step[0]);
+    }
+    char complete[256];
+    snprintf(complete, sizeof complete, "%s/step-%012ld/COMPLETE", ck, step[0]);
+    cr_expect(access(complete, F_OK) == 0, "no %s", complete);
+    cr_log_info("notice before the import: every rank saved step %ld once its Checkpointer "
+                "existed; both launchers exited 143 %llu ms after the start",
+                step[0], (unsigned long long)took);
+}
