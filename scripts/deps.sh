@@ -15,6 +15,7 @@ PKGS=(
   python3-torch python3-pytest python3-mypy # test_pytorch, test/python, the Python package's lint
   slurmctld slurmd slurm-client munge # test/slurm_real.sh: a real Slurm cluster on this machine
   chromium # test_health: the rendezvous's job page in a headless browser
+  podman runc # test/container: the Containerfile's image built and run (runc: crun refuses some cgroup layouts)
 )
 
 missing=()

@@ -69,6 +69,26 @@ else
   echo "   [SKIP] not root: the check needs debootstrap, chroot and mounts"
 fi
 
+echo "== container: the Containerfile's image built by podman, gpulaunch as PID 1 (test/container)"
+if [ "$(id -u)" = 0 ]; then
+  if image=$(scripts/container_image.sh 2>build/container.log | tail -n 1) && [ -n "$image" ]; then
+    grep '^container image:' build/container.log | sed 's/^/   /' || true
+    ct=0
+    GPULAUNCH_TEST_IMAGE=$image /usr/bin/python3 -m pytest -rs -p no:cacheprovider test/container \
+      >build/container-test.log 2>&1 || ct=$?
+    py=$(grep -E '^=+ ([0-9]+ [a-z]+,? )+in [0-9.]+s' build/container-test.log || true)
+    echo "   ${py:-no pytest summary}"
+    total=$((total + $(grep -oE '[0-9]+ (passed|failed|errors?)' <<<"$py" | awk '{s+=$1} END {print s+0}')))
+    passed=$((passed + $(grep -oE '[0-9]+ passed' <<<"$py" | awk '{s+=$1} END {print s+0}')))
+    [ $ct = 0 ] || { tail -n 40 build/container-test.log; failed_suites+=(container); }
+  else
+    tail -n 20 build/container.log
+    failed_suites+=(container)
+  fi
+else
+  echo "   [SKIP] not root: podman's containers here need root"
+fi
+
 echo "== fuzz: the rendezvous codec, 30 s (libFuzzer + ASan + UBSan)"
 fuzz_ok=1
 CC=clang cmake -S . -B build/fuzz -DGPULAUNCH_FUZZ=ON -DGPULAUNCH_WERROR=ON >build/fuzz.configure.log 2>&1 &&
