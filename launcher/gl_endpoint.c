@@ -70,3 +70,14 @@ int gl_endpoint_locality(const char *host) {
     freeaddrinfo(res);
     return here ? GL_EP_HERE : loop ? GL_EP_LOOPBACK : GL_EP_REMOTE;
 }
+
+const char *gl_endpoint_loopback_listen(const char *host) {
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0)
+        return "127.0.0.1";
+    int v4 = 0;
+    for (struct addrinfo *a = res; a; a = a->ai_next)
+        v4 |= a->ai_family == AF_INET && is_loopback(a->ai_addr);
+    freeaddrinfo(res);
+    return v4 ? "127.0.0.1" : "::1";
+}

@@ -14,5 +14,8 @@ enum {
  * FQDN, or a name or address that resolves to an address one of this
  * machine's interfaces holds. */
 int gl_endpoint_locality(const char *host);
+/* The loopback address to listen on for a GL_EP_LOOPBACK host: "127.0.0.1"
+ * when it resolves to an IPv4 one (clients try each address in turn), else "::1". */
+const char *gl_endpoint_loopback_listen(const char *host);
 
 #endif

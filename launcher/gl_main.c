@@ -88,6 +88,11 @@ static gl_watchdog WD; /* --progress-timeout */
 
 /* ---- the failure report and the restart decision ---- */
 
+/* The first failure's error file (TORCHELASTIC_ERROR_FILE), read when it
+ * failed: the next round's workers start without theirs. */
+static gl_errfile first_ef;
+static char first_ef_path[PATH_MAX];
+
 static void report_failure(void) {
     if (!L.first.set)
         return;
@@ -104,28 +109,26 @@ static void report_failure(void) {
         snprintf(what, sizeof what, "signal %d (%s)", f->signal, gl_signame(f->signal));
     else
         snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
-    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    char errfile[PATH_MAX];
-    snprintf(errfile, sizeof errfile, "%s/gpulaunch-%s-error-%d.json", dir, L.run_id, f->rank);
-    /* what the worker wrote (torch's @record): its message and traceback as lines */
-    static gl_errfile ef;
-    char efs[2 * sizeof ef.trace + sizeof ef.message + sizeof ef.raw + PATH_MAX + 64] =
+    /* what the worker wrote (torch's @record), read when it failed: its
+     * message and traceback as lines */
+    const gl_errfile *ef = &first_ef;
+    char efs[2 * sizeof ef->trace + sizeof ef->message + sizeof ef->raw + PATH_MAX + 64] =
         "(none written)\n";
-    if (gl_errfile_read(errfile, &ef) == 0) {
-        size_t o = (size_t)snprintf(efs, sizeof efs, "%s\n", errfile);
-        if (ef.message[0] && o < sizeof efs)
-            o += (size_t)snprintf(efs + o, sizeof efs - o, "  error      : %s\n", ef.message);
-        if (ef.trace[0] && o < sizeof efs) {
+    if (first_ef_path[0]) {
+        size_t o = (size_t)snprintf(efs, sizeof efs, "%s\n", first_ef_path);
+        if (ef->message[0] && o < sizeof efs)
+            o += (size_t)snprintf(efs + o, sizeof efs - o, "  error      : %s\n", ef->message);
+        if (ef->trace[0] && o < sizeof efs) {
             o += (size_t)snprintf(efs + o, sizeof efs - o, "  traceback  :\n");
-            for (const char *p = ef.trace; *p && o < sizeof efs;) {
+            for (const char *p = ef->trace; *p && o < sizeof efs;) {
                 size_t n = strcspn(p, "\n");
                 o += (size_t)snprintf(efs + o, sizeof efs - o, "    %.*s\n", (int)n, p);
                 p += n + (p[n] == '\n');
             }
         }
-        if (ef.raw[0] && o < sizeof efs)
+        if (ef->raw[0] && o < sizeof efs)
             snprintf(efs + o, sizeof efs - o, "  (not the JSON of @record; it begins:) %s\n",
-                     ef.raw);
+                     ef->raw);
     }
     fprintf(stderr,
             "\n========== gpulaunch: job failed ==========\n"
@@ -171,6 +174,7 @@ static void finish(int code) {
 
 static void on_done_timeout(uv_timer_t *t);
 static void on_cloud_timer(uv_timer_t *t);
+static void end_hold(void);
 
 /* Everything local is gone (the group also ended its stop): decide between
  * done, restart and exit. Called whenever a worker exits or its pipes close. */
@@ -219,6 +223,15 @@ static void maybe_finish_round(void) {
 }
 
 static void on_done_timeout(uv_timer_t *t) {
+    if (L.srv) { /* the others' rendezvous lives in this process: it stays until JOB_DONE */
+        static int said;
+        if (!said++)
+            fprintf(stderr,
+                    "gpulaunch: local workers finished; this launcher hosts the rendezvous, so it "
+                    "waits for the other nodes to finish\n");
+        uv_timer_start(t, on_done_timeout, GL_DONE_WAIT_MS, 0);
+        return;
+    }
     fprintf(stderr, "gpulaunch: local workers finished; other nodes did not finish within %d s\n",
             GL_DONE_WAIT_MS / 1000);
     finish(0);
@@ -239,6 +252,10 @@ static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
             f->exit_code = status;
             f->signal = sig;
             gl_output_tail(w, f->tail, sizeof f->tail);
+            char path[PATH_MAX];
+            gl_group_error_file(g, w, path, sizeof path);
+            if (gl_errfile_read(path, &first_ef) == 0)
+                snprintf(first_ef_path, sizeof first_ef_path, "%s", path);
         }
         L.group_failed = 1;
         char msg[256];
@@ -359,6 +376,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
                           const char *host, const char *msg) {
     fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
+    end_hold(); /* a held preemption still saves: its SIGTERM goes first */
     L.round_over = 1;
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
@@ -399,6 +417,7 @@ static void on_job_done(rdzv_client *c) {
 
 static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     fprintf(stderr, "gpulaunch: rendezvous failed: %s\n", msg);
+    end_hold();
     if (G.nrunning) {
         L.exit_requested = 1;
         L.exit_code = GL_EXIT_RDZV;
@@ -458,7 +477,8 @@ static void on_hold_tick(uv_timer_t *t) {
     }
     int n = unready_workers();
     double left_ms = (double)L.hold_deadline_unix_ms - gb_wall_s() * 1000.0;
-    if (n > 0 && left_ms > GL_HOLD_MARGIN_MS)
+    double age_ms = (double)(gb_now_ns() - L.t_spawn_ns) / 1e6;
+    if (n > 0 && left_ms > GL_HOLD_MARGIN_MS && age_ms < GL_HOLD_STARTUP_MS)
         return;
     uv_timer_stop(t);
     double held = (double)(gb_now_ns() - L.t_spawn_ns) / 1e9;
@@ -469,10 +489,20 @@ static void on_hold_tick(uv_timer_t *t) {
                 held);
     else
         fprintf(stderr,
-                "gpulaunch: %d worker(s) still cannot checkpoint %.0f s before the notice's "
-                "deadline: stopping them anyway\n",
-                n, left_ms / 1000.0);
+                "gpulaunch: %d worker(s) still cannot checkpoint %.0f s after they started, %.0f s "
+                "before the notice's deadline: stopping them anyway\n",
+                n, age_ms / 1000.0, left_ms / 1000.0);
     stop_for_preemption(L.hold_deadline_unix_ms);
+}
+
+/* A held stop ends now (the round ended, the rendezvous failed): the workers
+ * get the preemption's SIGTERM first, so that those that can still save. */
+static void end_hold(void) {
+    if (!uv_is_active((uv_handle_t *)&L.hold_timer))
+        return;
+    uv_timer_stop(&L.hold_timer);
+    if (G.nrunning && !G.stopping)
+        stop_for_preemption(L.hold_deadline_unix_ms);
 }
 
 /* A preemption: every node's workers checkpoint the same step and stop; the
@@ -799,12 +829,15 @@ int main(int argc, char **argv) {
     const char *listen = L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : "0.0.0.0";
     /* torchrun's c10d: the launcher on the endpoint's host hosts the
      * rendezvous, a second one there finds the port taken and joins it */
-    int self_host = 0;
+    int self_host = 0, loop_only = 0;
     if (L.cfg.mode == GL_MODE_DYNAMIC && L.cfg.rdzv_is_host != 0) {
         int where = L.cfg.rdzv_is_host == 1 ? GL_EP_HERE : gl_endpoint_locality(rhost);
         self_host = where != GL_EP_REMOTE;
-        if (where == GL_EP_LOOPBACK)
-            listen = strchr(rhost, ':') ? "::1" : "127.0.0.1";
+        loop_only = where == GL_EP_LOOPBACK;
+        /* every address of this host, IPv6 and IPv4 (a name may resolve to
+         * either first); loopback names: the IPv4 one, which clients reach
+         * after ::1 (they try each address) */
+        listen = loop_only ? gl_endpoint_loopback_listen(rhost) : "::";
         hosts = self_host;
     }
     if (hosts) {
@@ -815,6 +848,10 @@ int main(int argc, char **argv) {
         so.token_len = L.token_len;
         so.heartbeat_timeout_ms = L.cfg.hb_timeout_ms;
         gpl_result_t rc = rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err);
+        if (rc == GPL_ERR_SYSTEM && self_host && strcmp(listen, "::") == 0) {
+            so.listen_addr = listen = "0.0.0.0"; /* a kernel without IPv6 */
+            rc = rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err);
+        }
         if (rc == GPL_ERR_EXISTS && self_host) {
             fprintf(stderr,
                     "gpulaunch: rendezvous %s:%d: the port is taken on this machine; joining "
@@ -837,10 +874,10 @@ int main(int argc, char **argv) {
         }
     }
     snprintf(L.rdzv_ep, sizeof L.rdzv_ep, "%s:%d",
-             !hosts                                   ? rhost
-             : L.cfg.mode == GL_MODE_STANDALONE       ? "127.0.0.1"
-             : self_host && strcmp(listen, "0.0.0.0") ? rhost
-                                                      : L.addr,
+             !hosts                             ? rhost
+             : L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1"
+             : self_host && loop_only           ? rhost
+                                                : L.addr,
              rport);
     rdzv_client_options co = {.host = rhost,
                               .port = rport,

@@ -239,9 +239,10 @@ static char **build_env(const gl_group *g, const worker *w, const rdzv_assignmen
     n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", restarts);
     n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", cfg->max_restarts);
     n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", job->run_id);
-    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s/gpulaunch-%s-error-%u.json", dir,
-                job->run_id, a->base_rank + (uint32_t)w->local_rank);
+    char ef[PATH_MAX];
+    gl_group_error_file(g, w, ef, sizeof ef);
+    unlink(ef); /* an earlier round's or run's must not be taken for this worker's */
+    n = env_add(env, n, max, "TORCHELASTIC_ERROR_FILE", "%s", ef);
     /* workers create their own store on MASTER_PORT (rank 0 listens) */
     n = env_add(env, n, max, "TORCHELASTIC_USE_AGENT_STORE", "False");
     n = env_add(env, n, max, "TORCHELASTIC_SIGNALS_TO_HANDLE", "%s",
@@ -416,6 +417,11 @@ static int find_exec(const char *name, char *found, size_t len) {
     }
     snprintf(found, len, "%s", name);
     return seen;
+}
+
+void gl_group_error_file(const gl_group *g, const worker *w, char *out, size_t len) {
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(out, len, "%s/gpulaunch-%s-error-%d.json", dir, g->job.run_id, w->rank);
 }
 
 int gl_group_check_program(const gl_config *cfg, char *err, size_t errlen) {

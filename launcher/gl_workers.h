@@ -68,6 +68,9 @@ struct gl_group {
  * must outlive it. */
 void gl_group_init(gl_group *g, uv_loop_t *loop, const gl_config *cfg, const gl_group_job *job,
                    const gl_group_callbacks *cb);
+/* Where worker w writes its error file (TORCHELASTIC_ERROR_FILE, as torch's
+ * @record does); it is removed before each start of the worker. */
+void gl_group_error_file(const gl_group *g, const worker *w, char *out, size_t len);
 /* Whether the program can be run as spawning would run it (the interpreter
  * and the script for a .py or -m program, else the program on PATH): 0, or
  * -1 with err naming the path and the errno. */

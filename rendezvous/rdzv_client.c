@@ -16,7 +16,8 @@
 
 #define GB_COMPONENT "rdzv-client"
 
-#define RDZV_NOTICE_FIRST_MS 2000  /* an unreachable rendezvous is said after this ... */
+#define RDZV_CLIENT_MAX_ADDRS 8   /* a host's addresses tried in turn (localhost: ::1, 127.0.0.1) */
+#define RDZV_NOTICE_FIRST_MS 2000 /* an unreachable rendezvous is said after this ... */
 #define RDZV_NOTICE_EVERY_MS 10000 /* ... and again at this interval */
 
 enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
@@ -33,7 +34,9 @@ struct rdzv_client {
     uv_tcp_t *tcp; /* a fresh handle per connection attempt */
     uv_connect_t creq;
     uv_timer_t retry, hb, notice;
-    char target[80];    /* the address of the last connection attempt */
+    char target[80]; /* the address of the last connection attempt */
+    struct sockaddr_storage addrs[RDZV_CLIENT_MAX_ADDRS]; /* what the host resolved to */
+    int naddrs, next_addr;
     char last_why[300]; /* why the last attempt failed */
     char doing[300];    /* the attempt under way */
     int noticed;        /* the outage was reported */
@@ -368,6 +371,12 @@ static void on_connect(uv_connect_t *req, int status) {
     if (status < 0) {
         char why[160];
         snprintf(why, sizeof why, "connect to %s: %s", c->target, uv_strerror(status));
+        if (c->next_addr < c->naddrs) { /* the host's next address, at once */
+            snprintf(c->last_why, sizeof c->last_why, "%s", why);
+            drop_conn(c);
+            connect_addr(c, (struct sockaddr *)&c->addrs[c->next_addr++]);
+            return;
+        }
         schedule_retry(c, why);
         return;
     }
@@ -400,8 +409,13 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         schedule_retry(c, why);
         return;
     }
-    connect_addr(c, res->ai_addr);
+    c->naddrs = 0;
+    for (struct addrinfo *a = res; a && c->naddrs < RDZV_CLIENT_MAX_ADDRS; a = a->ai_next)
+        if (a->ai_addrlen <= sizeof c->addrs[0])
+            memcpy(&c->addrs[c->naddrs++], a->ai_addr, a->ai_addrlen);
     uv_freeaddrinfo(res);
+    c->next_addr = 1;
+    connect_addr(c, (struct sockaddr *)&c->addrs[0]);
 }
 
 static void connect_addr(rdzv_client *c, const struct sockaddr *sa) {
@@ -435,6 +449,7 @@ static void start_connect(rdzv_client *c) {
     struct sockaddr_storage ss;
     if (uv_ip4_addr(c->host, c->o.port, (struct sockaddr_in *)&ss) == 0 ||
         uv_ip6_addr(c->host, c->o.port, (struct sockaddr_in6 *)&ss) == 0) {
+        c->naddrs = c->next_addr = 0;
         connect_addr(c, (struct sockaddr *)&ss);
         return;
     }

@@ -199,8 +199,14 @@ static void end_round(rdzv_round *r, rdzv_rmember *culprit, uint32_t reason, uin
     r->reform_left = survivors;
     r->reform_deadline_ms = now + r->last_call_ms;
     snprintf(r->reform_why, sizeof r->reform_why, "%s", culprit ? culprit->hostname : "a node");
-    if (!owned)
+    if (!owned) { /* no memory to keep it: no decision may point at it */
+        for (size_t i = 0; i < out->n; i++)
+            if (out->d[i].members == r->ranks) {
+                out->d[i].members = NULL;
+                out->d[i].nmembers = 0;
+            }
         free(r->ranks);
+    }
     r->ranks = NULL;
     r->nranks = r->nactive = r->ndone = 0;
     r->resume_deadline_ms = 0;
@@ -397,6 +403,11 @@ static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_
                      jn->addr, jn->instance);
             return GPL_ERR_EXISTS;
         }
+    }
+    if (resume && (jn->nnodes == 0 || jn->nnodes > r->max_nodes)) {
+        snprintf(err, errlen, "node %s re-registers a round of %u nodes in job %s of at most %u",
+                 jn->hostname, jn->nnodes, r->run_id, r->max_nodes);
+        return GPL_ERR_INVALID_ARG;
     }
     if (resume) {
         int fresh = r->state == RDZV_R_GATHERING && r->round == 0 && r->npending == 0;

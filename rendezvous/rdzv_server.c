@@ -526,7 +526,8 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
             return GPL_ERR_NOMEM;
         }
         memcpy(s->token, opts->token, opts->token_len);
-    } else if (opts->listen_addr == NULL || strncmp(opts->listen_addr, "127.", 4) != 0) {
+    } else if (opts->listen_addr == NULL || (strncmp(opts->listen_addr, "127.", 4) != 0 &&
+                                             strcmp(opts->listen_addr, "::1") != 0)) {
         GB_WARN("no rendezvous token: any client that reaches this port can join jobs; "
                 "set --token-file or GPULAUNCH_RDZV_TOKEN");
     }
