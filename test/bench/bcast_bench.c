@@ -120,9 +120,9 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "-e") == 0)
             e = parse_size(argv[i + 1]);
         else if (strcmp(argv[i], "-f") == 0)
-            f = (size_t)atoi(argv[i + 1]);
+            f = (size_t)strtol(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "-n") == 0)
-            iters = atoi(argv[i + 1]);
+            iters = (int)strtol(argv[i + 1], NULL, 10);
         else {
             fprintf(stderr, "bcast_bench: unknown option %s\n", argv[i]);
             return 2;
