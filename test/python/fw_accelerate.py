@@ -37,8 +37,8 @@ def main() -> None:
     # torch 2.15's Gloo group, torn down by the interpreter's exit or by
     # destroy_process_group() while the peers are gone, aborts now and then
     # ("terminate called without an active exception", 1 run in 8 on 2 loaded
-    # cores, under torchrun as under gpulaunch): once every rank is past the
-    # barrier there is nothing left to do, so leave without tearing it down
+    # cores, after training ended): once every rank is past the barrier there
+    # is nothing left to do, so leave without tearing it down
     sys.stdout.flush()
     os._exit(0)
 
