@@ -1,7 +1,10 @@
-/* Whether a rendezvous endpoint names this machine (see gl_endpoint.h). */
+/* Where this node's rendezvous is (see gl_endpoint.h): whether an endpoint
+ * names this machine, and --check's look at it. */
 #include "gl_endpoint.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -9,6 +12,9 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "gb_time.h"
+#include "gpulaunch/rdzv.h"
 
 static int is_loopback(const struct sockaddr *sa) {
     if (sa->sa_family == AF_INET)
@@ -80,4 +86,84 @@ const char *gl_endpoint_loopback_listen(const char *host) {
         v4 |= a->ai_family == AF_INET && is_loopback(a->ai_addr);
     freeaddrinfo(res);
     return v4 ? "127.0.0.1" : "::1";
+}
+
+/* --check: the rendezvous this node would join resolves and answers. Retries
+ * with backoff (a pod's DNS name appears late) within the join timeout, at
+ * most 10 s. Returns the number of FAILs. */
+int gl_endpoint_check(const gl_config *cfg) {
+    char host[256];
+    int port;
+    if (cfg->mode == GL_MODE_STANDALONE || (cfg->mode == GL_MODE_STATIC && cfg->node_rank == 0))
+        return 0; /* this node hosts it */
+    if (cfg->mode == GL_MODE_STATIC) {
+        snprintf(host, sizeof host, "%s", cfg->val[GL_MASTER_ADDR]);
+        port = cfg->master_port;
+    } else if (rdzv_parse_endpoint(cfg->val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, host, sizeof host,
+                                   &port) != GPL_OK) {
+        return 1;
+    } else if (cfg->rdzv_is_host == 1 ||
+               (cfg->rdzv_is_host == -1 && gl_endpoint_locality(host) != GL_EP_REMOTE)) {
+        /* this node would host it, unless the port is held here already */
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        int held = 0;
+        if (getaddrinfo(host, ps, &hints, &res) == 0) {
+            int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            held = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+            if (fd >= 0)
+                close(fd);
+            freeaddrinfo(res);
+        }
+        if (held)
+            printf("ok   rendezvous %s:%d resolves and answers (the port is held on this "
+                   "machine: this node joins whoever holds it)\n",
+                   host, port);
+        else
+            printf("ok   rendezvous %s:%d names this machine and nothing holds the port: "
+                   "this launcher will host it\n",
+                   host, port);
+        return 0;
+    }
+    uint64_t budget = cfg->join_timeout_ms < 10000 ? cfg->join_timeout_ms : 10000;
+    uint64_t deadline = gb_now_ms() + budget;
+    unsigned backoff = 100;
+    int resolved = 0;
+    char why[256] = "";
+    for (;;) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+        char ps[16];
+        snprintf(ps, sizeof ps, "%d", port);
+        int g = getaddrinfo(host, ps, &hints, &res);
+        if (g == 0) {
+            resolved = 1;
+            int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+            snprintf(why, sizeof why, "%s", ok ? "" : strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            freeaddrinfo(res);
+            if (ok) {
+                printf("ok   rendezvous %s:%d resolves and answers\n", host, port);
+                return 0;
+            }
+        } else {
+            snprintf(why, sizeof why, "%s", gai_strerror(g));
+        }
+        if (gb_now_ms() + backoff > deadline)
+            break;
+        usleep(backoff * 1000);
+        backoff = backoff < 2000 ? backoff * 2 : 2000;
+    }
+    if (!resolved)
+        printf("FAIL the rendezvous host %s does not resolve (%s) after %.1f s: check "
+               "--master-addr / --rdzv-endpoint; in Kubernetes the master pod's DNS name "
+               "appears only once it is scheduled\n",
+               host, why, budget / 1000.0);
+    else
+        printf("FAIL nothing answers at %s:%d (%s) after %.1f s: is node rank 0 / the "
+               "gpulaunch-rdzv server up, and the port open?\n",
+               host, port, why, budget / 1000.0);
+    return 1;
 }

@@ -4,6 +4,8 @@
 #ifndef GPULAUNCH_GL_ENDPOINT_H
 #define GPULAUNCH_GL_ENDPOINT_H
 
+#include "gl_options.h"
+
 enum {
     GL_EP_REMOTE = 0,   /* another machine, or a name that does not resolve */
     GL_EP_LOOPBACK = 1, /* localhost or a loopback address: reachable from here only */
@@ -17,5 +19,8 @@ int gl_endpoint_locality(const char *host);
 /* The loopback address to listen on for a GL_EP_LOOPBACK host: "127.0.0.1"
  * when it resolves to an IPv4 one (clients try each address in turn), else "::1". */
 const char *gl_endpoint_loopback_listen(const char *host);
+/* --check: the rendezvous this node would join resolves and answers, or this
+ * node would host it; prints ok/FAIL lines. Returns the number of FAILs. */
+int gl_endpoint_check(const gl_config *cfg);
 
 #endif

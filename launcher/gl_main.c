@@ -25,6 +25,7 @@
 #include "gl_cloud.h"
 #include "gl_endpoint.h"
 #include "gl_errfile.h"
+#include "gl_report.h"
 #include "gl_gpumon.h"
 #include "gl_numa.h"
 #include "gl_options.h"
@@ -41,17 +42,6 @@
 #define GL_EXIT_PREFLIGHT 3
 #define GL_EXIT_RDZV 200
 #define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
-
-typedef struct failure {
-    int set;
-    double when;
-    int rank, local_rank, pid;
-    int64_t exit_code;
-    int signal;
-    char tail[GL_ERR_TAIL_LINES * 256];
-    int hung;       /* the hang watchdog stopped it */
-    char why[1024]; /* then: who, for how long, behind which collective */
-} failure;
 
 static struct launcher {
     gl_config cfg;
@@ -77,7 +67,7 @@ static struct launcher {
     char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
     char *token;
     size_t token_len;
-    failure first;     /* the job's root cause on this node, kept across restarts */
+    gl_failure first;  /* the job's root cause on this node, kept across restarts */
     char rdzv_ep[300]; /* the rendezvous endpoint the workers are given */
     uint64_t t_start_ns;
     uint64_t t_join_ns; /* this node's last JOIN: the banner's rendezvous time */
@@ -94,73 +84,9 @@ static gl_errfile first_ef;
 static char first_ef_path[PATH_MAX];
 
 static void report_failure(void) {
-    if (!L.first.set)
-        return;
-    failure *f = &L.first;
-    char when[64];
-    time_t t = (time_t)f->when;
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    char what[1100];
-    if (f->hung)
-        snprintf(what, sizeof what, "hung: %s", f->why);
-    else if (f->signal)
-        snprintf(what, sizeof what, "signal %d (%s)", f->signal, gl_signame(f->signal));
-    else
-        snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
-    /* what the worker wrote (torch's @record), read when it failed: its
-     * message and traceback as lines */
-    const gl_errfile *ef = &first_ef;
-    char efs[2 * sizeof ef->trace + sizeof ef->message + sizeof ef->raw + PATH_MAX + 64] =
-        "(none written)\n";
-    if (first_ef_path[0]) {
-        size_t o = (size_t)snprintf(efs, sizeof efs, "%s\n", first_ef_path);
-        if (ef->message[0] && o < sizeof efs)
-            o += (size_t)snprintf(efs + o, sizeof efs - o, "  error      : %s\n", ef->message);
-        if (ef->trace[0] && o < sizeof efs) {
-            o += (size_t)snprintf(efs + o, sizeof efs - o, "  traceback  :\n");
-            for (const char *p = ef->trace; *p && o < sizeof efs;) {
-                size_t n = strcspn(p, "\n");
-                o += (size_t)snprintf(efs + o, sizeof efs - o, "    %.*s\n", (int)n, p);
-                p += n + (p[n] == '\n');
-            }
-        }
-        if (ef->raw[0] && o < sizeof efs)
-            snprintf(efs + o, sizeof efs - o, "  (not the JSON of @record; it begins:) %s\n",
-                     ef->raw);
-    }
-    fprintf(stderr,
-            "\n========== gpulaunch: job failed ==========\n"
-            "first failure (root cause):\n"
-            "  time       : %s\n"
-            "  node       : %s (node rank %u)\n"
-            "  rank       : %d (local rank %d)\n"
-            "  pid        : %d\n"
-            "  result     : %s\n"
-            "  error file : %s"
-            "  last stderr lines:\n%s",
-            when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid, what, efs,
-            f->tail[0] ? f->tail : "    (none)\n");
-    gl_gpumon_report(stderr); /* XID errors of the job's GPUs, with their ranks */
-    fprintf(stderr, "==========================================\n");
-    if (L.cfg.val[GL_LOG_DIR][0]) {
-        char path[PATH_MAX];
-        mkdir(L.cfg.val[GL_LOG_DIR], 0755); /* as the workers' logs would have */
-        snprintf(path, sizeof path, "%s/failure.json", L.cfg.val[GL_LOG_DIR]);
-        FILE *j = fopen(path, "w");
-        if (j) {
-            fprintf(j,
-                    "{\"time\":\"%s\",\"node\":\"%s\",\"node_rank\":%u,\"rank\":%d,"
-                    "\"local_rank\":%d,\"pid\":%d,\"exit_code\":%lld,\"signal\":%d,"
-                    "\"hung\":%s,\"gpu_errors\":",
-                    when, L.hostname, L.a.node_rank, f->rank, f->local_rank, f->pid,
-                    (long long)f->exit_code, f->signal, f->hung ? "true" : "false");
-            gl_gpumon_json(j);
-            fprintf(j, "}\n");
-            fclose(j);
-        }
-    }
+    if (L.first.set)
+        gl_report_failure(&L.first, first_ef_path[0] ? &first_ef : NULL, first_ef_path, L.hostname,
+                          L.a.node_rank, L.cfg.val[GL_LOG_DIR]);
 }
 
 static void finish(int code) {
@@ -243,7 +169,7 @@ static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     int failed = status != 0 || sig != 0;
     if (failed && !g->stopping && !L.exit_requested && !L.round_over) {
         if (!L.first.set) {
-            failure *f = &L.first;
+            gl_failure *f = &L.first;
             f->set = 1;
             f->when = gb_wall_s();
             f->rank = w->rank;
@@ -301,7 +227,7 @@ static void on_hang(gl_watchdog *wd, const worker *cw, const char *detail) {
         return;
     }
     if (!L.first.set) {
-        failure *f = &L.first;
+        gl_failure *f = &L.first;
         f->set = 1;
         f->hung = 1;
         f->when = gb_wall_s();
@@ -646,86 +572,6 @@ static int preflight(int verbose) {
     return fails;
 }
 
-/* --check: the rendezvous this node would join resolves and answers. Retries
- * with backoff (a pod's DNS name appears late) within the join timeout, at
- * most 10 s. Returns the number of FAILs. */
-static int check_rendezvous(void) {
-    char host[256];
-    int port;
-    if (L.cfg.mode == GL_MODE_STANDALONE || (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0))
-        return 0; /* this node hosts it */
-    if (L.cfg.mode == GL_MODE_STATIC) {
-        snprintf(host, sizeof host, "%s", L.cfg.val[GL_MASTER_ADDR]);
-        port = L.cfg.master_port;
-    } else if (rdzv_parse_endpoint(L.cfg.val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, host,
-                                   sizeof host, &port) != GPL_OK) {
-        return 1;
-    } else if (L.cfg.rdzv_is_host == 1 ||
-               (L.cfg.rdzv_is_host == -1 && gl_endpoint_locality(host) != GL_EP_REMOTE)) {
-        /* this node would host it, unless the port is held here already */
-        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-        char ps[16];
-        snprintf(ps, sizeof ps, "%d", port);
-        int held = 0;
-        if (getaddrinfo(host, ps, &hints, &res) == 0) {
-            int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            held = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-            if (fd >= 0)
-                close(fd);
-            freeaddrinfo(res);
-        }
-        if (held)
-            printf("ok   rendezvous %s:%d resolves and answers (the port is held on this "
-                   "machine: this node joins whoever holds it)\n",
-                   host, port);
-        else
-            printf("ok   rendezvous %s:%d names this machine and nothing holds the port: "
-                   "this launcher will host it\n",
-                   host, port);
-        return 0;
-    }
-    uint64_t budget = L.cfg.join_timeout_ms < 10000 ? L.cfg.join_timeout_ms : 10000;
-    uint64_t deadline = gb_now_ms() + budget;
-    unsigned backoff = 100;
-    int resolved = 0;
-    char why[256] = "";
-    for (;;) {
-        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-        char ps[16];
-        snprintf(ps, sizeof ps, "%d", port);
-        int g = getaddrinfo(host, ps, &hints, &res);
-        if (g == 0) {
-            resolved = 1;
-            int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-            int ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-            snprintf(why, sizeof why, "%s", ok ? "" : strerror(errno));
-            if (fd >= 0)
-                close(fd);
-            freeaddrinfo(res);
-            if (ok) {
-                printf("ok   rendezvous %s:%d resolves and answers\n", host, port);
-                return 0;
-            }
-        } else {
-            snprintf(why, sizeof why, "%s", gai_strerror(g));
-        }
-        if (gb_now_ms() + backoff > deadline)
-            break;
-        usleep(backoff * 1000);
-        backoff = backoff < 2000 ? backoff * 2 : 2000;
-    }
-    if (!resolved)
-        printf("FAIL the rendezvous host %s does not resolve (%s) after %.1f s: check "
-               "--master-addr / --rdzv-endpoint; in Kubernetes the master pod's DNS name "
-               "appears only once it is scheduled\n",
-               host, why, budget / 1000.0);
-    else
-        printf("FAIL nothing answers at %s:%d (%s) after %.1f s: is node rank 0 / the "
-               "gpulaunch-rdzv server up, and the port open?\n",
-               host, port, why, budget / 1000.0);
-    return 1;
-}
-
 /* ---- main ---- */
 
 static int free_port(void) {
@@ -766,7 +612,7 @@ int main(int argc, char **argv) {
             return 0;
     }
     if (L.cfg.check) {
-        int f = preflight(1) + check_rendezvous();
+        int f = preflight(1) + gl_endpoint_check(&L.cfg);
         return f ? GL_EXIT_PREFLIGHT : 0;
     }
     if (gl_group_check_program(&L.cfg, err, sizeof err) != 0) {
