@@ -26,8 +26,7 @@ void gl_report_failure(const gl_failure *f, const gl_errfile *ef, const char *ef
         snprintf(what, sizeof what, "exit code %lld", (long long)f->exit_code);
     /* what the worker wrote (torch's @record), read when it failed: its
      * message and traceback as lines */
-    char efs[2 * sizeof ef->trace + sizeof ef->message + sizeof ef->raw + PATH_MAX + 64] =
-        "(none written)\n";
+    char efs[2 * sizeof(gl_errfile) + PATH_MAX + 64] = "(none written)\n";
     if (ef) {
         size_t o = (size_t)snprintf(efs, sizeof efs, "%s\n", ef_path);
         if (ef->message[0] && o < sizeof efs)
