@@ -160,7 +160,9 @@ static void fire(gl_watchdog *wd, uint64_t now, double tmo, const int *silent, i
             continue;
         if (i == c || !rank_waits(wd, i, now))
             wd->kill[i] = 1;
-        if (sig > 0 && sig < 65) {
+        /* only to a process catching it now: one whose handler is gone (an
+         * interpreter in its exit) would be killed by it instead */
+        if (sig > 0 && sig < 65 && gb_proc_catches(ws[i].pid, sig) == 1) {
             kill(ws[i].pid, sig);
             dumped++;
         }
@@ -250,6 +252,10 @@ void gl_watchdog_init(gl_watchdog *wd, uv_loop_t *loop, const gl_config *cfg, co
     wd->w = NULL;
     wd->kill = wd->silent = NULL;
     wd->said_s = 0;
+}
+
+int gl_watchdog_dumping(const gl_watchdog *wd) {
+    return wd->inited && uv_is_active((const uv_handle_t *)&wd->dump);
 }
 
 void gl_watchdog_round(gl_watchdog *wd) {

@@ -69,6 +69,8 @@ void gl_watchdog_init(gl_watchdog *wd, uv_loop_t *loop, const gl_config *cfg, co
                       gl_watchdog_hang_cb on_hang);
 /* Starts watching the round's workers (called after each spawn). */
 void gl_watchdog_round(gl_watchdog *wd);
+/* 1 while hung ranks print their stacks (from the hang found to on_hang). */
+int gl_watchdog_dumping(const gl_watchdog *wd);
 /* SIGKILLs the ranks found hung that still run. */
 void gl_watchdog_kill_hung(gl_watchdog *wd);
 

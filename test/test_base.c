@@ -1,15 +1,18 @@
-/* The error table, the last-error buffer, the log line format and the
- * worker's side of the progress channel. */
+/* The error table, the last-error buffer, the log line format, the
+ * worker's side of the progress channel and what /proc says of a process. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "gb_error.h"
 #include "gb_log.h"
+#include "gb_proc.h"
 #include "gb_progress.h"
 
 #define GB_COMPONENT "test"
@@ -136,4 +139,40 @@ Test(progress, collectives_and_steps_from_several_threads) {
                  (unsigned long long)atomic_load(&s->steps), 2 * COLL_ROUNDS);
     cr_expect_eq(atomic_load(&s->coll_since_ns), 0, "no collective is left in progress");
     cr_expect_geq(atomic_load(&s->colls), 1);
+}
+
+static void on_sig(int sig) { (void)sig; }
+
+/* The watchdog sends the stack signal only to a process catching it: one
+ * that dropped its handler (an interpreter in its exit) would die of it. */
+Test(proc, a_handler_is_seen_and_its_removal_too) {
+    int sig = SIGRTMIN + 3, to_child[2], from_child[2];
+    cr_assert_eq(pipe(to_child), 0);
+    cr_assert_eq(pipe(from_child), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        char c;
+        signal(sig, on_sig);
+        if (write(from_child[1], "1", 1) != 1 || read(to_child[0], &c, 1) != 1)
+            _exit(1);
+        signal(sig, SIG_DFL);
+        if (write(from_child[1], "2", 1) != 1 || read(to_child[0], &c, 1) != 1)
+            _exit(1);
+        _exit(0);
+    }
+    char c;
+    cr_assert_eq(read(from_child[0], &c, 1), 1);
+    cr_expect_eq(gb_proc_catches(pid, sig), 1);
+    cr_expect_eq(gb_proc_catches(pid, SIGUSR2), 0);
+    cr_assert_eq(write(to_child[1], "x", 1), 1);
+    cr_assert_eq(read(from_child[0], &c, 1), 1);
+    cr_expect_eq(gb_proc_catches(pid, sig), 0);
+    cr_assert_eq(write(to_child[1], "x", 1), 1);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    cr_expect_eq(gb_proc_catches(pid, sig), -1); /* gone */
+    cr_expect_eq(gb_proc_catches(getpid(), 0), -1);
+    cr_expect_eq(gb_proc_catches(getpid(), 65), -1);
 }

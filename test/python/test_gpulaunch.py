@@ -481,6 +481,9 @@ def test_hung_python_rank_prints_its_stack(tmp_path: Path) -> None:
         "def waiting_for_godot():\n    time.sleep(600)\n"
         "for step in range(1, 11):\n    gpulaunch.progress(step)\n    time.sleep(0.02)\n"
         "if os.environ['RANK'] == '1':\n    waiting_for_godot()\n"
+        # rank 0 goes on (an interpreter that imported torch 2.x can take over
+        # the 1 s timeout to exit on loaded cores, and would be silent too)
+        "while True:\n    step += 1\n    gpulaunch.progress(step)\n    time.sleep(0.02)\n"
     )
     cmd = [str(LAUNCHER), "--standalone", "--nproc-per-node", "2", "--progress-timeout", "1",
            "--no-python", PY, str(prog)]
