@@ -169,8 +169,7 @@ static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     int failed = status != 0 || sig != 0;
     /* while the watchdog has hung ranks print their stacks, the hang is the
      * failure (on_hang reports it): not a rank that ends meanwhile */
-    if (failed && !g->stopping && !L.exit_requested && !L.round_over &&
-        !gl_watchdog_dumping(&WD)) {
+    if (failed && !g->stopping && !L.exit_requested && !L.round_over && !gl_watchdog_dumping(&WD)) {
         if (!L.first.set) {
             gl_failure *f = &L.first;
             f->set = 1;
