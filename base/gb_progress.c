@@ -1,17 +1,20 @@
 /* The worker's side of the progress channel (see gb_progress.h). */
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gb_progress.h"
 
 static gb_progress_slot *slot;
+static gb_progress_round *round_blk; /* NULL: the launcher has none */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 /* Collectives in progress in this process, over all threads: the time with
  * at least one is the time spent in collectives (the union of overlapping
@@ -53,9 +56,9 @@ static void attach_once(void) {
     else if ((uint64_t)st.st_size < gb_progress_region_bytes((uint32_t)idx + 1))
         why = "its region is smaller than the slot";
     void *p = MAP_FAILED;
+    size_t maplen = why ? 0 : (size_t)st.st_size; /* the whole region: the round block too */
     if (why == NULL) {
-        p = mmap(NULL, gb_progress_region_bytes((uint32_t)idx + 1), PROT_READ | PROT_WRITE,
-                 MAP_SHARED, (int)fd, 0);
+        p = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
         const gb_progress_header *h = p;
         if (p == MAP_FAILED)
             why = "mmap failed";
@@ -65,7 +68,7 @@ static void attach_once(void) {
     }
     if (why) {
         if (p != MAP_FAILED)
-            munmap(p, gb_progress_region_bytes((uint32_t)idx + 1));
+            munmap(p, maplen);
         fprintf(stderr,
                 "gpulaunch: GPULAUNCH_PROGRESS_SHM=%s: %s; this worker's progress is not "
                 "reported (the launcher's --progress-timeout does not watch it)\n",
@@ -78,6 +81,10 @@ static void attach_once(void) {
     atomic_store_explicit(&s->beat_ns, now, memory_order_relaxed);
     atomic_store_explicit(&s->joined_ns, now, memory_order_release);
     pthread_atfork(coll_prepare, coll_unlock, coll_unlock);
+    const gb_progress_header *h = p;
+    if (h->round_off >= gb_progress_region_bytes(h->nslots) &&
+        (uint64_t)h->round_off + GB_PROGRESS_ROUND_BYTES <= maplen && h->round_off % 64 == 0)
+        round_blk = (gb_progress_round *)((char *)p + h->round_off);
     slot = s;
 }
 
@@ -150,4 +157,51 @@ void gb_progress_wait_alive(void) {
     gb_progress_slot *s = slot;
     if (s)
         atomic_store_explicit(&s->wait_ns, mono_ns(), memory_order_relaxed);
+}
+
+int gb_progress_set_reform_ok(int ok) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s == NULL || round_blk == NULL)
+        return -1;
+    atomic_store_explicit(&s->reform_ok, ok ? 1 : 0, memory_order_release);
+    return 0;
+}
+
+const gb_progress_round *gb_progress_round_block(void) {
+    gb_progress_attach();
+    return round_blk;
+}
+
+int gb_progress_round_wait(uint32_t seen, uint32_t timeout_ms, gb_progress_round *out) {
+    gb_progress_round *b = (gb_progress_round *)gb_progress_round_block();
+    if (b == NULL)
+        return -1;
+    uint64_t deadline = mono_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        uint32_t q = atomic_load_explicit(&b->seq, memory_order_acquire);
+        if (q != seen) {
+            memcpy(out, b, sizeof *out); /* the launcher writes only before bumping seq */
+            atomic_thread_fence(memory_order_acquire);
+            if (atomic_load_explicit(&b->seq, memory_order_relaxed) == q) {
+                atomic_store_explicit(&out->seq, q, memory_order_relaxed);
+                return 0;
+            }
+            continue; /* changed while copied: again */
+        }
+        uint64_t now = mono_ns();
+        if (now >= deadline)
+            return 1;
+        /* at most 100 ms per sleep: a lost wake-up costs no more than that */
+        uint64_t left = deadline - now;
+        if (left > 100000000u)
+            left = 100000000u;
+        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+        syscall(SYS_futex, (uint32_t *)&b->seq, FUTEX_WAIT, seen, &ts, NULL, 0);
+    }
+}
+
+void gb_progress_round_ack(uint32_t round) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s)
+        atomic_store_explicit(&s->round_ack, round, memory_order_release);
 }

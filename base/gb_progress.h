@@ -47,13 +47,46 @@ typedef struct gb_progress_slot {
     _Atomic uint64_t wait_ns; /* last sign of life while waiting inside a collective (libgpulaunch's
                                  wait loops, every 100 ms): a rank in a collective whose this
                                  goes stale is stuck there itself, not waiting for a peer */
-    char reserved[GB_PROGRESS_SLOT_BYTES - 9 * 8 - 4 * 4];
+    _Atomic int32_t reform_ok;  /* 1: the worker re-forms in place when its round ends (it
+                                   waits for the next round in the round block instead of
+                                   being restarted: docs/reliability.md, live re-formation) */
+    _Atomic uint32_t round_ack; /* the round the worker runs in since a re-formation (0: the
+                                   one it was started in) */
+    char reserved[GB_PROGRESS_SLOT_BYTES - 9 * 8 - 6 * 4];
 } gb_progress_slot;
 
 typedef struct gb_progress_header {
     uint32_t magic, version, nslots, slot_bytes;
-    char reserved[GB_PROGRESS_SLOT_BYTES - 16];
+    uint32_t round_off; /* byte offset of the round block (0: none, an older launcher) */
+    char reserved[GB_PROGRESS_SLOT_BYTES - 20];
 } gb_progress_header;
+
+/* The round block, after the slots: written by the launcher alone, read by
+ * its workers that re-form in place. The launcher writes the fields, then
+ * state, then bumps seq (release) and wakes the futex on seq. */
+enum gb_round_state {
+    GB_ROUND_RUNNING = 0, /* the round the workers were started in, or took */
+    GB_ROUND_OVER = 1,    /* the round ended; the next one is being formed: wait */
+    GB_ROUND_NEW = 2,     /* the next round, for the workers to take (the fields below) */
+    GB_ROUND_RESTART = 3  /* no re-formation: the workers are stopped and restarted */
+};
+
+#define GB_ROUND_ADDR_MAX 256
+#define GB_ROUND_WHY_MAX 256
+#define GB_PROGRESS_ROUND_BYTES 1024
+
+typedef struct gb_progress_round {
+    _Atomic uint32_t seq;   /* futex word: bumped on every change */
+    _Atomic uint32_t state; /* enum gb_round_state */
+    uint32_t round, node_rank, nnodes, base_rank, world_size, master_port;
+    uint32_t restarts; /* TORCHELASTIC_RESTART_COUNT of the workers */
+    uint32_t reserved0;
+    char master_addr[GB_ROUND_ADDR_MAX];
+    char why[GB_ROUND_WHY_MAX]; /* why the round ended (GB_ROUND_OVER, GB_ROUND_RESTART) */
+    char reserved[GB_PROGRESS_ROUND_BYTES - 10 * 4 - GB_ROUND_ADDR_MAX - GB_ROUND_WHY_MAX];
+} gb_progress_round;
+
+_Static_assert(sizeof(gb_progress_round) == GB_PROGRESS_ROUND_BYTES, "round block size is the ABI");
 
 _Static_assert(sizeof(gb_progress_slot) == GB_PROGRESS_SLOT_BYTES, "slot size is the ABI");
 _Static_assert(sizeof(gb_progress_header) == GB_PROGRESS_SLOT_BYTES, "header size is the ABI");
@@ -61,6 +94,11 @@ _Static_assert(sizeof(gb_progress_header) == GB_PROGRESS_SLOT_BYTES, "header siz
 /* Bytes of a region with n slots (the header, then the slots). */
 static inline uint64_t gb_progress_region_bytes(uint32_t n) {
     return (uint64_t)GB_PROGRESS_SLOT_BYTES * (1u + n);
+}
+
+/* Bytes of a region with n slots and the round block after them. */
+static inline uint64_t gb_progress_region_bytes_v2(uint32_t n) {
+    return gb_progress_region_bytes(n) + GB_PROGRESS_ROUND_BYTES;
 }
 
 /* ---- the worker's side (libgpulaunch; one slot per process) ---- */
@@ -81,5 +119,16 @@ void gb_progress_wait_alive(void);
 void gb_progress_set_stack_signal(int sig);
 /* The worker can save a checkpoint when stopped from now on (1), or no more (0). */
 void gb_progress_set_ckpt_ready(int ready);
+/* The worker re-forms in place when its round ends (1), or no more (0).
+ * -1 when the launcher has no round block (an older one, or none). */
+int gb_progress_set_reform_ok(int ok);
+/* The round block, NULL without one. */
+const gb_progress_round *gb_progress_round_block(void);
+/* Waits until the round block's seq differs from seen (futex), at most
+ * timeout_ms; then copies the block into out (a consistent copy: seq the same
+ * before and after). 0 with out filled, 1 on timeout, -1 without a block. */
+int gb_progress_round_wait(uint32_t seen, uint32_t timeout_ms, gb_progress_round *out);
+/* Tells the launcher this worker runs in round `round` now. */
+void gb_progress_round_ack(uint32_t round);
 
 #endif

@@ -242,13 +242,72 @@ static void slow_down(const struct timespec *t0, long sleep_ms, double factor, l
         ;
 }
 
+/* --reform: waits for the next round and re-makes the communicator in it;
+ * every rank then agrees on the step the job goes on from, and ranks whose
+ * parameters are not that step's (a new node's, or one further on) get them
+ * from a rank that has them. *step: the step to run next. -1 when this
+ * process cannot go on (its launcher restarts it). */
+#define DP_REFORM_TIMEOUT_MS 300000
+static int reform_in_place(gpl_comm_t comm, float *const params[4], const size_t counts[4],
+                           long *step, long done) {
+    int old_rank = gpl_rank(comm);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    gpl_reform_info ri;
+    if (gpl_reform(comm, DP_REFORM_TIMEOUT_MS) != GPL_OK ||
+        gpl_reform_agree(comm, done, &ri) != GPL_OK) {
+        fprintf(stderr, "dp_train rank %d: %s\n", old_rank, gpl_last_error(comm));
+        return -1;
+    }
+    for (int i = 0; ri.copy && i < 4; i++)
+        if (gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, ri.root, NULL) != GPL_OK) {
+            fprintf(stderr, "dp_train rank %d: %s\n", gpl_rank(comm), gpl_last_error(comm));
+            return -1;
+        }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("rank %d (was %d): round %d re-formed in place, world %d, going on after step %lld "
+           "(%lld lost)%s in %.1f ms\n",
+           gpl_rank(comm), old_rank, gpl_round(comm), gpl_world_size(comm), (long long)ri.step,
+           (long long)(done - ri.step), ri.copy ? ", parameters copied" : "",
+           (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    fflush(stdout);
+    *step = (long)ri.step;
+    return 0;
+}
+
+/* reform_in_place, then this rank's share of the global batch in the new
+ * world; *step is set for the loop's increment to run the agreed next step. */
+static int go_on_in_next_round(gpl_comm_t comm, float *const params[4], const size_t counts[4],
+                               long batch, long done, long *step, int *local, int **idx) {
+    long next;
+    if (reform_in_place(comm, params, counts, &next, done) != 0)
+        return -1;
+    int world = gpl_world_size(comm);
+    if (batch % world != 0) {
+        fprintf(stderr,
+                "dp_train rank %d: --global-batch %ld is not a multiple of the %d ranks of "
+                "round %d\n",
+                gpl_rank(comm), batch, world, gpl_round(comm));
+        return -1;
+    }
+    *local = (int)(batch / world);
+    free(*idx);
+    if ((*idx = malloc(sizeof(int) * (size_t)*local)) == NULL)
+        return -1;
+    *step = next - 1;
+    return 0;
+}
+
 static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
     "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
-    "                [--step-sleep-ms MS] [--start-delay-ms MS] [--device]\n"
+    "                [--step-sleep-ms MS] [--start-delay-ms MS] [--device] [--reform]\n"
     "                [--slow-rank R [--slow-factor F] [--slow-ms MS] [--slow-from-step N]]\n"
     "--device (a build with CUDA): the gradients are averaged on the GPU, through NCCL.\n"
+    "--reform: when its round ends (a node lost or added) this rank is not restarted: it\n"
+    "re-forms in place, redoes the step that failed, and a new node's ranks get the\n"
+    "parameters from a survivor instead of the checkpoint (docs/reliability.md).\n"
     "--slow-rank R: from step N on (default 0), rank R's compute part of each step (forward,\n"
     "backward and --step-sleep-ms) takes F times as long (default 1.5), plus MS, before the\n"
     "gradient all-reduce: a straggler, as a throttled GPU would make one.\n"
@@ -262,7 +321,7 @@ int main(int argc, char **argv) {
     long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
     long slow_rank = -1, slow_ms = 0, slow_from = 0, start_delay_ms = 0;
     double slow_factor = 1.5;
-    int device = 0;
+    int device = 0, reform = 0;
     double ckpt_every_s = 0;
     const char *ckpt_dir = NULL;
     float lr = 0.05f;
@@ -276,6 +335,10 @@ int main(int argc, char **argv) {
         }
         if (strcmp(a, "--device") == 0) {
             device = 1;
+            continue;
+        }
+        if (strcmp(a, "--reform") == 0) {
+            reform = 1;
             continue;
         }
         if (v == NULL) {
@@ -347,6 +410,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "dp_train: %s\n", gpl_last_error(comm));
         goto out;
     }
+    if (reform && gpl_reform_enable() != GPL_OK)
+        fprintf(stderr,
+                "dp_train rank %d: --reform: this launcher cannot hand rounds over (not "
+                "gpulaunch, or its progress channel is off): restarted instead\n",
+                gpl_rank(comm));
     int rank = gpl_rank(comm), world = gpl_world_size(comm);
     if (batch % world != 0) {
         if (rank == 0)
@@ -364,15 +432,28 @@ int main(int argc, char **argv) {
         goto out;
     }
     make_data((uint64_t)seed, x, y);
-    /* the same start everywhere, whatever the seed handling of each rank */
     float *params[4] = {m.w1, m.b1, m.w2, m.b2};
     float *grads[4] = {m.gw1, m.gb1, m.gw2, m.gb2};
     size_t counts[4] = {m.n_w1, m.n_b1, m.n_w2, m.n_b2};
+    /* --reform: a rank started into a round whose other ranks kept their
+     * state (a new node's) copies it from them instead of reading the
+     * checkpoint; when every rank is new, the job starts as without */
+    gpl_reform_info ri = {.step = -1};
+    if (reform && gpl_reform_agree(comm, -1, &ri) != GPL_OK) {
+        fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+        goto out;
+    }
+    /* the same start everywhere, whatever the seed handling of each rank */
+    int from = ri.copy ? ri.root : 0;
     for (int i = 0; i < 4; i++)
-        if (gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, 0, NULL) != GPL_OK) {
+        if (gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, from, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
             goto out;
         }
+    if (ri.copy)
+        printf("rank %d: joined round %d with %d ranks that kept their state: parameters of "
+               "step %lld copied from rank %d, nothing read from the checkpoint\n",
+               rank, gpl_round(comm), ri.survivors, (long long)ri.step, ri.root);
     if (gpl_dp_create(comm, NULL, &dp) != GPL_OK) {
         fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
         goto out;
@@ -408,19 +489,25 @@ int main(int argc, char **argv) {
         co.dir = ckpt_dir;
         co.every_steps = ckpt_every;
         co.every_seconds = ckpt_every_s;
-        int64_t got = -1;
+        int64_t got = ri.copy ? ri.step : -1;
         if (gpl_ckpt_setup(comm, &co, save_cb, load_cb, &m) != GPL_OK ||
-            gpl_ckpt_restore(comm, &got) != GPL_OK) {
+            (!ri.copy && gpl_ckpt_restore(comm, &got) != GPL_OK)) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
             goto out;
         }
-        if (got >= 0) {
+        if (got >= 0 && ri.copy)
+            start = got;
+        else if (got >= 0) {
             start = got;
             if (rank == 0)
                 printf("resumed from the checkpoint of step %lld\n", (long long)got);
         }
     }
+    if (ri.copy && !ckpt_dir)
+        start = ri.step;
+    long done = start; /* the steps this rank completed */
     for (long step = start; step < steps; step++) {
+        done = step;
         for (int k = 0; k < local; k++)
             idx[k] = (int)((step * batch + rank * local + k) % SAMPLES);
         struct timespec t0;
@@ -436,12 +523,17 @@ int main(int argc, char **argv) {
         if (gpl_dp_wait(dp) != GPL_OK ||
             gpl_allreduce(comm, &loss, &loss, 1, GPL_FLOAT32, GPL_AVG, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: step %ld: %s\n", rank, step, gpl_last_error(comm));
-            goto out;
+            if (!reform ||
+                go_on_in_next_round(comm, params, counts, batch, done, &step, &local, &idx) != 0)
+                goto out;
+            rank = gpl_rank(comm);
+            continue;
         }
         if (device_copy(m.gw1, dgrads, gtotal, 0) != 0)
             goto out;
         for (int i = 0; i < 4; i++)
             sgd(params[i], grads[i], counts[i], lr);
+        done = step + 1;
         if (rank == 0 && (step % every == 0 || step == steps - 1))
             printf("step %ld loss %.6f\n", step, loss);
         if (sleep_ms) {
@@ -461,7 +553,11 @@ int main(int argc, char **argv) {
             }
             if (rc2 != GPL_OK) {
                 fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
-                goto out;
+                if (!reform || go_on_in_next_round(comm, params, counts, batch, done, &step, &local,
+                                                   &idx) != 0)
+                    goto out;
+                rank = gpl_rank(comm);
+                continue;
             }
         }
     }

@@ -32,6 +32,7 @@
 #include "gl_output.h"
 #include "gl_preflight.h"
 #include "gl_progress.h"
+#include "gl_reform.h"
 #include "gl_watchdog.h"
 #include "gl_workers.h"
 #include "gpulaunch/rdzv.h"
@@ -75,6 +76,7 @@ static struct launcher {
 
 static gl_group G;     /* the local workers */
 static gl_watchdog WD; /* --progress-timeout */
+static gl_reform R;    /* live re-formation of workers that can */
 
 /* ---- the failure report and the restart decision ---- */
 
@@ -165,8 +167,46 @@ static void on_done_timeout(uv_timer_t *t) {
 
 /* ---- the worker group's and the watchdog's reports ---- */
 
+static int free_port(void);
+
+/* A re-formation that cannot finish (a kept worker exited, or did not take
+ * the round in time): today's restart. The workers are told, then stopped; a
+ * round this node already holds ends for everyone, which re-forms it again. */
+static void reform_fall_back(const char *why) {
+    fprintf(stderr, "gpulaunch: re-forming in place failed: %s; restarting the local workers\n",
+            why);
+    GB_WARN("re-formation failed: %s; restarting the local workers", why);
+    gl_reform_abort(&R, why);
+    L.group_failed = 1;
+    L.round_over = 0;
+    if (L.assigned) {
+        L.assigned = 0;
+        rdzv_client_fail(L.cli, why);
+    }
+    gl_group_stop(&G, 0);
+}
+
+static void on_reform_failed(gl_reform *r, const char *why) { reform_fall_back(why); }
+
+static void on_reform_taken(gl_reform *r, uint32_t round, double told_ms, double taken_ms) {
+    L.round_over = 0;
+    fprintf(stderr,
+            "gpulaunch: round %u: %d workers re-formed in place (%.1f ms after the last round "
+            "ended, %.1f ms after this one was handed over)\n",
+            round, L.cfg.nproc, told_ms, taken_ms);
+    gl_watchdog_round(&WD);
+}
+
 static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     int failed = status != 0 || sig != 0;
+    if (gl_reform_state(&R) != GL_REFORM_NONE && !g->stopping) {
+        char why[160];
+        snprintf(why, sizeof why, "rank %d (local rank %d) %s while re-forming", w->rank,
+                 w->local_rank, failed ? "failed" : "exited");
+        reform_fall_back(why);
+        maybe_finish_round();
+        return;
+    }
     /* while the watchdog has hung ranks print their stacks, the hang is the
      * failure (on_hang reports it): not a rank that ends meanwhile */
     if (failed && !g->stopping && !L.exit_requested && !L.round_over && !gl_watchdog_dumping(&WD)) {
@@ -290,6 +330,18 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
+    if (gl_reform_state(&R) == GL_REFORM_WAITING) {
+        /* the kept workers take this round in place (gl_reform.c) */
+        gl_reform_hand(&R, &L.a, L.restarts);
+        return;
+    }
+    if (!gl_group_idle(&G)) {
+        /* a fallen-back re-formation's workers are still stopping: this
+         * round cannot have them; it ends and the next one restarts them */
+        rdzv_client_fail(L.cli, "the local workers of a failed re-formation are still stopping");
+        L.assigned = 0;
+        return;
+    }
     L.t_spawn_ns = gb_now_ns();
     if (gl_group_spawn(&G, &L.a, L.restarts, L.nccl_ifname) > 0) {
         gl_group_stop(&G, GL_DISCARD_GRACE_MS);
@@ -309,6 +361,22 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
     L.round_hung = reason == RDZV_REASON_HUNG;
+    /* workers that re-form in place are kept: the next round is joined now */
+    if (G.nrunning == L.cfg.nproc && !G.stopping && !L.group_failed && !L.exit_requested &&
+        gl_reform_possible(&R)) {
+        gl_reform_begin(&R, msg);
+        fprintf(stderr, "gpulaunch: the %d local workers re-form in place (not restarted)\n",
+                L.cfg.nproc);
+        L.scale_up = 0;
+        L.t_join_ns = gb_now_ns();
+        int port = free_port(); /* the last round's store may still hold its port */
+        if (port > 0)
+            rdzv_client_set_master_port(L.cli, (uint16_t)port);
+        rdzv_client_rejoin(L.cli);
+        return;
+    }
+    if (gl_reform_state(&R) != GL_REFORM_NONE)
+        gl_reform_abort(&R, msg);
     if (G.nrunning)
         gl_group_stop(&G, 0);
     else
@@ -346,6 +414,7 @@ static void on_job_done(rdzv_client *c) {
 static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     fprintf(stderr, "gpulaunch: rendezvous failed: %s\n", msg);
     end_hold();
+    gl_reform_abort(&R, msg);
     if (G.nrunning) {
         L.exit_requested = 1;
         L.exit_code = GL_EXIT_RDZV;
@@ -773,6 +842,8 @@ int main(int argc, char **argv) {
         .on_exit = on_worker_exit, .on_spawn_error = on_spawn_error, .on_closed = on_pipe_closed};
     gl_group_init(&G, L.loop, &L.cfg, &job, &gcb); /* reaps from here on */
     gl_watchdog_init(&WD, L.loop, &L.cfg, L.hostname, &G, round_ending, on_hang);
+    gl_reform_callbacks rcb = {.on_taken = on_reform_taken, .on_failed = on_reform_failed};
+    gl_reform_init(&R, L.loop, L.cfg.nproc, &rcb);
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
+#include <limits.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "gb_log.h"
@@ -34,6 +37,7 @@ static struct {
     uint32_t nslots;
     gb_progress_header *hdr;
     gb_progress_slot *slots;
+    gb_progress_round *round; /* the round block, after the slots */
     int *pipe_r, *pipe_w;
     reader **rd;
     /* the summaries */
@@ -73,7 +77,7 @@ int gl_progress_round(int nproc) {
                     nproc, GB_PROGRESS_MAX_SLOTS);
             return -1;
         }
-        size_t bytes = gb_progress_region_bytes((uint32_t)nproc);
+        size_t bytes = gb_progress_region_bytes_v2((uint32_t)nproc);
         int fd = memfd_create("gpulaunch-progress", MFD_CLOEXEC);
         void *p = MAP_FAILED;
         if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0)
@@ -91,6 +95,7 @@ int gl_progress_round(int nproc) {
         P.nslots = (uint32_t)nproc;
         P.hdr = p;
         P.slots = (gb_progress_slot *)((char *)p + GB_PROGRESS_SLOT_BYTES);
+        P.round = (gb_progress_round *)((char *)p + gb_progress_region_bytes((uint32_t)nproc));
         P.pipe_r = malloc((size_t)nproc * sizeof *P.pipe_r);
         P.pipe_w = malloc((size_t)nproc * sizeof *P.pipe_w);
         P.rd = calloc((size_t)nproc, sizeof *P.rd);
@@ -103,11 +108,12 @@ int gl_progress_round(int nproc) {
     }
     close_readers();
     /* a new round: every slot starts empty (the last round's workers are gone) */
-    memset(P.hdr, 0, gb_progress_region_bytes(P.nslots));
+    memset(P.hdr, 0, gb_progress_region_bytes_v2(P.nslots));
     P.hdr->magic = GB_PROGRESS_MAGIC;
     P.hdr->version = GB_PROGRESS_VERSION;
     P.hdr->nslots = P.nslots;
     P.hdr->slot_bytes = GB_PROGRESS_SLOT_BYTES;
+    P.hdr->round_off = (uint32_t)gb_progress_region_bytes(P.nslots);
     memset(P.prev_steps, 0, P.nslots * sizeof *P.prev_steps);
     memset(P.prev_step_ns, 0, P.nslots * sizeof *P.prev_step_ns);
     memset(P.prev_coll_ns, 0, P.nslots * sizeof *P.prev_coll_ns);
@@ -238,6 +244,45 @@ void gl_progress_started(uv_loop_t *loop, int local_rank) {
         return;
     }
     P.rd[local_rank] = r;
+}
+
+/* ---- live re-formation: the round block ---- */
+
+int gl_progress_reform_ok(int nproc) {
+    if (P.fd < 0 || (uint32_t)nproc > P.nslots)
+        return 0;
+    for (int i = 0; i < nproc; i++)
+        if (atomic_load_explicit(&P.slots[i].reform_ok, memory_order_acquire) != 1)
+            return 0;
+    return 1;
+}
+
+int gl_progress_acked(int nproc, uint32_t round) {
+    int n = 0;
+    for (int i = 0; P.fd >= 0 && i < nproc && (uint32_t)i < P.nslots; i++)
+        n += atomic_load_explicit(&P.slots[i].round_ack, memory_order_acquire) == round;
+    return n;
+}
+
+void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, int restarts,
+                         const char *why) {
+    if (P.fd < 0)
+        return;
+    gb_progress_round *b = P.round;
+    if (a) {
+        b->round = a->round;
+        b->node_rank = a->node_rank;
+        b->nnodes = a->nnodes;
+        b->base_rank = a->base_rank;
+        b->world_size = a->world_size;
+        b->master_port = a->master_port;
+        snprintf(b->master_addr, sizeof b->master_addr, "%s", a->master_addr);
+    }
+    b->restarts = (uint32_t)restarts;
+    snprintf(b->why, sizeof b->why, "%s", why ? why : "");
+    atomic_store_explicit(&b->state, (uint32_t)state, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->seq, 1, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&b->seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 /* ---- the summaries ---- */

@@ -34,6 +34,15 @@ void gl_progress_holder(int local_rank, int rank, const char *gpu);
 void gl_progress_started(uv_loop_t *loop, int local_rank);
 /* The slot of a local worker, NULL without a channel. */
 gb_progress_slot *gl_progress_slot(int local_rank);
+/* Live re-formation (docs/reliability.md). Whether each of the nproc local
+ * workers said it re-forms in place (its slot's reform_ok). */
+int gl_progress_reform_ok(int nproc);
+/* How many of the nproc local workers said they run in `round`. */
+int gl_progress_acked(int nproc, uint32_t round);
+/* Writes the round block and wakes the workers waiting on it: the round is
+ * over (a NULL), or here is the next one (a), or they are to be restarted. */
+void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, int restarts,
+                         const char *why);
 /* Whether the workers run, not stopping: a summary is due (else the window
  * goes on). */
 typedef int (*gl_progress_active_cb)(void *data);

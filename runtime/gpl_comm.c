@@ -136,45 +136,70 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
                            c->rank, c->world);
             goto out;
         }
-        char host[256], err[512];
-        int port;
-        if (rdzv_parse_endpoint(ep, RDZV_DEFAULT_PORT, host, sizeof host, &port) != GPL_OK) {
-            rc = gb_seterr(&c->err, GPL_ERR_CONFIG,
-                           "GPULAUNCH_RDZV_ENDPOINT='%s' is not "
-                           "HOST:PORT",
-                           ep);
-            goto out;
-        }
+        snprintf(c->rdzv_ep, sizeof c->rdzv_ep, "%s", ep);
         const char *tok = o->token ? o->token : getenv("GPULAUNCH_RDZV_TOKEN");
-        rc = rdzv_bclient_connect(host, port, tok, tok ? strlen(tok) : 0, 30000, &c->rdzv, err,
-                                  sizeof err);
-        if (rc != GPL_OK) {
-            gb_seterr(&c->err, rc, "rank %d: %s", c->rank, err);
+        if (tok && (c->token = strdup(tok)) == NULL) {
+            rc = GPL_ERR_NOMEM;
             goto out;
-        }
-        rc = rdzv_bclient_attach(c->rdzv, c->run_id, (uint32_t)c->round);
-        if (rc != GPL_OK) {
-            gb_seterr(&c->err, rc, "rank %d: %s", c->rank, rdzv_bclient_error(c->rdzv));
-            goto out;
-        }
-        if (c->local_world > 1 && (rc = gpl_shm_setup(c)) != GPL_OK)
-            goto out;
-        if (c->local_world > 1 && c->nnodes == 1 && (rc = gpl_cma_setup(c)) != GPL_OK)
-            goto out;
-        if (c->nnodes > 1) {
-            if (c->local_rank == 0 && (rc = gpl_ring_publish(c)) != GPL_OK)
-                goto out;
-            if ((rc = gpl_nodes_load(c)) != GPL_OK)
-                goto out;
-            if (c->local_rank == 0 && (rc = gpl_ring_setup(c)) != GPL_OK)
-                goto out;
         }
     }
-    if (c->backend == GPL_BACKEND_NCCL)
-        rc = gpl_nccl_init(c, o->device);
+    c->device = o->device;
+    rc = gpl_comm_connect(c);
 out:
     gb_progress_coll_end();
     return rc;
+}
+
+gpl_result_t gpl_comm_connect(gpl_comm_t c) {
+    gpl_result_t rc = GPL_OK;
+    if (c->world > 1) {
+        char host[256], err[512];
+        int port;
+        if (rdzv_parse_endpoint(c->rdzv_ep, RDZV_DEFAULT_PORT, host, sizeof host, &port) != GPL_OK)
+            return gb_seterr(&c->err, GPL_ERR_CONFIG,
+                             "GPULAUNCH_RDZV_ENDPOINT='%s' is not HOST:PORT", c->rdzv_ep);
+        const char *tok = c->token;
+        rc = rdzv_bclient_connect(host, port, tok, tok ? strlen(tok) : 0, 30000, &c->rdzv, err,
+                                  sizeof err);
+        if (rc != GPL_OK)
+            return gb_seterr(&c->err, rc, "rank %d: %s", c->rank, err);
+        rc = rdzv_bclient_attach(c->rdzv, c->run_id, (uint32_t)c->round);
+        if (rc != GPL_OK)
+            return gb_seterr(&c->err, rc, "rank %d: %s", c->rank, rdzv_bclient_error(c->rdzv));
+        if (c->local_world > 1 && (rc = gpl_shm_setup(c)) != GPL_OK)
+            return rc;
+        if (c->local_world > 1 && c->nnodes == 1 && (rc = gpl_cma_setup(c)) != GPL_OK)
+            return rc;
+        if (c->nnodes > 1) {
+            if (c->local_rank == 0 && (rc = gpl_ring_publish(c)) != GPL_OK)
+                return rc;
+            if ((rc = gpl_nodes_load(c)) != GPL_OK)
+                return rc;
+            if (c->local_rank == 0 && (rc = gpl_ring_setup(c)) != GPL_OK)
+                return rc;
+        }
+    }
+    if (c->backend == GPL_BACKEND_NCCL)
+        rc = gpl_nccl_init(c, c->device);
+    return rc;
+}
+
+void gpl_comm_disconnect(gpl_comm_t c, int abort) {
+    if (abort)
+        gpl_nccl_abort(c);
+    else
+        gpl_nccl_finalize(c);
+    gpl_ring_teardown(c);
+    gpl_shm_teardown(c);
+    rdzv_bclient_close(c->rdzv);
+    c->rdzv = NULL;
+    free(c->node_base);
+    free(c->node_size);
+    free(c->node_host);
+    free(c->cma_tmp);
+    c->node_base = c->node_size = NULL;
+    c->node_host = NULL;
+    c->cma_tmp = NULL;
 }
 
 gpl_result_t gpl_init_external(int rank, int world, int local_rank, int local_world,
@@ -245,14 +270,8 @@ static gpl_result_t ext_scale_avg(gpl_comm_t c, void *r, size_t count, gpl_dtype
 void gpl_finalize(gpl_comm_t c) {
     if (c == NULL)
         return;
-    gpl_nccl_finalize(c);
-    gpl_ring_teardown(c);
-    gpl_shm_teardown(c);
-    rdzv_bclient_close(c->rdzv);
-    free(c->node_base);
-    free(c->node_size);
-    free(c->node_host);
-    free(c->cma_tmp);
+    gpl_comm_disconnect(c, 0);
+    free(c->token);
     free(c->ckpt);
     free(c);
 }

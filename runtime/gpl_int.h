@@ -70,8 +70,19 @@ struct gpl_comm {
     void *nccl;                  /* gpl_nccl state */
     gpl_external_ops ext;        /* GPL_BACKEND_EXTERNAL: the caller's collectives */
     struct gpl_ckpt *ckpt;       /* gpl_ckpt state */
+    /* what gpl_comm_connect needs again when the round is re-formed */
+    char rdzv_ep[300];
+    char *token;
+    int device;
+    uint32_t round_seq; /* the round block's seq this process last acted on */
+    int reforms;        /* rounds re-formed in place */
 };
 
+/* The transport of the current round (rendezvous attachment, shared memory,
+ * the node ring, NCCL) from the communicator's rank, world and round, and its
+ * teardown (abort: NCCL's communicator aborted, not finalized). */
+gpl_result_t gpl_comm_connect(gpl_comm_t c);
+void gpl_comm_disconnect(gpl_comm_t c, int abort);
 /* kernels (gpl_reduce.c) */
 void gpl_reduce_into(void *acc, const void *in, size_t count, gpl_dtype_t t, gpl_op_t op);
 void gpl_scale_avg(void *buf, size_t count, gpl_dtype_t t, int n);
@@ -121,6 +132,8 @@ gpl_result_t gpl_cpu_barrier(gpl_comm_t c);
 /* NCCL (gpl_nccl.c; stubs without CUDA) */
 gpl_result_t gpl_nccl_init(gpl_comm_t c, int device);
 void gpl_nccl_finalize(gpl_comm_t c);
+/* ncclCommAbort and the state freed: a round whose peers may be gone. */
+void gpl_nccl_abort(gpl_comm_t c);
 int gpl_nccl_is_device_ptr(const void *p);
 /* Makes the comm's GPU current on the calling thread (a helper thread). */
 void gpl_nccl_bind_thread(gpl_comm_t c);

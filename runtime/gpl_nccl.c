@@ -143,6 +143,12 @@ void gpl_nccl_finalize(gpl_comm_t c) {
     c->nccl = NULL;
 }
 
+void gpl_nccl_abort(gpl_comm_t c) {
+    nccl_abort(c);
+    free(c->nccl);
+    c->nccl = NULL;
+}
+
 void gpl_nccl_bind_thread(gpl_comm_t c) {
     nccl_state *n = c->nccl;
     if (n != NULL) /* a thread starts on device 0; the comm lives on n->device */
@@ -269,6 +275,7 @@ static gpl_result_t unsupported(gpl_comm_t c) {
 }
 gpl_result_t gpl_nccl_init(gpl_comm_t c, int device) { return unsupported(c); }
 void gpl_nccl_finalize(gpl_comm_t c) {}
+void gpl_nccl_abort(gpl_comm_t c) {}
 void gpl_nccl_bind_thread(gpl_comm_t c) {}
 int gpl_nccl_is_device_ptr(const void *p) { return 0; }
 gpl_result_t gpl_nccl_allreduce_enqueue(gpl_comm_t c, const void *s, void *r, size_t count,

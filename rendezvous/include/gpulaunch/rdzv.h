@@ -139,6 +139,10 @@ gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
 void *rdzv_client_data(rdzv_client *c);
 /* Joins the next round (after on_round_over, or to restart). */
 void rdzv_client_rejoin(rdzv_client *c);
+/* The port this node offers for rank 0's store from its next JOIN on (a
+ * re-formed round's store must not take the port of the last one, which its
+ * process may still hold). */
+void rdzv_client_set_master_port(rdzv_client *c, uint16_t port);
 /* Tells the server a local worker failed: the round ends for everyone. */
 void rdzv_client_fail(rdzv_client *c, const char *message);
 /* Tells the server every local worker finished. */

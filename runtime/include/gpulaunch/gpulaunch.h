@@ -249,6 +249,74 @@ GPL_API void gpl_progress_stack_signal(int sig);
 GPL_API void gpl_progress_wait_begin(void);
 GPL_API void gpl_progress_wait_end(void);
 
+/* ---- live re-formation: a round's end without a restart ----
+ *
+ * A worker that calls gpl_reform_enable is not stopped when its round ends
+ * (a node lost, preempted, or a new node to take in): its launcher keeps it,
+ * joins the next round and hands it over through memory shared with the
+ * worker. The program's collectives of the ended round fail
+ * (GPL_ERR_ROUND_OVER, GPL_ERR_PEER_FAILED or GPL_ERR_TIMEOUT); it calls
+ * gpl_reform, which waits for the next round and re-makes the communicator
+ * in place (same handle, new rank and world), then gpl_reform_agree, which
+ * says which rank's state every rank goes on from and whether it must be
+ * copied (gpl_broadcast from info.root, e.g. to a new node's ranks). A
+ * re-formation that cannot be done ends in the launcher's restart, as
+ * without it (docs/reliability.md). */
+
+typedef enum gpl_round_state {
+    GPL_ROUND_RUNNING = 0, /* the round this worker was started in, or took */
+    GPL_ROUND_OVER = 1,    /* the round ended; the next one is being formed */
+    GPL_ROUND_NEW = 2,     /* the next round is there to take */
+    GPL_ROUND_RESTART = 3  /* no re-formation: this worker is stopped and restarted */
+} gpl_round_state;
+
+/* The launcher's view of this worker's round (gpl_round_wait). */
+typedef struct gpl_round_info {
+    uint32_t seq; /* changes with every change below */
+    gpl_round_state state;
+    int round, node_rank, nnodes, base_rank, world_size, master_port, restarts;
+    char master_addr[256];
+    char why[256]; /* why the round ended */
+} gpl_round_info;
+
+/* Tells the launcher this worker re-forms in place from now on.
+ * GPL_ERR_UNSUPPORTED outside gpulaunch or when its progress channel is off
+ * (--progress-timeout 0 --stats-interval 0): the worker is restarted then. */
+GPL_API gpl_result_t gpl_reform_enable(void);
+/* Waits until the launcher's round state differs from seq (0 the first time;
+ * then the last info.seq), at most timeout_ms: GPL_OK with *info filled,
+ * GPL_ERR_TIMEOUT, or GPL_ERR_UNSUPPORTED without a launcher that hands
+ * rounds over. Takes no communicator: a watcher thread may wait in it. */
+GPL_API gpl_result_t gpl_round_wait(uint32_t seq, uint32_t timeout_ms, gpl_round_info *info);
+/* Tells the launcher this worker runs in round `round` now (gpl_reform does
+ * it; a program re-forming its own framework calls it). */
+GPL_API void gpl_round_ack(int round);
+/* After a collective of an ended round failed: waits (at most timeout_ms) for
+ * the next round and re-makes comm for it in place: the rendezvous
+ * attachment, shared memory, the node ring and NCCL (ncclCommAbort, then a
+ * new communicator). gpl_rank and gpl_world_size say the new ones; the
+ * program's buffers, gpl_dp and gpl_ckpt objects stay valid. A round that
+ * ends again while it is re-made is waited for again. GPL_ERR_ROUND_OVER when
+ * the launcher restarts this worker instead (exit then), GPL_ERR_TIMEOUT. */
+GPL_API gpl_result_t gpl_reform(gpl_comm_t comm, uint32_t timeout_ms);
+/* The round comm runs in. */
+GPL_API int gpl_round(gpl_comm_t comm);
+
+typedef struct gpl_reform_info {
+    int64_t step;  /* the step every rank goes on after (-1: no rank has state) */
+    int root;      /* the rank whose state that is (lowest rank at that step); -1: none */
+    int survivors; /* ranks that came with state */
+    int copy;      /* 1: some rank's state is not that one's: copy it from root */
+    int mine;      /* 1: this rank's state is replaced by the copy */
+} gpl_reform_info;
+
+/* Every rank says the step its state is at (the last one it completed; -1
+ * for none: a new node's rank) and learns where the job goes on from (one
+ * small allgather). When info->copy, every rank then calls gpl_broadcast(...,
+ * info->root, ...) on each buffer of its state (a rank ahead of the others,
+ * whose last collective completed where another's failed, is set back). */
+GPL_API gpl_result_t gpl_reform_agree(gpl_comm_t comm, int64_t step, gpl_reform_info *info);
+
 #ifdef __cplusplus
 }
 #endif

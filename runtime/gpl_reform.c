@@ -1,0 +1,143 @@
+/* Live re-formation, the worker's side (see gpulaunch.h): the round block
+ * the launcher writes, the communicator re-made in place, and the agreement
+ * on whose state the job goes on from. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gb_progress.h"
+#include "gb_time.h"
+#include "gpl_int.h"
+
+gpl_result_t gpl_reform_enable(void) {
+    return gb_progress_set_reform_ok(1) == 0 ? GPL_OK : GPL_ERR_UNSUPPORTED;
+}
+
+gpl_result_t gpl_round_wait(uint32_t seq, uint32_t timeout_ms, gpl_round_info *info) {
+    gb_progress_round b;
+    int r = gb_progress_round_wait(seq, timeout_ms, &b);
+    if (r < 0)
+        return GPL_ERR_UNSUPPORTED;
+    if (r > 0)
+        return GPL_ERR_TIMEOUT;
+    memset(info, 0, sizeof *info);
+    info->seq = atomic_load_explicit(&b.seq, memory_order_relaxed);
+    info->state = (gpl_round_state)atomic_load_explicit(&b.state, memory_order_relaxed);
+    info->round = (int)b.round;
+    info->node_rank = (int)b.node_rank;
+    info->nnodes = (int)b.nnodes;
+    info->base_rank = (int)b.base_rank;
+    info->world_size = (int)b.world_size;
+    info->master_port = (int)b.master_port;
+    info->restarts = (int)b.restarts;
+    memcpy(info->master_addr, b.master_addr, sizeof info->master_addr);
+    info->master_addr[sizeof info->master_addr - 1] = '\0';
+    memcpy(info->why, b.why, sizeof info->why);
+    info->why[sizeof info->why - 1] = '\0';
+    return GPL_OK;
+}
+
+void gpl_round_ack(int round) { gb_progress_round_ack((uint32_t)round); }
+
+int gpl_round(gpl_comm_t c) { return c ? c->round : -1; }
+
+/* Errors after which the next round may still come: the round (or the one
+ * being made) ended under us, or its peers went away. */
+static int round_may_come(gpl_result_t rc) {
+    return rc == GPL_ERR_ROUND_OVER || rc == GPL_ERR_PEER_FAILED || rc == GPL_ERR_TIMEOUT ||
+           rc == GPL_ERR_CLOSED || rc == GPL_ERR_SYSTEM || rc == GPL_ERR_NCCL;
+}
+
+gpl_result_t gpl_reform(gpl_comm_t c, uint32_t timeout_ms) {
+    if (c == NULL || c->backend == GPL_BACKEND_EXTERNAL)
+        return GPL_ERR_INVALID_ARG;
+    uint64_t deadline = gb_now_ms() + timeout_ms;
+    gb_clearerr(&c->err);
+    c->coll = "reform";
+    for (;;) {
+        uint64_t now = gb_now_ms();
+        gpl_round_info r;
+        gpl_result_t rc = now >= deadline
+                              ? GPL_ERR_TIMEOUT
+                              : gpl_round_wait(c->round_seq, (uint32_t)(deadline - now), &r);
+        if (rc == GPL_ERR_UNSUPPORTED)
+            return gb_seterr(&c->err, rc,
+                             "rank %d: no launcher hands this worker its next round (not under "
+                             "gpulaunch, or its progress channel is off); it is restarted instead",
+                             c->rank);
+        if (rc == GPL_ERR_TIMEOUT)
+            return gb_seterr(&c->err, rc,
+                             "rank %d: no next round within %.0f s of round %d's end; the "
+                             "launcher restarts the workers",
+                             c->rank, timeout_ms / 1000.0, c->round);
+        c->round_seq = r.seq;
+        if (r.state == GPL_ROUND_RESTART)
+            return gb_seterr(&c->err, GPL_ERR_ROUND_OVER,
+                             "rank %d: the launcher restarts this worker instead of re-forming "
+                             "round %d: %s",
+                             c->rank, c->round, r.why);
+        if (r.state != GPL_ROUND_NEW || r.round <= c->round)
+            continue; /* over: the next one is being formed */
+        if (r.world_size < 1 || r.base_rank < 0 || r.base_rank + c->local_world > r.world_size ||
+            r.nnodes < 1 || r.node_rank >= r.nnodes)
+            return gb_seterr(&c->err, GPL_ERR_PROTOCOL,
+                             "rank %d: the launcher handed over round %d with base rank %d of "
+                             "world %d (node %d of %d) for %d local ranks",
+                             c->rank, r.round, r.base_rank, r.world_size, r.node_rank, r.nnodes,
+                             c->local_world);
+        gb_progress_coll_begin(); /* waiting for the new peers is a collective */
+        gpl_comm_disconnect(c, 1);
+        c->round = r.round;
+        c->rank = r.base_rank + c->local_rank;
+        c->base_rank = r.base_rank;
+        c->world = r.world_size;
+        c->node_rank = r.node_rank;
+        c->nnodes = r.nnodes;
+        c->seq = 0;
+        c->bar_seq = 0;
+        c->round_over_seen_ms = 0;
+        c->cma = 0;
+        c->coll = "reform";
+        rc = gpl_comm_connect(c);
+        gb_progress_coll_end();
+        if (rc == GPL_OK) {
+            c->reforms++;
+            gb_progress_round_ack((uint32_t)c->round);
+            return GPL_OK;
+        }
+        if (!round_may_come(rc))
+            return rc;
+        /* this round ended too while being made: its launcher says what next */
+    }
+}
+
+gpl_result_t gpl_reform_agree(gpl_comm_t c, int64_t step, gpl_reform_info *info) {
+    if (c == NULL || info == NULL)
+        return GPL_ERR_INVALID_ARG;
+    memset(info, 0, sizeof *info);
+    int64_t *all = malloc((size_t)c->world * sizeof *all);
+    if (all == NULL)
+        return gb_seterr(&c->err, GPL_ERR_NOMEM, "rank %d: out of memory", c->rank);
+    int64_t mine = step < 0 ? -1 : step;
+    gpl_result_t rc = gpl_allgather(c, &mine, all, 1, GPL_INT64, NULL);
+    if (rc == GPL_OK) {
+        info->step = -1;
+        info->root = -1;
+        /* the lowest step any rank with state is at: a rank further on (its
+         * last collective completed where another's failed) is set back */
+        for (int r = 0; r < c->world; r++)
+            if (all[r] >= 0 && (info->step < 0 || all[r] < info->step))
+                info->step = all[r];
+        for (int r = 0; r < c->world; r++) {
+            info->survivors += all[r] >= 0;
+            if (info->root < 0 && all[r] >= 0 && all[r] == info->step)
+                info->root = r;
+            if (info->step >= 0 && all[r] != info->step)
+                info->copy = 1;
+        }
+        info->mine = info->copy && mine != info->step;
+    }
+    free(all);
+    return rc;
+}
