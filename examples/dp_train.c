@@ -34,7 +34,11 @@ typedef struct model {
     float *w1, *b1, *w2, *b2;     /* w1: hidden x IN, w2: hidden */
     float *gw1, *gb1, *gw2, *gb2; /* gradients, back to back in one allocation */
     size_t n_w1, n_b1, n_w2, n_b2;
+    float *extra; /* --state-mib: state beside the parameters (as an optimizer's) */
+    size_t n_extra;
 } model;
+
+static uint64_t ckpt_bytes_read; /* what this rank read from the checkpoint */
 
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -94,9 +98,27 @@ static int model_init(model *m, int hidden, uint64_t seed) {
 }
 
 static void model_free(model *m) {
-    float *p[5] = {m->w1, m->b1, m->w2, m->b2, m->gw1};
-    for (int i = 0; i < 5; i++)
+    float *p[6] = {m->w1, m->b1, m->w2, m->b2, m->gw1, m->extra};
+    for (int i = 0; i < 6; i++)
         free(p[i]);
+}
+
+/* --state-mib: the same start on every rank, then each step changes one
+ * value by the (all-reduced) loss, so that the state moves with the steps. */
+static int extra_init(model *m, long mib) {
+    m->n_extra = (size_t)mib * (1u << 20) / sizeof(float);
+    if (m->n_extra == 0)
+        return 0;
+    if ((m->extra = malloc(m->n_extra * sizeof(float))) == NULL)
+        return -1;
+    for (size_t i = 0; i < m->n_extra; i++)
+        m->extra[i] = (float)(i % 1024) * 1e-3f;
+    return 0;
+}
+
+static void extra_step(model *m, long step, float loss) {
+    if (m->n_extra)
+        m->extra[((size_t)step * 7919u) % m->n_extra] += loss;
 }
 
 /* Forward and backward over samples [lo, hi) of x; gradients are the mean
@@ -147,6 +169,8 @@ static void params_sha256(const model *m, char hex[65]) {
     EVP_DigestUpdate(ctx, m->b1, m->n_b1 * sizeof(float));
     EVP_DigestUpdate(ctx, m->w2, m->n_w2 * sizeof(float));
     EVP_DigestUpdate(ctx, m->b2, m->n_b2 * sizeof(float));
+    if (m->n_extra)
+        EVP_DigestUpdate(ctx, m->extra, m->n_extra * sizeof(float));
     EVP_DigestFinal_ex(ctx, md, &len);
     EVP_MD_CTX_free(ctx);
     for (int i = 0; i < 32; i++)
@@ -173,6 +197,8 @@ static gpl_result_t save_cb(gpl_ckpt_t ck, int64_t step, double left, void *user
     memcpy(p, m->b2, m->n_b2 * sizeof(float));
     gpl_result_t rc = gpl_ckpt_write(ck, "params", all, n * sizeof(float));
     free(all);
+    if (rc == GPL_OK && m->n_extra)
+        rc = gpl_ckpt_write(ck, "state", m->extra, m->n_extra * sizeof(float));
     return rc;
 }
 
@@ -192,8 +218,13 @@ static gpl_result_t load_cb(gpl_ckpt_t ck, int64_t step, void *user) {
         memcpy(m->w2, p, m->n_w2 * sizeof(float));
         p += m->n_w2;
         memcpy(m->b2, p, m->n_b2 * sizeof(float));
+        ckpt_bytes_read += n * sizeof(float);
     }
     free(all);
+    if (rc == GPL_OK && m->n_extra) {
+        rc = gpl_ckpt_read(ck, "state", m->extra, m->n_extra * sizeof(float));
+        ckpt_bytes_read += rc == GPL_OK ? m->n_extra * sizeof(float) : 0;
+    }
     return rc;
 }
 
@@ -248,27 +279,41 @@ static void slow_down(const struct timespec *t0, long sleep_ms, double factor, l
  * from a rank that has them. *step: the step to run next. -1 when this
  * process cannot go on (its launcher restarts it). */
 #define DP_REFORM_TIMEOUT_MS 300000
-static int reform_in_place(gpl_comm_t comm, float *const params[4], const size_t counts[4],
+static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t counts[5],
                            long *step, long done) {
     int old_rank = gpl_rank(comm);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    gpl_reform_info ri;
-    if (gpl_reform(comm, DP_REFORM_TIMEOUT_MS) != GPL_OK ||
-        gpl_reform_agree(comm, done, &ri) != GPL_OK) {
-        fprintf(stderr, "dp_train rank %d: %s\n", old_rank, gpl_last_error(comm));
+    const char *ex = getenv("DP_TRAIN_EXIT_IN_REFORM"); /* tests: a rank that cannot re-form */
+    if (ex && atoi(ex) == old_rank) {
+        fprintf(stderr, "dp_train rank %d: exiting instead of re-forming (DP_TRAIN_EXIT_IN_REFORM)\n",
+                old_rank);
         return -1;
     }
-    for (int i = 0; ri.copy && i < 4; i++)
-        if (gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, ri.root, NULL) != GPL_OK) {
-            fprintf(stderr, "dp_train rank %d: %s\n", gpl_rank(comm), gpl_last_error(comm));
+    gpl_reform_info ri;
+    for (;;) {
+        /* a round that ends again during the agreement or the copy (a second
+         * node lost, or the new one) is re-formed again */
+        if (gpl_reform(comm, DP_REFORM_TIMEOUT_MS) != GPL_OK) {
+            fprintf(stderr, "dp_train rank %d: %s\n", old_rank, gpl_last_error(comm));
             return -1;
         }
+        gpl_result_t rc = gpl_reform_agree(comm, done, &ri);
+        for (int i = 0; rc == GPL_OK && ri.copy && i < 5; i++)
+            if (counts[i])
+                rc = gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, ri.root, NULL);
+        if (rc == GPL_OK)
+            break;
+        fprintf(stderr, "dp_train rank %d: re-forming round %d: %s\n", gpl_rank(comm),
+                gpl_round(comm), gpl_last_error(comm));
+        if (ri.copy && ri.mine)
+            done = -1; /* a half-copied state is no state */
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("rank %d (was %d): round %d re-formed in place, world %d, going on after step %lld "
            "(%lld lost)%s in %.1f ms\n",
            gpl_rank(comm), old_rank, gpl_round(comm), gpl_world_size(comm), (long long)ri.step,
-           (long long)(done - ri.step), ri.copy ? ", parameters copied" : "",
+           (long long)(done < 0 ? 0 : done - ri.step), ri.copy ? ", parameters copied" : "",
            (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
     fflush(stdout);
     *step = (long)ri.step;
@@ -277,7 +322,7 @@ static int reform_in_place(gpl_comm_t comm, float *const params[4], const size_t
 
 /* reform_in_place, then this rank's share of the global batch in the new
  * world; *step is set for the loop's increment to run the agreed next step. */
-static int go_on_in_next_round(gpl_comm_t comm, float *const params[4], const size_t counts[4],
+static int go_on_in_next_round(gpl_comm_t comm, float *const params[5], const size_t counts[5],
                                long batch, long done, long *step, int *local, int **idx) {
     long next;
     if (reform_in_place(comm, params, counts, &next, done) != 0)
@@ -303,6 +348,7 @@ static const char usage[] =
     "                [--print-every K] [--dump-params FILE]\n"
     "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
     "                [--step-sleep-ms MS] [--start-delay-ms MS] [--device] [--reform]\n"
+    "                [--state-mib N]\n"
     "                [--slow-rank R [--slow-factor F] [--slow-ms MS] [--slow-from-step N]]\n"
     "--device (a build with CUDA): the gradients are averaged on the GPU, through NCCL.\n"
     "--reform: when its round ends (a node lost or added) this rank is not restarted: it\n"
@@ -311,6 +357,8 @@ static const char usage[] =
     "--slow-rank R: from step N on (default 0), rank R's compute part of each step (forward,\n"
     "backward and --step-sleep-ms) takes F times as long (default 1.5), plus MS, before the\n"
     "gradient all-reduce: a straggler, as a throttled GPU would make one.\n"
+    "--state-mib N: N MiB of state beside the parameters (as an optimizer's), the same on\n"
+    "every rank, changed every step, checkpointed, copied to a new node's ranks.\n"
     "--start-delay-ms MS: sleep that long before anything else, as a program importing a\n"
     "framework does (until then a SIGTERM ends it: it cannot checkpoint yet).\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
@@ -319,7 +367,7 @@ static const char usage[] =
 
 int main(int argc, char **argv) {
     long steps = 100, batch = 64, seed = 1, hidden = 32, every = 10, ckpt_every = 0, sleep_ms = 0;
-    long slow_rank = -1, slow_ms = 0, slow_from = 0, start_delay_ms = 0;
+    long slow_rank = -1, slow_ms = 0, slow_from = 0, start_delay_ms = 0, state_mib = 0;
     double slow_factor = 1.5;
     int device = 0, reform = 0;
     double ckpt_every_s = 0;
@@ -367,6 +415,8 @@ int main(int argc, char **argv) {
             ckpt_every_s = strtod(v, NULL);
         else if (strcmp(a, "--step-sleep-ms") == 0)
             sleep_ms = arg_long(a, v, 0, 60000);
+        else if (strcmp(a, "--state-mib") == 0)
+            state_mib = arg_long(a, v, 0, 65536);
         else if (strcmp(a, "--start-delay-ms") == 0)
             start_delay_ms = arg_long(a, v, 0, 600000);
         else if (strcmp(a, "--slow-rank") == 0)
@@ -427,14 +477,16 @@ int main(int argc, char **argv) {
     x = malloc(sizeof(float) * SAMPLES * IN);
     y = malloc(sizeof(float) * SAMPLES);
     idx = malloc(sizeof(int) * (size_t)local);
-    if (!x || !y || !idx || model_init(&m, (int)hidden, (uint64_t)seed) != 0) {
+    if (!x || !y || !idx || model_init(&m, (int)hidden, (uint64_t)seed) != 0 ||
+        extra_init(&m, state_mib) != 0) {
         fprintf(stderr, "dp_train: out of memory\n");
         goto out;
     }
     make_data((uint64_t)seed, x, y);
-    float *params[4] = {m.w1, m.b1, m.w2, m.b2};
+    /* the parameters, and --state-mib's state: what a new rank gets */
+    float *params[5] = {m.w1, m.b1, m.w2, m.b2, m.extra};
     float *grads[4] = {m.gw1, m.gb1, m.gw2, m.gb2};
-    size_t counts[4] = {m.n_w1, m.n_b1, m.n_w2, m.n_b2};
+    size_t counts[5] = {m.n_w1, m.n_b1, m.n_w2, m.n_b2, m.n_extra};
     /* --reform: a rank started into a round whose other ranks kept their
      * state (a new node's) copies it from them instead of reading the
      * checkpoint; when every rank is new, the job starts as without */
@@ -445,8 +497,9 @@ int main(int argc, char **argv) {
     }
     /* the same start everywhere, whatever the seed handling of each rank */
     int from = ri.copy ? ri.root : 0;
-    for (int i = 0; i < 4; i++)
-        if (gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, from, NULL) != GPL_OK) {
+    for (int i = 0; i < (ri.copy ? 5 : 4); i++)
+        if (counts[i] &&
+            gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, from, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
             goto out;
         }
@@ -501,11 +554,14 @@ int main(int argc, char **argv) {
             start = got;
             if (rank == 0)
                 printf("resumed from the checkpoint of step %lld\n", (long long)got);
+            printf("rank %d: read %llu bytes from the checkpoint\n", rank,
+                   (unsigned long long)ckpt_bytes_read);
         }
     }
     if (ri.copy && !ckpt_dir)
         start = ri.step;
-    long done = start; /* the steps this rank completed */
+    long done = start;      /* the steps this rank completed */
+    int first_in_world = 1; /* the next step is the first in this world */
     for (long step = start; step < steps; step++) {
         done = step;
         for (int k = 0; k < local; k++)
@@ -527,13 +583,20 @@ int main(int argc, char **argv) {
                 go_on_in_next_round(comm, params, counts, batch, done, &step, &local, &idx) != 0)
                 goto out;
             rank = gpl_rank(comm);
+            first_in_world = 1;
             continue;
         }
         if (device_copy(m.gw1, dgrads, gtotal, 0) != 0)
             goto out;
         for (int i = 0; i < 4; i++)
             sgd(params[i], grads[i], counts[i], lr);
+        extra_step(&m, step, loss);
         done = step + 1;
+        if (rank == 0 && first_in_world) {
+            printf("first step in a world of %d: step %ld\n", gpl_world_size(comm), step + 1);
+            fflush(stdout);
+        }
+        first_in_world = 0;
         if (rank == 0 && (step % every == 0 || step == steps - 1))
             printf("step %ld loss %.6f\n", step, loss);
         if (sleep_ms) {
@@ -557,6 +620,7 @@ int main(int argc, char **argv) {
                                                    &idx) != 0)
                     goto out;
                 rank = gpl_rank(comm);
+                first_in_world = 1;
                 continue;
             }
         }
