@@ -284,9 +284,10 @@ static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t
     int old_rank = gpl_rank(comm);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    const char *ex = getenv("DP_TRAIN_EXIT_IN_REFORM"); /* tests: a rank that cannot re-form */
-    if (ex && atoi(ex) == old_rank) {
-        fprintf(stderr, "dp_train rank %d: exiting instead of re-forming (DP_TRAIN_EXIT_IN_REFORM)\n",
+    const char *ex = getenv("DP_TRAIN_EXIT_IN_REFORM"); /* tests: ranks that cannot re-form */
+    if (ex && strcmp(ex, "1") == 0) {
+        fprintf(stderr,
+                "dp_train rank %d: exiting instead of re-forming (DP_TRAIN_EXIT_IN_REFORM)\n",
                 old_rank);
         return -1;
     }
@@ -310,8 +311,10 @@ static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t
             done = -1; /* a half-copied state is no state */
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    /* ri.step is the last step every rank completed: none of those is lost; a
+     * rank whose last collective completed where another's failed redoes one */
     printf("rank %d (was %d): round %d re-formed in place, world %d, going on after step %lld "
-           "(%lld lost)%s in %.1f ms\n",
+           "(0 lost, %lld redone here)%s in %.1f ms\n",
            gpl_rank(comm), old_rank, gpl_round(comm), gpl_world_size(comm), (long long)ri.step,
            (long long)(done < 0 ? 0 : done - ri.step), ri.copy ? ", parameters copied" : "",
            (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);

@@ -1,0 +1,222 @@
+/* The fault matrix's live re-formation scenarios (faultbed.h): 4 nodes x 2
+ * workers of dp_train --reform. A node lost or added re-forms the job in place:
+ * the survivors keep their processes and their state, lose no step, and a new
+ * node's ranks copy the state from a survivor. Each scenario checks the
+ * parameters bitwise equal on every rank; the first also checks them equal to
+ * a run restarted from a checkpoint of the same step into the same world. A
+ * re-formation that cannot finish falls back to restarting. docs/reliability.md
+ * has the table. */
+#include <criterion/criterion.h>
+#include <criterion/hooks.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "faultbed.h"
+
+ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
+    (void)stats;
+    netbed_reap_stale();
+}
+
+TestSuite(reform_live, .fini = teardown, .timeout = 150);
+
+#define STEPS "400"
+
+/* Every listed node re-formed in place: its launcher kept its workers (no
+ * restart) and each of its ranks lost no step. Returns the step the job went
+ * on after (the last one, after several re-formations). */
+static long expect_in_place(const int *hosts, int n) {
+    long after = -1;
+    for (int i = 0; i < n; i++) {
+        const char *out = nodes[hosts[i]].out;
+        cr_expect(strstr(out, "workers re-formed in place") != NULL,
+                  "host%d's launcher did not re-form in place: %s", hosts[i], out);
+        cr_expect(strstr(out, "restarting workers") == NULL, "host%d restarted its workers: %s",
+                  hosts[i], out);
+        cr_expect(strstr(out, "resumed from the checkpoint") == NULL,
+                  "host%d read the checkpoint: %s", hosts[i], out);
+        for (const char *s = out; (s = strstr(s, "going on after step ")) != NULL; s++) {
+            char *end;
+            long st = strtol(s + strlen("going on after step "), &end, 10);
+            long redone = strncmp(end, " (0 lost, ", 10) == 0 ? strtol(end + 10, NULL, 10) : -1;
+            /* a rank whose last all-reduce completed where another's failed
+             * is one step ahead: it is set back and redoes that one */
+            cr_expect(redone == 0 || redone == 1, "host%d: %.100s", hosts[i], s);
+            after = st;
+        }
+    }
+    cr_expect_geq(after, 0, "no rank said where it went on from");
+    return after;
+}
+
+/* A job of nhosts dp_train nodes, fixed size, into ckdir (the restart arm). */
+static void run_fixed(int nhosts, const char *steps, const char *ck_every, const char *ckdir) {
+    static const int hosts[NODES] = {1, 2, 3, 4};
+    char nn[8];
+    snprintf(nn, sizeof nn, "%d", nhosts);
+    job_args ja = {.nnodes = nn, .steps = steps, .ck_every = ck_every, .ckdir = ckdir};
+    for (int i = 1; i <= nhosts; i++)
+        start_node(i, &ja);
+    expect_exit(hosts, nhosts, 0, 60000);
+}
+
+/* L1. kill -9 of a node (its sockets close): the three others re-form in
+ * place within a second, lose no step, and end as a run restarted from a
+ * checkpoint of that step into the same 3-node world does: bit for bit. */
+Test(reform_live, node_killed_survivors_re_form_in_place_and_match_a_restart) {
+    setup_bed("L1-reform-node-killed", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "3:4", .steps = STEPS, .sleep_ms = "10", .reform = 1};
+    start_job(&ja);
+    usleep(1500000);
+    static const int surv[NODES - 1] = {1, 2, 3};
+    uint64_t t_fault = now_ms();
+    cr_assert(netbed_kill_host(&bed, 4) >= 3, "host4 had no launcher and workers");
+    proc_wait(&nodes[4], 5000);
+    uint64_t back[NODES - 1];
+    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
+    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[1].out);
+    uint64_t worst = max_ms(back, NODES - 1);
+    expect_exit(surv, NODES - 1, 0, 60000);
+    save_logs("live");
+    long after = expect_in_place(surv, NODES - 1);
+    char live[65], restarted[65];
+    expect_same_params(surv, NODES - 1, 6, live);
+    cr_expect_leq(worst, 1000, "the survivors took the new round %llu ms after the kill",
+                  (unsigned long long)worst);
+    /* the restart arm: 4 nodes to that step, checkpointed, then 3 from it */
+    char ck[128], at[24];
+    snprintf(ck, sizeof ck, "%s/ck-restart", dir);
+    snprintf(at, sizeof at, "%ld", after);
+    run_fixed(4, at, at, ck);
+    run_fixed(3, STEPS, "100000", ck);
+    save_logs("restart");
+    expect_resumed(surv, NODES - 1);
+    expect_same_params(surv, NODES - 1, 6, restarted);
+    cr_expect_str_eq(live, restarted,
+                     "live re-formation after step %ld and a restart from its checkpoint differ",
+                     after);
+    cr_log_info("L1 (node killed, live): every survivor in the 3-node round %llu ms after the "
+                "kill, going on after step %ld with 0 lost; equal to the restart from step %ld",
+                (unsigned long long)worst, after, after);
+}
+
+/* L2. A node vanishes (link cut: nothing closes): the survivors learn it from
+ * the heartbeats and re-form in place. */
+Test(reform_live, node_vanishes_survivors_re_form_in_place) {
+    setup_bed("L2-reform-node-vanishes", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "3:4", .steps = "600", .sleep_ms = "10", .reform = 1};
+    start_job(&ja);
+    usleep(1500000);
+    int surv[NODES - 1];
+    uint64_t t_fault, told = node_dies(4, surv, &t_fault);
+    uint64_t back[NODES - 1];
+    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
+    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[1].out);
+    uint64_t worst = max_ms(back, NODES - 1);
+    expect_exit(surv, NODES - 1, 0, 60000);
+    save_logs("run");
+    expect_in_place(surv, NODES - 1);
+    expect_same_params(surv, NODES - 1, 6, NULL);
+    cr_expect_leq(worst - told, 1000, "re-formed %llu ms after the survivors were told",
+                  (unsigned long long)(worst - told));
+    cr_log_info("L2 (node vanishes, live): told after %llu ms, every survivor in the new round "
+                "%llu ms after being told",
+                (unsigned long long)told, (unsigned long long)(worst - told));
+}
+
+/* L3. Two nodes killed 200 ms apart, then a replacement node joins: the two
+ * survivors re-form (once or twice), and re-form again to take the newcomer
+ * in, which copies the state (16 MiB beside the parameters) from them. */
+Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
+    setup_bed("L3-reform-two-failures-and-join", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {
+        .nnodes = "2:4", .steps = "1200", .sleep_ms = "10", .reform = 1, .state_mib = "16"};
+    start_job(&ja);
+    usleep(1500000);
+    static const int surv[2] = {1, 2};
+    uint64_t t_fault = now_ms();
+    cr_assert(netbed_kill_host(&bed, 4) >= 3, "host4 had no launcher and workers");
+    usleep(200000);
+    cr_assert(netbed_kill_host(&bed, 3) >= 3, "host3 had no launcher and workers");
+    proc_wait(&nodes[4], 5000);
+    proc_wait(&nodes[3], 5000);
+    int on = 0; /* rank 0 says it, on either survivor */
+    while (on == 0 && now_ms() - t_fault < 20000) {
+        drain_all();
+        for (int i = 0; i < 2 && on == 0; i++)
+            if (strstr(nodes[surv[i]].out, "first step in a world of 4") != NULL)
+                on = surv[i];
+    }
+    uint64_t in4 = now_ms() - t_fault;
+    cr_assert_neq(on, 0, "the two survivors did not train on: %s", nodes[1].out);
+    /* the replacement: host 3 again, a fresh launcher */
+    netbed_save_log(&bed, "run-host3-killed", &nodes[3]);
+    /* the 6-rank world may have trained between the two kills: only what
+     * comes after the newcomer counts */
+    size_t mark[3] = {nodes[1].out_len, nodes[2].out_len, 0};
+    uint64_t t_join = now_ms();
+    start_node(3, &ja);
+    static const int three[3] = {1, 2, 3};
+    on = 0;
+    while (on == 0 && now_ms() - t_join < 30000) {
+        drain_all();
+        for (int i = 0; i < 3 && on == 0; i++)
+            if (strstr(nodes[three[i]].out + mark[i], "first step in a world of 6") != NULL)
+                on = three[i];
+    }
+    uint64_t in6 = now_ms() - t_join;
+    cr_assert_neq(on, 0, "no step in the 6-rank world: %s", nodes[1].out);
+    expect_exit(three, 3, 0, 90000);
+    save_logs("run");
+    expect_in_place(surv, 2);
+    cr_expect(strstr(nodes[3].out, "nothing read from the checkpoint") != NULL,
+              "the new node did not copy the state from a survivor: %s", nodes[3].out);
+    expect_same_params(three, 3, 6, NULL);
+    cr_log_info("L3 (two nodes killed 200 ms apart, then one joins): first step in the 4-rank "
+                "world %llu ms after the first kill; the new node's first step with the others "
+                "%llu ms after its launcher started",
+                (unsigned long long)in4, (unsigned long long)in6);
+}
+
+/* L4. Kept workers die while their round re-forms (DP_TRAIN_EXIT_IN_REFORM on
+ * host 2): its launcher falls back to restarting its workers, the
+ * round it joined ends for everyone, and the next one takes the restarted
+ * workers in as new ranks that copy the state. The job finishes, never worse
+ * than a restart. */
+Test(reform_live, a_failure_during_re_formation_falls_back_to_restart) {
+    setup_bed("L4-reform-fails-falls-back", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "3:4", .steps = STEPS, .sleep_ms = "10", .reform = 1};
+    for (int i = 1; i <= NODES; i++) {
+        if (i == 2)
+            setenv("DP_TRAIN_EXIT_IN_REFORM", "1", 1);
+        start_node(i, &ja);
+        unsetenv("DP_TRAIN_EXIT_IN_REFORM");
+    }
+    uint64_t ms[NODES];
+    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", now_ms(), 30000, ms), NODES,
+                 "round 1 did not form: %s", nodes[1].out);
+    usleep(1500000);
+    static const int surv[NODES - 1] = {1, 2, 3};
+    uint64_t t_fault = now_ms();
+    cr_assert(netbed_kill_host(&bed, 4) >= 3, "host4 had no launcher and workers");
+    proc_wait(&nodes[4], 5000);
+    uint64_t fb[1];
+    static const int two[1] = {2};
+    cr_assert_eq(expect_all(two, 1, "re-forming in place failed", t_fault, 20000, fb), 1,
+                 "host2 did not fall back: %s", nodes[2].out);
+    expect_exit(surv, NODES - 1, 0, 90000);
+    save_logs("run");
+    cr_expect(strstr(nodes[2].out, "restarting workers") != NULL, "host2: %s", nodes[2].out);
+    expect_same_params(surv, NODES - 1, 6, NULL);
+    cr_log_info("L4 (a worker dies while re-forming): host2 fell back to a restart %llu ms after "
+                "the kill; the job finished on 3 nodes",
+                (unsigned long long)fb[0]);
+}
