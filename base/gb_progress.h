@@ -45,7 +45,7 @@ typedef struct gb_progress_slot {
                                    runtime handles SIGTERM): a preemption's stop is held
                                    for workers that have not said so yet */
     _Atomic uint64_t wait_ns; /* last sign of life while waiting inside a collective (libgpulaunch's
-                                 wait loops, every 100 ms): a rank in a collective whose this
+                                 wait loops, every 20 ms): a rank in a collective whose this
                                  goes stale is stuck there itself, not waiting for a peer */
     _Atomic int32_t reform_ok;  /* 1: the worker re-forms in place when its round ends (it
                                    waits for the next round in the round block instead of

@@ -500,16 +500,27 @@ int main(int argc, char **argv) {
     }
     /* the same start everywhere, whatever the seed handling of each rank */
     int from = ri.copy ? ri.root : 0;
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_MONOTONIC, &c0);
     for (int i = 0; i < (ri.copy ? 5 : 4); i++)
         if (counts[i] &&
             gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, from, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
             goto out;
         }
-    if (ri.copy)
+    clock_gettime(CLOCK_MONOTONIC, &c1);
+    if (ri.copy) {
+        double ms = (double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6;
+        size_t bytes = 0;
+        for (int i = 0; i < 5; i++)
+            bytes += counts[i] * sizeof(float);
         printf("rank %d: joined round %d with %d ranks that kept their state: parameters of "
-               "step %lld copied from rank %d, nothing read from the checkpoint\n",
-               rank, gpl_round(comm), ri.survivors, (long long)ri.step, ri.root);
+               "step %lld copied from rank %d, nothing read from the checkpoint (%zu bytes in "
+               "%.1f ms: %.0f MB/s)\n",
+               rank, gpl_round(comm), ri.survivors, (long long)ri.step, ri.root, bytes, ms,
+               ms > 0 ? (double)bytes / ms / 1e3 : 0.0);
+        fflush(stdout);
+    }
     if (gpl_dp_create(comm, NULL, &dp) != GPL_OK) {
         fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
         goto out;
@@ -559,6 +570,7 @@ int main(int argc, char **argv) {
                 printf("resumed from the checkpoint of step %lld\n", (long long)got);
             printf("rank %d: read %llu bytes from the checkpoint\n", rank,
                    (unsigned long long)ckpt_bytes_read);
+            fflush(stdout);
         }
     }
     if (ri.copy && !ckpt_dir)
@@ -600,8 +612,10 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
         first_in_world = 0;
-        if (rank == 0 && (step % every == 0 || step == steps - 1))
+        if (rank == 0 && (step % every == 0 || step == steps - 1)) {
             printf("step %ld loss %.6f\n", step, loss);
+            fflush(stdout); /* a node killed next must not take its last lines along */
+        }
         if (sleep_ms) {
             struct timespec ts = {sleep_ms / 1000, (sleep_ms % 1000) * 1000000};
             nanosleep(&ts, NULL);

@@ -18,7 +18,7 @@
     500 /* ranks all blocked in a collective: time for the                                         \
            node of the rank they wait for to name it first */
 #define GL_WAIT_ALIVE_MS                                                                           \
-    1000 /* a rank waiting in libgpulaunch's collective says so every 100 ms                       \
+    1000 /* a rank waiting in libgpulaunch's collective says so every 20 ms                        \
           */
 #define GL_SAVE_TIMEOUT_FACTOR 10 /* a rank in checkpoint I/O is hung after 10x the timeout */
 #define GL_STACK_DUMP_MS 300      /* from the stack signal to stopping the worker */

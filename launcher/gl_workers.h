@@ -23,7 +23,7 @@
  * rank stuck in a framework's collective is not held until --shutdown-timeout.
  * After a local failure that comes GL_DISCARD_GRACE_MS later, so that a rank
  * waiting in libgpulaunch's collective can report the dead peer first (it
- * learns of the round's end within 100 ms); when the rendezvous ended the
+ * learns of the round's end within 20 ms); when the rendezvous ended the
  * round, at once: the server already said why, and healing waits for it. */
 #define GL_DISCARD_GRACE_MS 500
 

@@ -17,7 +17,7 @@
 #define GPL_DEFAULT_CHUNK_BYTES (256u << 10) /* per all-reduce step; at most half a slot */
 #define GPL_CMA_MIN_BYTES (64u << 10)        /* single-copy all-reduce from this size up */
 #define GPL_CMA_PIECE (128u << 10)           /* bytes read from a peer per step */
-#define GPL_POLL_MS 100 /* how often a waiting rank checks peers and the rendezvous */
+#define GPL_POLL_MS 20 /* how often a waiting rank checks peers and the rendezvous */
 
 /* The shared-memory segment of one node: a header, then one staging slot per
  * local rank, then the result area. */
