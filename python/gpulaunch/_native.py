@@ -16,8 +16,10 @@ from typing import Any, Callable, Optional
 GPL_OK = 0
 GPL_ERR_INVALID_ARG = 1
 GPL_ERR_SYSTEM = 3
+GPL_ERR_TIMEOUT = 4
 GPL_ERR_STATE = 11
 GPL_ERR_PEER_FAILED = 12
+GPL_ERR_ROUND_OVER = 13
 GPL_ERR_UNSUPPORTED = 14
 GPL_ERR_PREEMPTED = 18
 
@@ -40,6 +42,11 @@ DTYPE_SIZES = {FLOAT32: 4, FLOAT64: 8, FLOAT16: 2, BFLOAT16: 2, INT32: 4, INT64:
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 
 CKPT_PATH_MAX = 4096
+
+# gpl_round_state: the launcher's view of a worker's round (gpl_round_wait)
+ROUND_RUNNING, ROUND_OVER, ROUND_NEW, ROUND_RESTART = range(4)
+ROUND_ADDR_MAX = 256
+ROUND_WHY_MAX = 256
 
 c_result = ctypes.c_int
 
@@ -114,6 +121,25 @@ class CkptOptions(ctypes.Structure):
     ]
 
 
+class RoundInfo(ctypes.Structure):
+    """gpl_round_info: the round block the launcher writes for workers that
+    re-form in place."""
+
+    _fields_ = [
+        ("seq", ctypes.c_uint32),
+        ("state", ctypes.c_int),  # gpl_round_state, an enum
+        ("round", ctypes.c_int),
+        ("node_rank", ctypes.c_int),
+        ("nnodes", ctypes.c_int),
+        ("base_rank", ctypes.c_int),
+        ("world_size", ctypes.c_int),
+        ("master_port", ctypes.c_int),
+        ("restarts", ctypes.c_int),
+        ("master_addr", ctypes.c_char * ROUND_ADDR_MAX),
+        ("why", ctypes.c_char * ROUND_WHY_MAX),
+    ]
+
+
 SAVE_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p)
 LOAD_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
 
@@ -149,6 +175,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_progress_stack_signal": (None, [ctypes.c_int]),
     "gpl_progress_wait_begin": (None, []),
     "gpl_progress_wait_end": (None, []),
+    "gpl_reform_enable": (c_result, []),
+    "gpl_round_wait": (c_result, [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(RoundInfo)]),
+    "gpl_round_ack": (None, [ctypes.c_int]),
+    "gpl_reform": (c_result, [_P, ctypes.c_uint32]),
+    "gpl_round": (ctypes.c_int, [_P]),
 }
 
 _lock = threading.Lock()
