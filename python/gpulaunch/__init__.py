@@ -11,13 +11,16 @@ that every rank agrees on, periodic and on preemption.
 
 progress(step) reports a step to the launcher's hang watchdog without
 checkpoints; allreduce_hook is a DDP communication hook that tells it who
-waits for whom (stragglers).
+waits for whom (stragglers). Elastic keeps a DDP program's processes when a
+node is lost or added: it re-makes the process group and DDP for the next
+round and copies the state to the ranks without it (gpulaunch.elastic).
 """
 
 from ._native import GPL_EXIT_PREEMPTED as EXIT_PREEMPTED
 from ._native import Error
 from .checkpoint import Checkpointer, CheckpointReader, CheckpointWriter
 from .comm import Comm
+from .elastic import Elastic, Reformed
 from .progress import _register_stack_dump, allreduce_hook, progress
 
 __version__ = "0.1.0"
@@ -28,6 +31,8 @@ __all__ = [
     "EXIT_PREEMPTED",
     "Error",
     "Comm",
+    "Elastic",
+    "Reformed",
     "Checkpointer",
     "CheckpointWriter",
     "CheckpointReader",

@@ -1,0 +1,862 @@
+"""Live re-formation for PyTorch DDP programs: when a node is lost or one is
+added, the survivors keep their processes and memory, re-make the process
+group and DDP for the next round, and a rank without the state (a new node's,
+or one restarted) copies it from a survivor instead of reading a checkpoint.
+
+    el = gpulaunch.Elastic(model, opt, checkpointer=ck)   # before the process group
+    step = el.start(lambda: ck.restore(load))  # steps done: copied, restored or 0
+    while True:
+        try:
+            while step < steps:
+                train_step(el.ddp, step)                  # el.ddp: this round's DDP
+                step += 1                                 # once opt.step() is done
+                if ck.step_end(step, save):
+                    sys.exit(gpulaunch.EXIT_PREEMPTED)
+            torch.distributed.barrier()                   # every rank is at the end
+            break
+        except el.round_errors:
+            step = el.reform(step)                        # the next round; steps to go on after
+
+start() makes the process group from the launcher's environment, then every
+rank says how many steps its state holds (-1: none). When some rank has state
+and another's differs, every rank takes the state of the lowest rank with the
+fewest steps (the agreed step: a rank whose last collective completed where
+another's failed is set back to it); else, when no rank has state, load() runs
+(a checkpoint restore; it returns the step or None for 0). DDP is made last.
+
+reform(step) is called when a collective failed: it waits for the round's end
+(re-raising the error when the round did not end: the error was something
+else), then for the launcher's next round, re-forms the Checkpointer's
+communicator, makes a new process group (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT, GROUP_RANK, GROUP_WORLD_SIZE, GPULAUNCH_ROUND and
+TORCHELASTIC_RESTART_COUNT in os.environ are the new round's), agrees and
+copies as start() does and makes a new DDP. el.last says what happened
+(a Reformed). What is copied from the agreed rank: parameters and buffers
+(in place), the optimizer's state_dict (every tensor, step counters included;
+a newcomer's empty optimizer is filled), the RNG states (torch, CUDA, random,
+NumPy when imported) and get_extra()'s picklable value (a data position),
+handed to set_extra on the ranks whose state is replaced.
+
+A blocked collective is freed when the round ends: a watcher thread waits on
+the launcher's round block (gpl_round_wait) and, the moment the launcher says
+the round is over, shuts down the process group's TCP connections (Gloo has
+no abort; they are the sockets that appeared while the group was made, the
+Gloo full mesh and the store), or aborts a NCCL group (and shuts down its
+store connections). The collective then raises in the training thread, also
+when the peer vanished without closing its sockets. The program reaches the
+model through el.ddp, which is a new DDP after every reform().
+
+Outside gpulaunch, or under a launcher that does not hand rounds over,
+round_errors is () and reform() re-raises: the program runs as it would
+without. A re-formation that cannot finish (the launcher says RESTART, or no
+next round within reform_timeout_s) raises Error: the worker exits and the
+launcher restarts it, as without re-formation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import datetime
+import inspect
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from . import _native as N
+from ._native import Error
+from .progress import _wait_fns, progress
+
+# a store client's connection attempt: short, so that a round that ends while
+# its master is not there yet is seen between attempts
+_STORE_TRY_S = 2.0
+# tensors of at most this many bytes are broadcast together in one flat buffer
+_BUCKET_BYTES = 32 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Reformed:
+    """What start() or reform() did on this rank."""
+
+    round: int  # the round this rank runs in now
+    rank: int
+    was: int  # this rank's rank in the round before; -1 from start()
+    world_size: int
+    step: int  # the steps the job goes on after (the next step to run)
+    lost: int  # steps this rank had done beyond that: redone
+    root: int  # the rank whose state was copied; -1: none
+    survivors: int  # ranks that came with state
+    copied: bool  # some rank's state was replaced by root's
+    mine: bool  # this rank's state was
+    seconds: float  # from the call to its return
+    freed_s: float  # from the launcher's word that the round ended to reform(); 0 if none
+    why: str  # why the round before ended
+
+
+@dataclasses.dataclass(frozen=True)
+class _Round:
+    seq: int
+    state: int
+    round: int
+    node_rank: int
+    nnodes: int
+    base_rank: int
+    world_size: int
+    master_port: int
+    restarts: int
+    master_addr: str
+    why: str
+    seen: float  # time.monotonic() when the watcher read it
+
+    @classmethod
+    def of(cls, c: N.RoundInfo) -> "_Round":
+        return cls(
+            c.seq, c.state, c.round, c.node_rank, c.nnodes, c.base_rank, c.world_size, c.master_port,
+            c.restarts, c.master_addr.decode(errors="replace"), c.why.decode(errors="replace"),
+            time.monotonic(),
+        )
+
+
+def _moved(r: _Round, formed_seq: int) -> bool:
+    """The launcher said something since the round block's seq was formed_seq
+    (a round's end, the next round, or a restart)."""
+    return r.seq != formed_seq and r.state != N.ROUND_RUNNING
+
+
+class _RoundMoved(RuntimeError):
+    """The round being formed ended meanwhile."""
+
+    def __init__(self, round_: int) -> None:
+        super().__init__(f"gpulaunch: round {round_} ended while it was being joined")
+
+
+def _sockets() -> dict[int, int]:
+    """fd -> inode of this process's sockets."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target.endswith("]"):
+            out[int(name)] = int(target[8:-1])
+    return out
+
+
+def _tcp_ports(fd: int, inode: int) -> Optional[tuple[int, int]]:
+    """(local port, peer port) when fd is still that socket, a connected TCP
+    one (not a listening one); else None."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        if os.fstat(dup).st_ino != inode:
+            os.close(dup)
+            return None
+        s = socket.socket(fileno=dup)
+    except OSError:
+        os.close(dup)
+        return None
+    try:
+        if (s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM
+                or s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+            return None
+        return int(s.getsockname()[1]), int(s.getpeername()[1])
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def _new_tcp(before: dict[int, int], store_port: int) -> dict[int, int]:
+    """The connected TCP sockets that are not in before (fd -> inode); with a
+    store_port, only those to or from it (the store's)."""
+    out: dict[int, int] = {}
+    for fd, ino in _sockets().items():
+        if before.get(fd) == ino:
+            continue
+        ports = _tcp_ports(fd, ino)
+        if ports is not None and (not store_port or store_port in ports):
+            out[fd] = ino
+    return out
+
+
+def _shut(fd: int, inode: int) -> None:
+    """shutdown(2) on the socket behind fd if it is still that one: whatever
+    waits on it returns at once; the owner still closes it."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return
+    try:
+        if os.fstat(dup).st_ino == inode:
+            s = socket.socket(fileno=dup)
+            dup = -1
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # not connected any more
+            finally:
+                s.close()
+    except OSError:
+        pass
+    finally:
+        if dup >= 0:
+            os.close(dup)
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+
+
+class Elastic:
+    """A DDP model and its optimizer that go on in the next round in place.
+
+    model: the torch.nn.Module (on its device); optimizer: its optimizer (or
+    None); backend: "gloo", "nccl" (default: nccl when CUDA is there);
+    timeout: the process group's timeout (datetime.timedelta; default
+    torch's); ddp_kwargs: for DistributedDataParallel (device_ids, ...);
+    comm_hook: registered on every DDP made (with the default group as
+    state), e.g. gpulaunch.allreduce_hook; checkpointer: a gpulaunch
+    Checkpointer made before this, whose communicator is re-formed too;
+    get_extra/set_extra: a picklable value copied with the state (a data
+    position); reform_timeout_s: how long reform() waits for the next round;
+    round_end_wait_s: how long reform() waits for the word that the round
+    ended before it takes the error for another one."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        backend: Optional[str] = None,
+        timeout: Optional[datetime.timedelta] = None,
+        ddp_kwargs: Optional[dict[str, Any]] = None,
+        comm_hook: Optional[Callable[..., Any]] = None,
+        checkpointer: Any = None,
+        get_extra: Optional[Callable[[], Any]] = None,
+        set_extra: Optional[Callable[[Any], None]] = None,
+        reform_timeout_s: float = 600.0,
+        round_end_wait_s: float = 10.0,
+    ) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._torch: Any = torch
+        self._dist: Any = dist
+        self.model = model
+        self.optimizer = optimizer
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"Elastic: backend {backend!r} is not gloo or nccl")
+        self.backend = backend
+        self._timeout = timeout
+        self._ddp_kwargs = dict(ddp_kwargs or {})
+        self._comm_hook = comm_hook
+        self._ckpt = checkpointer
+        self._get_extra = get_extra
+        self._set_extra = set_extra
+        self._reform_timeout_s = reform_timeout_s
+        self._round_end_wait_s = round_end_wait_s
+        self.ddp: Any = None
+        self.rank = _env_int("RANK", 0)
+        self.world_size = _env_int("WORLD_SIZE", 1)
+        self.local_rank = _env_int("GPULAUNCH_LOCAL_RANK", _env_int("LOCAL_RANK", 0))
+        self.round = _env_int("GPULAUNCH_ROUND", 0)
+        self.last: Optional[Reformed] = None
+        self._own_group = False
+        # the watcher and the training thread share what follows
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._latest: Optional[_Round] = None
+        self._formed_seq = 0  # the round block's seq this group was made from
+        self._forming = False  # a group is being made or is there: the watcher may break it
+        self._before: dict[int, int] = {}  # sockets before the group was made
+        self._owned: Optional[dict[int, int]] = None  # the group's TCP sockets, once made
+        self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
+        self._broken_at = 0.0
+        self._stop = threading.Event()
+        self._watcher: Optional[threading.Thread] = None
+        self.enabled = self._enable()
+        # what a collective of an ended round raises (torch's DistBackendError
+        # and store errors are RuntimeErrors, as gpulaunch.Error is)
+        self.round_errors: tuple[type[BaseException], ...] = (
+            (RuntimeError, ConnectionError, TimeoutError) if self.enabled else ()
+        )
+
+    # ---- the round block ----
+
+    def _enable(self) -> bool:
+        if not os.environ.get("GPULAUNCH_PROGRESS_SHM"):
+            return False
+        try:
+            rc = N.fn("gpl_reform_enable")()
+            wait = N.fn("gpl_round_wait")
+            N.fn("gpl_round_ack")
+        except Error:
+            return False  # a library older than this package
+        if rc != N.GPL_OK:
+            sys.stderr.write(
+                f"gpulaunch: rank {self.rank}: this launcher does not hand rounds over (an older "
+                "one, or its progress channel is off): a lost node restarts the workers\n"
+            )
+            return False
+        info = N.RoundInfo()
+        now = None
+        for seq in (0xFFFFFFFF, 0):  # the block as it is: its seq differs from one of them
+            if wait(seq, 0, ctypes.byref(info)) == N.GPL_OK:
+                now = _Round.of(info)
+                break
+        if now is None:
+            return False
+        self._latest = now
+        self._formed_seq = now.seq
+        if self.backend == "gloo" and os.environ.get("TORCH_GLOO_LAZY_INIT", "0") not in ("", "0"):
+            # connections made at the first collective would not be known as the group's
+            os.environ.pop("TORCH_GLOO_LAZY_INIT")
+        self._watcher = threading.Thread(target=self._watch, name="gpulaunch-round-watcher", daemon=True)
+        self._watcher.start()
+        return True
+
+    def _watch(self) -> None:
+        wait = N.fn("gpl_round_wait")
+        info = N.RoundInfo()
+        with self._lock:
+            seq = self._latest.seq if self._latest else 0
+        while not self._stop.is_set():
+            rc = wait(seq, 1000, ctypes.byref(info))  # the GIL is released meanwhile
+            if rc == N.GPL_ERR_TIMEOUT:
+                continue
+            if rc != N.GPL_OK:
+                return
+            r = _Round.of(info)
+            seq = r.seq
+            with self._lock:
+                self._latest = r
+                if self._forming and self._moved_locked():
+                    self._break_locked()
+                self._changed.notify_all()
+
+    def _moved_locked(self) -> bool:
+        """The round block moved on from the round the group was made for."""
+        return self._latest is not None and _moved(self._latest, self._formed_seq)
+
+    def _break_locked(self) -> None:
+        """Frees whatever waits on this round's group (the lock is held)."""
+        if self._broken_at == 0.0:
+            self._broken_at = self._latest.seen if self._latest is not None else time.monotonic()
+        if self.backend == "nccl":
+            self._abort_nccl()
+        owned = self._owned
+        if owned is None:  # still being made: whatever appeared since
+            owned = _new_tcp(self._before, self._store_port)
+        for fd, ino in owned.items():
+            _shut(fd, ino)
+
+    def _abort_nccl(self) -> None:
+        abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
+        if abort is None or not self._dist.is_initialized():
+            return  # an older torch: the collective fails at its timeout
+        try:
+            abort()
+        except Exception as e:  # noqa: BLE001 - best effort from the watcher thread
+            sys.stderr.write(f"gpulaunch: rank {self.rank}: aborting the NCCL group failed: {e}\n")
+
+    def _wait_round(self, pred: Callable[[_Round], bool], timeout_s: float) -> Optional[_Round]:
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                r = self._latest
+                if r is not None and pred(r):
+                    return r
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+
+    def _next_round(self, deadline: float) -> _Round:
+        """The launcher's next round; Error when it restarts this worker instead."""
+        r = self._wait_round(
+            lambda r: r.state == N.ROUND_RESTART or (r.state == N.ROUND_NEW and r.round > self.round),
+            deadline - time.monotonic(),
+        )
+        if r is None:
+            raise Error(
+                N.GPL_ERR_TIMEOUT,
+                f"gpulaunch: rank {self.rank}: no next round within {self._reform_timeout_s:.0f} s "
+                f"of round {self.round}'s end; the launcher restarts the workers",
+                "GPL_ERR_TIMEOUT",
+            )
+        if r.state == N.ROUND_RESTART:
+            raise Error(
+                N.GPL_ERR_ROUND_OVER,
+                f"gpulaunch: rank {self.rank}: the launcher restarts this worker instead of "
+                f"re-forming round {self.round} in place: {r.why}",
+                "GPL_ERR_ROUND_OVER",
+            )
+        return r
+
+    # ---- the process group ----
+
+    def _adopt_env(self, r: _Round) -> None:
+        self.rank = r.base_rank + self.local_rank
+        self.world_size = r.world_size
+        env = os.environ
+        env["RANK"] = env["ROLE_RANK"] = str(self.rank)
+        env["WORLD_SIZE"] = env["ROLE_WORLD_SIZE"] = str(r.world_size)
+        env["GROUP_RANK"] = env["GPULAUNCH_NODE_RANK"] = str(r.node_rank)
+        env["GROUP_WORLD_SIZE"] = str(r.nnodes)
+        env["MASTER_ADDR"] = r.master_addr
+        env["MASTER_PORT"] = str(r.master_port)
+        env["GPULAUNCH_ROUND"] = str(r.round)
+        env["TORCHELASTIC_RESTART_COUNT"] = str(r.restarts)
+
+    def _reform_comm(self, r: _Round, deadline: float) -> None:
+        """The Checkpointer's libgpulaunch communicator into round r."""
+        comm = getattr(self._ckpt, "comm", None)
+        h = getattr(comm, "_h", None)
+        if comm is None or not h or N.fn("gpl_round")(h) >= r.round:
+            return
+        ms = max(1, int((deadline - time.monotonic()) * 1000))
+        rc = N.fn("gpl_reform")(h, ms)
+        if rc != N.GPL_OK:
+            raise Error(rc, N.last_error(h, rc))
+        L = N.lib()
+        comm.rank, comm.world_size = L.gpl_rank(h), L.gpl_world_size(h)
+
+    def _make_group(self, addr: str, port: int) -> None:
+        dist = self._dist
+        with self._lock:
+            if self._moved_locked():
+                raise _RoundMoved(self.round)
+            self._before = _sockets()
+            self._owned = None
+            self._store_port = port if self.backend == "nccl" else 0
+            self._broken_at = 0.0
+            self._forming = True
+        timeout = self._timeout or datetime.timedelta(minutes=30)
+        give_up = time.monotonic() + timeout.total_seconds()
+        store = None
+        while store is None:
+            if self.rank != 0:
+                self._await_master(addr, port, give_up)
+            try:
+                store = dist.TCPStore(addr, port, self.world_size, self.rank == 0,
+                                      timeout=datetime.timedelta(seconds=_STORE_TRY_S),
+                                      wait_for_workers=False)
+            except (RuntimeError, OSError):
+                with self._lock:
+                    if self._moved_locked():
+                        raise _RoundMoved(self.round) from None
+                if self.rank == 0 or time.monotonic() > give_up:
+                    raise
+        store.set_timeout(timeout)
+        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
+                                timeout=timeout)
+        self._own_group = True
+        with self._lock:
+            self._owned = _new_tcp(self._before, self._store_port)
+            if self._moved_locked():
+                self._break_locked()
+                raise _RoundMoved(self.round)
+
+    def _await_master(self, addr: str, port: int, give_up: float) -> None:
+        """Until the store's master listens: torch's client waits a second
+        after a refused connection."""
+        while True:
+            try:
+                socket.create_connection((addr, port), timeout=_STORE_TRY_S).close()
+                return
+            except OSError:
+                pass
+            with self._lock:
+                if self._moved_locked():
+                    raise _RoundMoved(self.round)
+            if time.monotonic() > give_up:
+                return  # the store says what is wrong
+            time.sleep(0.01)
+
+    def _teardown(self) -> None:
+        """The last round's DDP and process group, gone."""
+        with self._lock:
+            self._forming = False  # the watcher leaves these sockets alone from now on
+            self._owned = None
+        self.ddp = None
+        if self._own_group and self._dist.is_initialized():
+            try:
+                self._dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - a broken group may fail to say goodbye
+                pass
+        self._own_group = False
+        for p in self.model.parameters():
+            p.grad = None  # a failed step's partial gradients
+
+    def _make_ddp(self, sync: bool) -> None:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        kw = dict(self._ddp_kwargs)
+        if self.backend == "nccl" and "device_ids" not in kw:
+            kw["device_ids"] = [self._torch.cuda.current_device()]
+        if not sync and "init_sync" in inspect.signature(DDP.__init__).parameters:
+            kw["init_sync"] = False  # the state was agreed and copied already
+        self.ddp = DDP(self.model, **kw)
+        if self._comm_hook is not None:
+            self.ddp.register_comm_hook(None, self._comm_hook)
+
+    # ---- the agreement and the copy ----
+
+    def _device(self) -> Any:
+        t = self._torch
+        return t.device("cuda", t.cuda.current_device()) if self.backend == "nccl" else t.device("cpu")
+
+    def _agree(self, done: int) -> tuple[int, int, int, bool, bool]:
+        """(step, root, survivors, copy, mine) as gpl_reform_agree decides."""
+        t = self._torch
+        mine_step = done if done >= 0 else -1
+        if self.world_size == 1:
+            return mine_step, (0 if mine_step >= 0 else -1), int(mine_step >= 0), False, False
+        dev = self._device()
+        parts = [t.zeros(1, dtype=t.int64, device=dev) for _ in range(self.world_size)]
+        self._dist.all_gather(parts, t.tensor([mine_step], dtype=t.int64, device=dev))
+        steps = [int(p.item()) for p in parts]
+        have = [s for s in steps if s >= 0]
+        step = min(have) if have else -1
+        root = steps.index(step) if have else -1
+        copy = step >= 0 and any(s != step for s in steps)
+        return step, root, len(have), copy, copy and mine_step != step
+
+    def _broadcast(self, tensors: list[Any], root: int) -> None:
+        """Root's tensors into everyone's, in place: large ones alone, the rest
+        in flat buffers of at most _BUCKET_BYTES per dtype."""
+        t, dist = self._torch, self._dist
+        wire = self._device()
+        me = self.rank == root
+
+        def send(flat: Any) -> None:
+            dist.broadcast(flat, src=root)
+
+        small: dict[Any, list[Any]] = {}
+        for x in tensors:
+            if x.numel() == 0:
+                continue
+            if x.numel() * x.element_size() < _BUCKET_BYTES:
+                small.setdefault(x.dtype, []).append(x)
+                continue
+            # alone, in place where it can be (the choice depends on shapes only: every rank makes it)
+            wdtype = t.uint8 if x.dtype == t.bool else x.dtype
+            direct = x.is_contiguous() and x.device == wire and x.dtype == wdtype
+            buf = x if direct else (x.detach().contiguous().to(wire, wdtype) if me
+                                    else t.empty(x.shape, dtype=wdtype, device=wire))
+            send(buf)
+            if not direct and not me:
+                with t.no_grad():
+                    x.copy_(buf)
+        for dtype, xs in small.items():
+            wdtype = t.uint8 if dtype == t.bool else dtype
+            i = 0
+            while i < len(xs):
+                group: list[Any] = []
+                nbytes = 0
+                while i < len(xs) and (not group or nbytes + xs[i].numel() * xs[i].element_size() <= _BUCKET_BYTES):
+                    group.append(xs[i])
+                    nbytes += xs[i].numel() * xs[i].element_size()
+                    i += 1
+                numels = [x.numel() for x in group]
+                if me:
+                    flat = t.cat([x.detach().reshape(-1).to(wire, wdtype) for x in group])
+                else:
+                    flat = t.empty(sum(numels), dtype=wdtype, device=wire)
+                send(flat)
+                if not me:
+                    with t.no_grad():
+                        for x, piece in zip(group, flat.split(numels)):
+                            x.copy_(piece.view(x.shape))
+
+    def _rng(self) -> dict[str, Any]:
+        t = self._torch
+        out: dict[str, Any] = {"torch": t.get_rng_state(), "python": random.getstate()}
+        if t.cuda.is_available() and t.cuda.is_initialized():
+            out["cuda"] = t.cuda.get_rng_state_all()
+        np = sys.modules.get("numpy")
+        if np is not None:
+            out["numpy"] = np.random.get_state()
+        return out
+
+    def _set_rng(self, s: dict[str, Any]) -> None:
+        t = self._torch
+        t.set_rng_state(s["torch"])
+        random.setstate(s["python"])
+        if "cuda" in s and t.cuda.is_available() and len(s["cuda"]) == t.cuda.device_count():
+            t.cuda.set_rng_state_all(s["cuda"])
+        np = sys.modules.get("numpy")
+        if np is not None and "numpy" in s:
+            np.random.set_state(s["numpy"])
+
+    def _copy(self, root: int, mine: bool) -> None:
+        """Root's state to every rank: parameters and buffers in place, then
+        the optimizer's tensors (in place where this rank has the same ones,
+        else into new tensors its optimizer loads), RNG and extra on the
+        ranks whose state is replaced."""
+        t, dist = self._torch, self._dist
+        model_tensors = [p.data for p in self.model.parameters()] + list(self.model.buffers())
+        self._broadcast(model_tensors, root)
+        me = self.rank == root
+        skel: Any = None
+        mine_tensors: list[Any] = []
+        if self.optimizer is not None:
+            skel, mine_tensors = _split(self.optimizer.state_dict())
+        head = [
+            {"optimizer": skel, "rng": self._rng(),
+             "extra": self._get_extra() if self._get_extra is not None else None}
+            if me else None
+        ]
+        dist.broadcast_object_list(head, src=root, device=self._device() if self.backend == "nccl" else None)
+        got = head[0]
+        assert isinstance(got, dict)
+        if got["optimizer"] is not None and self.optimizer is not None:
+            same = not mine and skel == got["optimizer"]
+            if me or same:
+                into = mine_tensors
+            else:
+                into = [t.empty(s.shape, dtype=s.dtype, device=self._device() if s.cuda else "cpu")
+                        for s in _slots(got["optimizer"])]
+            self._broadcast(into, root)
+            if not me and not same:
+                self.optimizer.load_state_dict(_join(got["optimizer"], into))
+        if mine:
+            self._set_rng(got["rng"])
+            if self._set_extra is not None:
+                self._set_extra(got["extra"])
+
+    # ---- the API ----
+
+    def start(self, load: Optional[Callable[[], Optional[int]]] = None) -> int:
+        """Makes the process group, agrees with the other ranks and makes DDP;
+        returns the steps done (the next step to run): a survivor's state's,
+        copied, when other ranks kept theirs; else load()'s (a checkpoint's
+        step, None for none) or 0. A round that ends meanwhile is waited
+        for and joined as in reform()."""
+        t0 = time.monotonic()
+        dist = self._dist
+        done = -1
+        loaded = False
+        r: Optional[_Round] = None
+        deadline = t0 + self._reform_timeout_s
+        while True:
+            try:
+                if r is None and not self.enabled:
+                    if not dist.is_initialized():
+                        kw = {"timeout": self._timeout} if self._timeout is not None else {}
+                        dist.init_process_group(self.backend, init_method="env://", **kw)
+                        self._own_group = True
+                    self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+                elif r is None:
+                    if dist.is_initialized():
+                        raise Error(N.GPL_ERR_STATE, "gpulaunch: Elastic makes the process group itself "
+                                    "(it must know its connections): create none before start()",
+                                    "GPL_ERR_STATE")
+                    self._make_group(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 29500))
+                else:
+                    self._join(r, deadline)
+                step, root, survivors, copy, mine = self._agree(done)
+                if copy:
+                    if mine:
+                        done = -1  # replaced: none, should the copy be cut off
+                    self._copy_bracketed(root, mine)
+                    done = step
+                elif not loaded and done < 0:
+                    got = load() if load is not None else None
+                    loaded = True
+                    done = got if got is not None else 0
+                self._make_ddp(sync=not copy)
+                self.last = Reformed(self.round, self.rank, -1, self.world_size, done, 0, root if copy else -1,
+                                     survivors, copy, mine, time.monotonic() - t0, 0.0, "")
+                if self.enabled:
+                    progress(done)
+                return done
+            except self.round_errors:
+                if not self._round_ended(time.monotonic() + self._round_end_wait_s):
+                    raise
+                r = self._after_end(deadline)
+
+    def reform(self, step: int) -> int:
+        """Call from the handler of a round_errors exception with the steps
+        this rank completed (its optimizer stepped): waits for the next round,
+        re-makes the process group and DDP, agrees and copies; returns the
+        steps the job goes on after (the next step to run). Re-raises the
+        error when the round did not end within round_end_wait_s."""
+        t0 = time.monotonic()
+        err = sys.exc_info()[1]
+        if not self.enabled:
+            if err is not None:
+                raise err
+            raise Error(N.GPL_ERR_UNSUPPORTED, "gpulaunch: reform() without re-formation (not under "
+                        "gpulaunch, or its launcher does not hand rounds over)", "GPL_ERR_UNSUPPORTED")
+        deadline = t0 + self._reform_timeout_s
+        if not self._round_ended(t0 + self._round_end_wait_s):
+            if err is not None:
+                raise err
+            raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: reform() while round {self.round} "
+                        "goes on", "GPL_ERR_STATE")
+        with self._lock:
+            over = self._latest
+            broken = self._broken_at
+        freed = max(0.0, t0 - broken) if broken else 0.0
+        was = self.rank
+        why = over.why if over is not None else ""
+        r = self._after_end(deadline)
+        have = step  # the steps this rank's state holds (-1: none)
+        while True:
+            try:
+                self._join(r, deadline)
+                agreed, root, survivors, copy, mine = self._agree(have)
+                if copy:
+                    if mine:
+                        have = -1  # replaced: none, should the copy be cut off
+                    self._copy_bracketed(root, mine)
+                if agreed < 0:
+                    raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: no rank of round {self.round} "
+                                "has the state (a copy was cut off); the launcher restarts the workers",
+                                "GPL_ERR_STATE")
+                have = agreed
+                self._make_ddp(sync=False)
+                self.last = Reformed(self.round, self.rank, was, self.world_size, agreed, max(0, step - agreed),
+                                     root if copy else -1, survivors, copy, mine, time.monotonic() - t0,
+                                     freed, why)
+                progress(agreed)
+                return agreed
+            except self.round_errors as e:
+                if isinstance(e, Error) and e.code in (N.GPL_ERR_ROUND_OVER, N.GPL_ERR_STATE):
+                    raise  # a restart, or no state to go on from
+                if not self._round_ended(time.monotonic() + self._round_end_wait_s):
+                    raise
+                r = self._after_end(deadline)
+
+    def _round_ended(self, until: float) -> bool:
+        """Whether the round block moved on from this group's round (waits
+        until `until` for it)."""
+        return self._wait_round(lambda r: _moved(r, self._formed_seq), until - time.monotonic()) is not None
+
+    def _after_end(self, deadline: float) -> _Round:
+        """The old group gone, the next round from the launcher."""
+        self._teardown()
+        return self._next_round(deadline)
+
+    def _join(self, r: _Round, deadline: float) -> None:
+        with self._lock:
+            self._formed_seq = r.seq
+        self.round = r.round
+        self._adopt_env(r)
+        self._reform_comm(r, deadline)
+        self._make_group(r.master_addr, r.master_port)
+        _beat()  # the watchdog judges this worker again once every local one took the round
+        N.fn("gpl_round_ack")(r.round)
+
+    def _copy_bracketed(self, root: int, mine: bool) -> None:
+        begin, end = _wait_fns()  # a collective for the watchdog: waiting on peers
+        begin()
+        try:
+            self._copy(root, mine)
+        finally:
+            end()
+
+    def close(self) -> None:
+        """Stops the watcher; the DDP and a process group made here are gone."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2.0)
+            self._watcher = None
+        with self._lock:
+            self._forming = False
+            self._owned = None
+        self.ddp = None
+        if self._own_group and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+        self._own_group = False
+
+    def __enter__(self) -> "Elastic":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _beat() -> None:
+    """A sign of life for the launcher's watchdog without a new step."""
+    begin, end = _wait_fns()
+    begin()
+    end()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """A tensor's place in a skeleton: what a receiver allocates."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: Any
+    cuda: bool
+
+
+def _split(obj: Any) -> tuple[Any, list[Any]]:
+    """obj with each tensor replaced by a _Slot, and the tensors in order."""
+    import torch
+
+    tensors: list[Any] = []
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            tensors.append(o)
+            return _Slot(len(tensors) - 1, tuple(o.shape), o.dtype, o.is_cuda)
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [walk(v) for v in o]
+        if isinstance(o, tuple):
+            return tuple(walk(v) for v in o)
+        return o
+
+    return walk(obj), tensors
+
+
+def _slots(skel: Any) -> list[_Slot]:
+    out: list[_Slot] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, _Slot):
+            out.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(skel)
+    out.sort(key=lambda s: s.index)
+    return out
+
+
+def _join(skel: Any, tensors: list[Any]) -> Any:
+    if isinstance(skel, _Slot):
+        return tensors[skel.index]
+    if isinstance(skel, dict):
+        return {k: _join(v, tensors) for k, v in skel.items()}
+    if isinstance(skel, list):
+        return [_join(v, tensors) for v in skel]
+    if isinstance(skel, tuple):
+        return tuple(_join(v, tensors) for v in skel)
+    return skel
