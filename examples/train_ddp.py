@@ -71,6 +71,26 @@ with a timing line on stderr. --step-sleep-ms sleeps after every step (room
 for a preemption notice to arrive mid-run). --pg-timeout-s sets the process
 group's timeout (how long a collective waits for a peer before it fails;
 default torch's, 30 minutes).
+
+--reform (under gpulaunch): when a node is lost or added, the survivors are
+not restarted: gpulaunch.Elastic waits for the launcher's next round, makes
+the process group and DDP again, and the step whose collective failed is run
+again in the new world (docs/pytorch.md, live re-formation). A rank started
+into a round whose other ranks kept their state (a new node's, or one
+restarted) copies model, optimizer, RNG and the sample count from them
+instead of reading the checkpoint. Extra output: every rank prints
+`rank R pid P round N` when it starts; after a re-formation `rank R (was Q):
+round N re-formed in place, world W, going on after step S (L lost)[, state
+copied from rank K] in X ms` and, after a collective the watcher freed,
+`rank R: freed F ms after the launcher said round N ended`; a rank that copied
+the state at its start `rank R: joined round N with K ranks that kept their
+state: step S copied from rank Q, nothing read from the checkpoint`; at the
+end `rank R samples_seen N` (sequences of every rank, the extra state copied).
+Rank 0 prints `first step in a world of W: step N` after every re-formation
+too. For the tests: --hold-rank R --hold-at-step S stops rank R before step S
+(once per process, saying `rank R holding before step S`) until it is killed;
+--reform-fail-rank R makes rank R exit (code 3) instead of re-forming the first
+time, so that its launcher falls back to a restart.
 """
 
 from __future__ import annotations
@@ -230,6 +250,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--pg-timeout-s", type=float, default=None,
                     help="the process group's timeout in seconds (default torch's)")
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    ap.add_argument("--reform", action="store_true",
+                    help="survive a lost or added node in place (gpulaunch.Elastic)")
+    ap.add_argument("--hold-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--hold-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--reform-fail-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--local-rank", "--local_rank", type=int, default=None,
                     help=argparse.SUPPRESS)  # torch.distributed.launch passes it
     a = ap.parse_args(argv)
@@ -281,8 +306,9 @@ def main(argv: list[str]) -> int:
     pg_kwargs: dict[str, Any] = {}
     if a.pg_timeout_s is not None:
         pg_kwargs["timeout"] = datetime.timedelta(seconds=a.pg_timeout_s)
-    dist.init_process_group(backend=backend, init_method="env://", **pg_kwargs)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    if not a.reform:  # else gpulaunch.Elastic makes it (below)
+        dist.init_process_group(backend=backend, init_method="env://", **pg_kwargs)
+        rank, world = dist.get_rank(), dist.get_world_size()
 
     size = SIZES.get(a.model)
     if size is None:
@@ -305,6 +331,7 @@ def main(argv: list[str]) -> int:
     config = {"model": size._asdict(), "seed": a.seed}
 
     def load(r: Any) -> None:
+        nonlocal samples
         state = torch.load(r.path("model.pt"), map_location=device)
         if state.get("config") != config:
             raise RuntimeError(f"the checkpoint of step {r.step} in {a.checkpoint_dir} was "
@@ -312,28 +339,33 @@ def main(argv: list[str]) -> int:
                                f"this run: {config}); use another --checkpoint-dir")
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
+        samples = int(state.get("samples", 0))
         if r.rank == 0 and state.get("world_size") != world:
             print(f"train_ddp: the checkpoint was written by {state.get('world_size')} ranks, "
                   f"this run has {world}: not bitwise the run it continues", file=sys.stderr)
 
     def save(w: Any) -> None:
         if w.rank == 0:  # replicated state: rank 0's copy is the checkpoint
-            torch.save({"step": w.step, "config": config, "world_size": world,
+            torch.save({"step": w.step, "config": config, "world_size": world, "samples": samples,
                         "model": model.state_dict(), "optimizer": opt.state_dict()},
                        w.path("model.pt"))
 
     ckpt: Any = None
     gl: Any = None
     start = 0
+
+    def restore() -> Optional[int]:
+        got: Optional[int] = ckpt.restore(load) if ckpt is not None else None
+        if got is not None and rank == 0:
+            print(f"resumed from the checkpoint of step {got}", flush=True)
+        return got
+
     if a.checkpoint_dir:
         import gpulaunch as gl  # only needed for checkpoints
 
         ckpt = gl.Checkpointer(a.checkpoint_dir, every_steps=a.checkpoint_every)
-        got: Optional[int] = ckpt.restore(load)
-        if got is not None:
-            start = got
-            if rank == 0:
-                print(f"resumed from the checkpoint of step {got}", flush=True)
+        if not a.reform:
+            start = restore() or 0
 
     # The one buffer (the causal mask) is the same on every rank: it need not
     # be synced before each forward. torch 2.15 renamed the switch.
@@ -342,62 +374,137 @@ def main(argv: list[str]) -> int:
         if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
         else {"broadcast_buffers": False}
     )
-    ddp: Optional[DDP] = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                             **no_sync)
+    ddp_kwargs: dict[str, Any] = dict(device_ids=[device.index] if device.type == "cuda" else None,
+                                      **no_sync)
 
     # Under gpulaunch: steps and the time DDP's all-reduces wait reach the
     # launcher's hang watchdog and the rendezvous' straggler detection
     # (docs/health.md); the hook is DDP's default all-reduce, timed.
     progress: Any = None
+    hook: Any = None
     if os.environ.get("GPULAUNCH_PROGRESS_SHM"):
         import gpulaunch as glp
 
-        ddp.register_comm_hook(None, glp.allreduce_hook)
+        hook = glp.allreduce_hook
         progress = glp.progress
+
+    # --reform: the sequences every rank trained on so far, the extra state
+    # a new rank copies with the model (a stand-in for a data loader's place)
+    samples = 0
+    el: Any = None
+    ddp: Optional[DDP] = None
+    if a.reform:
+        import gpulaunch as gle
+
+        def get_extra() -> Any:
+            return {"samples": samples}
+
+        def set_extra(extra: Any) -> None:
+            nonlocal samples
+            samples = int(extra["samples"])
+
+        el = gle.Elastic(model, opt, backend=backend, timeout=pg_kwargs.get("timeout"),
+                         ddp_kwargs=ddp_kwargs, comm_hook=hook, checkpointer=ckpt,
+                         get_extra=get_extra, set_extra=set_extra)
+        if not el.enabled and rank == 0:
+            print("train_ddp: --reform: not under a gpulaunch that hands rounds over: a lost "
+                  "node restarts the workers", file=sys.stderr)
+        print(f"rank {rank} pid {os.getpid()} round {el.round}", flush=True)
+        start = el.start(restore)
+        rank, world, ddp = el.rank, el.world_size, el.ddp
+        j = el.last
+        if j is not None and j.copied and j.mine:
+            print(f"rank {rank}: joined round {j.round} with {j.survivors} ranks that kept their "
+                  f"state: step {j.step} copied from rank {j.root}, nothing read from the checkpoint",
+                  flush=True)
+    else:
+        ddp = DDP(model, **ddp_kwargs)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
 
     def loss_of(x: torch.Tensor) -> torch.Tensor:
         assert ddp is not None
         logits = ddp(x[:, :-1])
         return F.cross_entropy(logits.reshape(-1, size.vocab), x[:, 1:].reshape(-1))
 
-    # settle DDP's buckets (see the docstring); the zero gradients are dropped
-    (loss_of(batch_of(a.seed, -1, rank, size, batch, succ).to(device)) * 0.0).backward()
-    opt.zero_grad(set_to_none=True)
+    def settle() -> None:
+        """DDP's buckets (see the docstring); the zero gradients are dropped."""
+        (loss_of(batch_of(a.seed, -1, rank, size, batch, succ).to(device)) * 0.0).backward()
+        opt.zero_grad(set_to_none=True)
 
     # The loss is reduced in place in this tensor, which outlives the process
     # group (see the teardown below).
     loss_sum = torch.zeros((), device=device)
     preempted_at: Optional[int] = None
+    round_errors: tuple[type[BaseException], ...] = el.round_errors if el is not None else ()
+    held = failed_once = False
+    done = start  # steps completed: this rank's optimizer stepped
+    first = True  # the first step in this world is still to come
     t_train = time.monotonic()
-    for step in range(start, a.steps):
-        t_step = time.monotonic()
-        x = batch_of(a.seed, step, rank, size, batch, succ).to(device)
-        loss = loss_of(x)
-        if rank == a.slow_rank and step >= a.slow_from_step:
-            slow_down(time.monotonic() - t_step, a)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step == start and rank == 0:
-            print(f"first step in a world of {world}: step {step}", flush=True)
-        if step % a.print_every == 0 or step == a.steps - 1:
-            loss_sum.copy_(loss.detach())
-            dist.all_reduce(loss_sum)
-            if rank == 0:
-                print(f"step {step} loss {loss_sum.item() / world:.6f}", flush=True)
-        if a.step_sleep_ms:
-            time.sleep(a.step_sleep_ms / 1000.0)
-        if ckpt is not None and ckpt.step_end(step + 1, save):
-            preempted_at = step + 1
+    while True:
+        try:
+            if first:
+                settle()
+            while done < a.steps:
+                step = done
+                if rank == a.hold_rank and step == a.hold_at_step and not held:
+                    held = True
+                    print(f"rank {rank} holding before step {step}", flush=True)
+                    while True:
+                        time.sleep(1.0)
+                t_step = time.monotonic()
+                x = batch_of(a.seed, step, rank, size, batch, succ).to(device)
+                loss = loss_of(x)
+                if rank == a.slow_rank and step >= a.slow_from_step:
+                    slow_down(time.monotonic() - t_step, a)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                done = step + 1
+                samples += world * batch
+                if first and rank == 0:
+                    print(f"first step in a world of {world}: step {step}", flush=True)
+                first = False
+                if step % a.print_every == 0 or step == a.steps - 1:
+                    loss_sum.copy_(loss.detach())
+                    dist.all_reduce(loss_sum)
+                    if rank == 0:
+                        print(f"step {step} loss {loss_sum.item() / world:.6f}", flush=True)
+                if a.step_sleep_ms:
+                    time.sleep(a.step_sleep_ms / 1000.0)
+                if ckpt is not None and ckpt.step_end(step + 1, save):
+                    preempted_at = step + 1
+                    break
+                if ckpt is None and progress is not None:
+                    progress(step + 1)
+            if el is not None and preempted_at is None:
+                dist.barrier()  # every rank is at the end: none waits for a round
             break
-        if ckpt is None and progress is not None:
-            progress(step + 1)
+        except round_errors:
+            if rank == a.reform_fail_rank and not failed_once:
+                print(f"rank {rank}: --reform-fail-rank: exiting instead of re-forming", flush=True)
+                os._exit(3)
+            failed_once = True
+            was = rank
+            done = el.reform(done)
+            r = el.last
+            rank, world, ddp = el.rank, el.world_size, el.ddp
+            copied = f", state copied from rank {r.root}" if r.copied else ""
+            print(f"rank {rank} (was {was}): round {r.round} re-formed in place, world {world}, going "
+                  f"on after step {r.step} ({r.lost} lost){copied} in {1000.0 * r.seconds:.1f} ms",
+                  flush=True)
+            if r.freed_s > 0:
+                print(f"rank {rank}: freed {1000.0 * r.freed_s:.0f} ms after the launcher said "
+                      f"round {r.round - 1} ended", flush=True)
+            first = True
     t_end = time.monotonic()
 
     if preempted_at is not None:
         print(f"rank {rank} preempted after step {preempted_at}", flush=True)
     else:
         print(f"rank {rank} params_sha256 {params_sha256(model)}", flush=True)
+        if el is not None:
+            print(f"rank {rank} samples_seen {samples}", flush=True)
         if a.output and rank == 0:
             os.makedirs(a.output, exist_ok=True)
             torch.save(model.state_dict(), os.path.join(a.output, "model.pt"))
@@ -410,7 +517,10 @@ def main(argv: list[str]) -> int:
     # holds while it joins the worker in the process group's destructor (a
     # deadlock seen with 4 ranks on 2 cores when the tensor died first).
     ddp = None
-    dist.destroy_process_group()
+    if el is not None:
+        el.close()
+    else:
+        dist.destroy_process_group()
     if preempted_at is not None:
         return int(gl.EXIT_PREEMPTED)
     if rank == 0:
