@@ -1,0 +1,322 @@
+"""Live re-formation of a PyTorch DDP job (gpulaunch.Elastic, train_ddp.py
+--reform): a gpulaunch-rdzv server and three launchers of two workers each
+(--nnodes 2:3) on this host. A node is lost (SIGKILL) or vanishes (SIGSTOP:
+its sockets stay open) while rank 4 holds before step 10, so that the step
+the survivors go on from is known; the survivors keep their processes, lose
+no step and end with equal parameters, equal to those of a run restarted from
+the checkpoint of that step into the same world. A late node's ranks copy the
+state from the survivors; a rank that cannot re-form is restarted by its
+launcher and the job still finishes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BUILD = Path(os.environ.get("GPULAUNCH_BUILD_DIR", REPO / "build" / "test"))
+LIB = os.environ.get("GPULAUNCH_LIBRARY") or str(BUILD / "runtime" / "libgpulaunch.so.0")
+LAUNCHER = BUILD / "launcher" / "gpulaunch"
+RDZV = BUILD / "rendezvous" / "gpulaunch-rdzv"
+TRAIN = REPO / "examples" / "train_ddp.py"
+PY = sys.executable
+HOLD = 10  # rank 4 holds before this step: the fault comes there
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                reason=f"torch is not installed for {PY}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAUNCH_", "PET_", "TORCH"))}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])),
+               GPULAUNCH_LIBRARY=LIB, PET_SHM_MIN="16m", PET_PREEMPTION_SOURCE="none", PET_SLURM="off",
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return env
+
+
+class Proc:
+    """A process in its own session (a node: its launcher and workers, killed
+    or stopped together) whose output lines are kept with their arrival time."""
+
+    def __init__(self, name: str, cmd: list[str]) -> None:
+        self.name = name
+        self.lines: list[tuple[float, str]] = []
+        self._cv = threading.Condition()
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=child_env(), start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for ln in self.p.stdout:
+            with self._cv:
+                self.lines.append((time.monotonic(), re.sub(r"^\[\w+?\d+\]:", "", ln.rstrip("\n"))))
+                self._cv.notify_all()
+        with self._cv:
+            self._cv.notify_all()
+
+    def find(self, pattern: str) -> list[tuple[float, re.Match[str]]]:
+        with self._cv:
+            return [(t, m) for t, ln in self.lines for m in [re.search(pattern, ln)] if m]
+
+    def text(self) -> str:
+        with self._cv:
+            return "\n".join(ln for _, ln in self.lines)
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.p.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.p.wait()
+            raise AssertionError(f"{self.name} still ran after {timeout:.0f} s:\n{self.text()}") from None
+        self._reader.join(timeout=10)
+        return rc
+
+
+class Job:
+    """A rendezvous server and the launchers of one job."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.procs: list[Proc] = []
+        self.rdzv = self.start("rdzv", [str(RDZV), "--listen", f"127.0.0.1:{self.port}"])
+        until = time.monotonic() + 10
+        while True:  # listening?
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > until:
+                    raise
+                time.sleep(0.05)
+
+    def start(self, name: str, cmd: list[str]) -> Proc:
+        p = Proc(name, cmd)
+        self.procs.append(p)
+        return p
+
+    def node(self, name: str, *args: str) -> Proc:
+        return self.start(name, [
+            str(LAUNCHER), "--nnodes", "2:3", "--nproc-per-node", "2", "--rdzv-backend", "gpulaunch",
+            "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "elastic",
+            "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "3",
+            "--no-python", PY, str(TRAIN), "--reform", *args])
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.p.poll() is None:
+                p.signal(signal.SIGKILL)
+                p.p.wait()
+
+    def dump(self) -> str:
+        return "\n".join(f"--- {p.name} (exit {p.p.poll()})\n{p.text()}" for p in self.procs)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Job]:
+    for p in (LAUNCHER, RDZV, Path(LIB)):
+        if not p.exists():
+            pytest.fail(f"{p} is missing: build the project first (cmake --build {BUILD})")
+    j = Job(tmp_path)
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+def wait_for(job: Job, nodes: list[Proc], pattern: str, count: int, timeout: float) -> list[tuple[float, Proc]]:
+    """(arrival time, node) of the first `count` lines matching pattern."""
+    until = time.monotonic() + timeout
+    while True:
+        seen = sorted((t, p) for p in nodes for t, _ in p.find(pattern))  # type: ignore[misc]
+        if len(seen) >= count:
+            return seen[:count]
+        if time.monotonic() > until or all(p.p.poll() is not None for p in nodes):
+            raise AssertionError(f"{count} x {pattern!r} not seen within {timeout:.0f} s:\n{job.dump()}")
+        time.sleep(0.05)
+
+
+def three_nodes(job: Job, *args: str) -> tuple[list[Proc], Proc]:
+    """Three nodes started; the one whose rank 4 holds before step HOLD."""
+    nodes = [job.node(f"node{i}", "--hold-rank", "4", "--hold-at-step", str(HOLD), *args) for i in range(3)]
+    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 120)
+    return nodes, held
+
+
+def pids(p: Proc) -> set[int]:
+    return {int(m[1]) for _, m in p.find(r"^rank \d+ pid (\d+) round \d+$")}
+
+
+def shas(nodes: list[Proc]) -> dict[int, str]:
+    out = {int(m[1]): m[2] for p in nodes for _, m in p.find(r"^rank (\d+) params_sha256 ([0-9a-f]{64})$")}
+    return out
+
+
+def reformed(nodes: list[Proc]) -> list[re.Match[str]]:
+    pat = (r"^rank (?P<rank>\d+) \(was (?P<was>\d+)\): round (?P<round>\d+) re-formed in place, world "
+           r"(?P<world>\d+), going on after step (?P<step>\d+) \((?P<lost>\d+) lost\)"
+           r"(?:, state copied from rank (?P<root>\d+))? in (?P<ms>[\d.]+) ms$")
+    return [m for p in nodes for _, m in p.find(pat)]
+
+
+def first_step_after(job: Job, nodes: list[Proc], world: int, t0: float) -> float:
+    """Seconds from t0 to rank 0's first step in a world of `world` after it."""
+    pattern = rf"^first step in a world of {world}: step \d+$"
+    until = time.monotonic() + 60
+    while True:
+        ts = [t for p in nodes for t, _ in p.find(pattern) if t > t0]
+        if ts:
+            return min(ts) - t0
+        if time.monotonic() > until or all(p.p.poll() is not None for p in nodes):
+            raise AssertionError(f"no first step in a world of {world}:\n{job.dump()}")
+        time.sleep(0.05)
+
+
+def report(what: str) -> None:
+    print(f"test_elastic ({PY}): {what}")
+
+
+def test_node_killed_survivors_go_on_as_a_restart_would(job: Job, tmp_path: Path) -> None:
+    """(a) a node's launcher and workers SIGKILLed while the job waits for its
+    rank 4; (d) the survivors' parameters equal those of 4 new ranks resumed
+    from the checkpoint of the same step."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
+    args = ("--steps", "30", "--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD), "--print-every", "5")
+    nodes, held = three_nodes(job, *args)
+    until = time.monotonic() + 30
+    while not list(ck.glob("*/COMPLETE")):  # the checkpoint of step HOLD is whole
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    shutil.copytree(ck, ck_copy)
+    survivors = [p for p in nodes if p is not held]
+    before = {p.name: pids(p) for p in survivors}
+    t_kill = time.monotonic()
+    held.signal(signal.SIGKILL)
+    for p in survivors:
+        assert p.wait(120) == 0, job.dump()
+    held.wait(10)
+    took = first_step_after(job, survivors, 4, t_kill)
+    for p in survivors:
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    got = reformed(survivors)
+    assert len(got) == 4, job.dump()
+    for m in got:
+        assert (m["world"], m["step"], m["lost"], m["root"]) == ("4", str(HOLD), "0", None), m.group(0)
+    sha = shas(survivors)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+    written = sorted(int(p.name[5:]) for p in ck.glob("step-*"))
+    assert written == [HOLD, 2 * HOLD, 3 * HOLD], f"checkpoints after the re-formation: {written}"
+
+    # the same world restarted from the checkpoint of the fault's step
+    restart = job.start("restart", [
+        str(LAUNCHER), "--standalone", "--nproc-per-node", "4", "--no-python", PY, str(TRAIN), *args[:2],
+        "--checkpoint-dir", str(ck_copy), "--checkpoint-every", str(HOLD), "--print-every", "5"])
+    assert restart.wait(120) == 0, job.dump()
+    assert restart.find(rf"^resumed from the checkpoint of step {HOLD}$"), restart.text()
+    again = shas([restart])
+    assert sorted(again) == [0, 1, 2, 3] and set(again.values()) == set(sha.values()), \
+        f"live re-formation and restart differ:\n{job.dump()}"
+    report(f"node killed: first step in the 4-rank world {took:.2f} s after SIGKILL; re-formation "
+           f"{', '.join(m['ms'] for m in got)} ms")
+
+
+def test_node_vanishes_then_a_new_node_copies_the_state(job: Job) -> None:
+    """(b) a node SIGSTOPped (its sockets stay open): the survivors blocked in
+    DDP's all-reduce are freed when their launchers hear of it, within 0.5 s,
+    and re-form; (c) a new node joins later: its ranks copy the state from the
+    survivors, nothing read from a checkpoint."""
+    args = ("--steps", "80", "--step-sleep-ms", "25", "--print-every", "20")
+    nodes, held = three_nodes(job, *args)
+    survivors = [p for p in nodes if p is not held]
+    before = {p.name: pids(p) for p in survivors}
+    t_stop = time.monotonic()
+    held.signal(signal.SIGSTOP)
+    wait_for(job, survivors, r"re-formed in place, world 4", 4, 60)
+    took = first_step_after(job, survivors, 4, t_stop)
+    held.signal(signal.SIGKILL)
+    held.wait(10)
+    freed = [float(m[1]) for p in survivors for _, m in p.find(r"^rank \d+: freed (\d+) ms after")]
+    assert len(freed) == 4 and max(freed) < 500, job.dump()
+    late = job.node("late", *args)
+    t_late = time.monotonic()
+    for p in survivors + [late]:
+        assert p.wait(120) == 0, job.dump()
+    for p in survivors:
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    got = reformed(survivors)
+    assert sorted(m["world"] for m in got) == ["4"] * 4 + ["6"] * 4, job.dump()
+    for m in got:
+        if m["world"] == "4":
+            assert (m["step"], m["lost"], m["root"]) == (str(HOLD), "0", None), m.group(0)
+        else:
+            # the new node ended the round at any moment: a rank whose last all-reduce
+            # completed where another's was cut off is set back to the others' step
+            assert m["root"] is not None and m["lost"] in ("0", "1"), m.group(0)
+    assert len({m["step"] for m in got if m["world"] == "6"}) == 1, job.dump()
+    joined = late.find(r"^rank (\d+): joined round \d+ with 4 ranks that kept their state: step (\d+) "
+                       r"copied from rank (\d+), nothing read from the checkpoint$")
+    assert len(joined) == 2, job.dump()
+    sha = shas(survivors + [late])
+    assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()
+    samples = {m[1] for p in survivors + [late] for _, m in p.find(r"^rank \d+ samples_seen (\d+)$")}
+    assert len(samples) == 1, f"the copied extra state differs: {samples}\n{job.dump()}"
+    grown = first_step_after(job, survivors + [late], 6, t_late)
+    report(f"node vanished: freed {max(freed):.0f} ms after the launchers heard of it, first step in "
+           f"the 4-rank world {took:.2f} s after SIGSTOP (heartbeat timeout 3 s); new node: first step "
+           f"in the 6-rank world {grown:.2f} s after its launcher started")
+
+
+def test_rank_that_cannot_reform_is_restarted(job: Job) -> None:
+    """(e) rank 0 exits instead of re-forming: its launcher falls back to a
+    restart of its workers, the other surviving node's workers go on in place
+    (they were making the next round's group with rank 0: freed, they join
+    the round after), and the restarted ones copy the state from them."""
+    nodes, held = three_nodes(job, "--steps", "40", "--reform-fail-rank", "0")
+    survivors = [p for p in nodes if p is not held]
+    failing: Optional[Proc] = next((p for p in survivors if p.find(r"^rank 0 pid \d+ round")), None)
+    assert failing is not None, job.dump()
+    other = next(p for p in survivors if p is not failing)
+    before = pids(other)
+    held.signal(signal.SIGKILL)
+    for p in survivors:
+        assert p.wait(120) == 0, job.dump()
+    held.wait(10)
+    out = failing.text()
+    assert "re-forming in place failed" in out and "exiting instead of re-forming" in out, job.dump()
+    assert "restarting workers (1/3)" in out, job.dump()
+    assert pids(other) == before, f"the node that could re-form restarted a worker:\n{job.dump()}"
+    joined = failing.find(r"^rank (\d+): joined round \d+ with 2 ranks that kept their state: "
+                          rf"step {HOLD} copied from rank \d+, nothing read from the checkpoint$")
+    assert len(joined) == 2, job.dump()
+    sha = shas(survivors)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
