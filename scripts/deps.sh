@@ -16,6 +16,7 @@ PKGS=(
   slurmctld slurmd slurm-client munge # test/slurm_real.sh: a real Slurm cluster on this machine
   chromium # test_health: the rendezvous's job page in a headless browser
   podman runc # test/container: the Containerfile's image built and run (runc: crun refuses some cgroup layouts)
+  netavark aardvark-dns iptables # test/container's multi-node jobs: a podman network (netavark needs iptables) with DNS names
 )
 
 missing=()
