@@ -289,11 +289,11 @@ def report(line: str) -> None:
 
 # ---- the static PyTorchJob ----
 
-def static_job(c: Cluster, nproc: int = 2) -> list[str]:
+def static_job(c: Cluster, nproc: int = 2, **extra: str) -> list[str]:
     """pytorchjob-static.yaml with 1 master + 1 worker pod of NPROC workers and
     the operator's variables for a job with a Master replica: MASTER_ADDR,
     MASTER_PORT, RANK (the pod's node rank), WORLD_SIZE (pods x nprocPerNode,
-    or the pod count) and PET_*."""
+    or the pod count) and PET_*; EXTRA: more of the pod's own variables."""
     job = manifest("pytorchjob-static.yaml", "PyTorchJob")
     name = job["metadata"]["name"]
     spec = job["spec"]["pytorchReplicaSpecs"]
@@ -314,6 +314,7 @@ def static_job(c: Cluster, nproc: int = 2) -> list[str]:
             "WORLD_SIZE": str(len(pods) * int(nproc_spec) if nproc_spec else len(pods)),
             "PET_NNODES": str(len(pods)),
         })
+        env.update(extra)
         c.run(pod, [*launcher_options(cont["command"]), *PROGRAM, str(STEPS), "/ck", str(STEP_S),
                     str(EVERY)], env)
     return pods
@@ -360,6 +361,29 @@ def test_static_pytorchjob_node_killed_ends_retryable(cluster: Cluster, victim: 
     assert code == 200, out
     assert "no restarts are left" in out, out
     assert gone < RECOVERY_S, out
+
+
+def test_static_pytorchjob_with_restarts_waits_for_the_new_master(cluster: Cluster) -> None:
+    """With a restart budget (PET_MAX_RESTARTS in the pod's env) the worker
+    pod outlives the master pod: it restarts its workers and waits for the
+    rendezvous at the master's name, where the operator's replacement pod
+    (137 is retried; here the same container started again) hosts it again,
+    and the job resumes from its checkpoint."""
+    master, worker = static_job(cluster, PET_MAX_RESTARTS="3")
+    cluster.wait_for(master, rf"^\S*step {KILL_AFTER} ")
+    t = cluster.kill(master)
+    assert cluster.wait(master) == 137
+    podman("container", "cleanup", cluster.name(master))
+    podman("start", cluster.name(master), check=True)
+    codes = [cluster.wait(p) for p in (master, worker)]
+    outs = [cluster.logs(p) for p in (master, worker)]
+    assert codes == [0, 0], "\n".join(outs)
+    again = back_training(t, 4, *outs)
+    check_all_trained(4, *outs)
+    assert not cluster.left_running()
+    assert again < RECOVERY_S, "\n".join(outs)
+    report(f"static PyTorchJob with PET_MAX_RESTARTS=3, master-0 killed and started again at once: "
+           f"training again {again:.2f} s after the kill")
 
 
 # ---- Kubeflow Trainer v2: a TrainJob ----
