@@ -167,3 +167,15 @@ int gl_endpoint_check(const gl_config *cfg) {
                host, port, why, budget / 1000.0);
     return 1;
 }
+
+void gl_endpoint_fqdn(const char *hostname, char *out, size_t len) {
+    snprintf(out, len, "%s", hostname);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_flags = AI_CANONNAME}, *res = NULL;
+    if (getaddrinfo(hostname, NULL, &hints, &res) != 0)
+        return;
+    const char *cn = res ? res->ai_canonname : NULL;
+    if (cn && strchr(cn, '.') != NULL && strncasecmp(cn, hostname, strlen(hostname)) == 0 &&
+        cn[strlen(hostname)] == '.' && strncasecmp(cn, "localhost", 9) != 0 && strlen(cn) < len)
+        snprintf(out, len, "%s", cn);
+    freeaddrinfo(res);
+}

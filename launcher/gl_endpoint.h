@@ -22,5 +22,10 @@ const char *gl_endpoint_loopback_listen(const char *host);
 /* --check: the rendezvous this node would join resolves and answers, or this
  * node would host it; prints ok/FAIL lines. Returns the number of FAILs. */
 int gl_endpoint_check(const gl_config *cfg);
+/* The name this node advertises to the others without --local-addr: the
+ * host name's canonical name when it is a fully qualified one (torchrun's
+ * socket.getfqdn(): in a Kubernetes JobSet pod only <pod>.<subdomain> and
+ * the FQDN resolve, not the bare pod name), else the host name itself. */
+void gl_endpoint_fqdn(const char *hostname, char *out, size_t len);
 
 #endif

@@ -43,6 +43,7 @@
 #define GL_EXIT_PREFLIGHT 3
 #define GL_EXIT_RDZV 200
 #define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
+#define GL_PEER_LOSS_S 2.0    /* a local failure this soon before a node's loss is its effect */
 
 static struct launcher {
     gl_config cfg;
@@ -134,6 +135,13 @@ static void maybe_finish_round(void) {
         if (L.first.set) {
             if (L.first.hung)
                 finish(GL_EXIT_HUNG);
+            if (L.first.peer_lost) {
+                fprintf(stderr,
+                        "gpulaunch: rank %d failed as another node (or the rendezvous' host) went "
+                        "away, and no restarts are left (--max-restarts %d): exit %d, retryable\n",
+                        L.first.rank, L.cfg.max_restarts, GL_EXIT_RDZV);
+                finish(GL_EXIT_RDZV);
+            }
             if (L.first.signal)
                 finish(128 + L.first.signal);
             finish(L.first.exit_code > 0 && L.first.exit_code < 128 ? (int)L.first.exit_code : 1);
@@ -219,6 +227,9 @@ static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
             f->pid = w->pid;
             f->exit_code = status;
             f->signal = sig;
+            /* the rendezvous' connection already gone: its host (static mode:
+             * node rank 0) went away, and with it this worker's peers */
+            f->peer_lost = L.cli != NULL && !rdzv_client_connected(L.cli);
             gl_output_tail(w, f->tail, sizeof f->tail);
             char path[PATH_MAX];
             gl_group_error_file(g, w, path, sizeof path);
@@ -356,7 +367,13 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
                           const char *host, const char *msg) {
     fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
-    end_hold(); /* a held preemption still saves: its SIGTERM goes first */
+    end_hold();
+    /* a local worker that failed just before another node was found gone
+     * failed because of it (its peer's link dropped first) */
+    if ((reason == RDZV_REASON_DISCONNECT || reason == RDZV_REASON_HEARTBEAT ||
+         reason == RDZV_REASON_LEFT) &&
+        node_rank != L.a.node_rank && L.first.set && gb_wall_s() - L.first.when < GL_PEER_LOSS_S)
+        L.first.peer_lost = 1; /* a held preemption still saves: its SIGTERM goes first */
     L.round_over = 1;
     L.assigned = 0;
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
@@ -733,9 +750,10 @@ int main(int argc, char **argv) {
         rdzv_parse_endpoint(L.cfg.val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, rhost, sizeof rhost,
                             &rport);
     }
-    if (L.addr[0] == '\0')
-        snprintf(L.addr, sizeof L.addr, "%s",
-                 L.cfg.val[GL_LOCAL_ADDR][0] ? L.cfg.val[GL_LOCAL_ADDR] : L.hostname);
+    if (L.addr[0] == '\0' && L.cfg.val[GL_LOCAL_ADDR][0])
+        snprintf(L.addr, sizeof L.addr, "%s", L.cfg.val[GL_LOCAL_ADDR]);
+    else if (L.addr[0] == '\0')
+        gl_endpoint_fqdn(L.hostname, L.addr, sizeof L.addr);
     /* the GPU monitor, --metrics and the DCGM job-mapping files (docs/gpu-health.md) */
     if (gl_gpumon_start(L.loop, &L.cfg, L.run_id, &G, on_gpu_event, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "gpulaunch: %s\n", err);

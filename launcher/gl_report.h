@@ -19,6 +19,8 @@ typedef struct gl_failure {
     char tail[GL_ERR_TAIL_LINES * 256];
     int hung;       /* the hang watchdog stopped it */
     char why[1024]; /* then: who, for how long, behind which collective */
+    int peer_lost;  /* it failed as another node, or the rendezvous' host, went away: that
+                       node's loss ended the round (exit 200, retryable), not this worker */
 } gl_failure;
 
 /* ef: what the worker wrote at ef_path, NULL when it wrote nothing. */

@@ -528,6 +528,8 @@ void rdzv_client_rejoin(rdzv_client *c) {
 
 void rdzv_client_set_master_port(rdzv_client *c, uint16_t port) { c->jp.master_port = port; }
 
+int rdzv_client_connected(const rdzv_client *c) { return c->state == CS_READY; }
+
 void rdzv_client_fail(rdzv_client *c, const char *message) {
     rdzv_msg m = {.type = RDZV_FAIL, .req_id = ++c->next_req};
     snprintf(m.u.fail.message, sizeof m.u.fail.message, "%s", message);

@@ -20,6 +20,8 @@
 #include "gpl_int.h"
 
 #define RING_MAGIC 0x47504c47u
+#define RING_NOTE_FIRST_MS 2000  /* a next node not reached: said after this */
+#define RING_NOTE_EVERY_MS 10000 /* ... and again this often */
 #define BCAST_CHUNK (1u << 20)
 #define RING_SMALL_BYTES 4096u /* all-reduce by all-gather up to this size */
 
@@ -114,16 +116,22 @@ static gpl_result_t xfer(gpl_comm_t c, const void *s, size_t slen, void *r, size
     return GPL_OK;
 }
 
-static int dial(const char *host, int port) {
+/* A connection to host:port, or -1 with why saying what failed (the name's
+ * lookup or the connection). */
+static int dial(const char *host, int port, char *why, size_t whylen) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
-    if (getaddrinfo(host, ps, &hints, &res) != 0)
+    int ge = getaddrinfo(host, ps, &hints, &res);
+    if (ge != 0) {
+        snprintf(why, whylen, "the name %s does not resolve here (%s)", host, gai_strerror(ge));
         return -1;
+    }
     int fd = -1;
     for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
         fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+            snprintf(why, whylen, "connect: %s", strerror(errno));
             close(fd);
             fd = -1;
         }
@@ -219,12 +227,29 @@ out:
 
 gpl_result_t gpl_ring_setup(gpl_comm_t c) {
     gpl_ring *g = c->ring;
-    uint64_t deadline = gb_now_ms() + c->timeout_ms;
-    while ((g->next_fd = dial(g->next_host, g->next_port)) < 0) {
-        if (gb_now_ms() > deadline)
+    uint64_t t0 = gb_now_ms(), deadline = t0 + c->timeout_ms, next_note = t0 + RING_NOTE_FIRST_MS;
+    char why[320] = "";
+    while ((g->next_fd = dial(g->next_host, g->next_port, why, sizeof why)) < 0) {
+        uint64_t now = gb_now_ms();
+        if (now > deadline)
             return gb_seterr(&c->err, GPL_ERR_TIMEOUT,
-                             "rank %d: cannot connect to node %d at %s:%d", c->rank,
-                             (g->me + 1) % g->n, g->next_host, g->next_port);
+                             "rank %d: cannot connect to node %d at %s:%d for %.0f s: %s; the "
+                             "address is the one its launcher advertises (--local-addr)",
+                             c->rank, (g->me + 1) % g->n, g->next_host, g->next_port,
+                             (double)(now - t0) / 1000.0, why);
+        /* a peer's name may take a while to appear in DNS: said, not silent */
+        if (now >= next_note) {
+            fprintf(stderr,
+                    "gpulaunch runtime: rank %d: node %d at %s:%d not reached for %.0f s: %s; "
+                    "still trying for %.0f s\n",
+                    c->rank, (g->me + 1) % g->n, g->next_host, g->next_port,
+                    (double)(now - t0) / 1000.0, why, (double)(deadline - now) / 1000.0);
+            next_note = now + RING_NOTE_EVERY_MS;
+        }
+        /* a round that ends meanwhile (a node lost while the ring forms) */
+        gpl_result_t rc = gpl_check_abort(c, deadline, "the ring's next node");
+        if (rc != GPL_OK)
+            return rc;
         usleep(20000);
     }
     uint32_t hello[2] = {RING_MAGIC, (uint32_t)g->me};

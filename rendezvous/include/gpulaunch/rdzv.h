@@ -172,6 +172,8 @@ void rdzv_client_stats(rdzv_client *c, uint32_t window_ms, const rdzv_rank_stats
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
  * hang of that rank (a server that predates hangs gets a plain FAIL). */
 void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message);
+/* Whether the client holds a connection to the server now (not reconnecting). */
+int rdzv_client_connected(const rdzv_client *c);
 void rdzv_client_close(rdzv_client *c);
 
 /* ---- blocking client (runtime, tools, tests) ---- */
