@@ -43,8 +43,12 @@ the round is over, shuts down the process group's TCP connections (Gloo has
 no abort; they are the sockets that appeared while the group was made, the
 Gloo full mesh and the store), or aborts a NCCL group (and shuts down its
 store connections). The collective then raises in the training thread, also
-when the peer vanished without closing its sockets. The program reaches the
-model through el.ddp, which is a new DDP after every reform().
+when the peer vanished without closing its sockets. Gloo does not fail a
+transfer cut mid-way: a training thread that has not run for stuck_exit_s
+after the break is taken to be stuck in one, and the worker exits (its
+launcher restarts it). The program reaches the model through el.ddp, which is
+a new DDP after every reform(); el.round_over says whether the launcher ended
+this rank's round.
 
 Outside gpulaunch, or under a launcher that does not hand rounds over,
 round_errors is () and reform() re-raises: the program runs as it would
@@ -214,6 +218,18 @@ def _shut(fd: int, inode: int) -> None:
             os.close(dup)
 
 
+def _thread_state(tid: int) -> str:
+    """The state letter of this process's thread tid (R running, S sleeping,
+    ...); "" when it cannot be read."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    rest = stat[stat.rfind(")") + 2:]
+    return rest[:1]
+
+
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, ""))
@@ -234,7 +250,9 @@ class Elastic:
     get_extra/set_extra: a picklable value copied with the state (a data
     position); reform_timeout_s: how long reform() waits for the next round;
     round_end_wait_s: how long reform() waits for the word that the round
-    ended before it takes the error for another one."""
+    ended before it takes the error for another one; stuck_exit_s: how long
+    the training thread may stay blocked after a break before the worker
+    exits to be restarted (None: never)."""
 
     def __init__(
         self,
@@ -250,6 +268,7 @@ class Elastic:
         set_extra: Optional[Callable[[Any], None]] = None,
         reform_timeout_s: float = 600.0,
         round_end_wait_s: float = 10.0,
+        stuck_exit_s: Optional[float] = 5.0,
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -271,6 +290,7 @@ class Elastic:
         self._set_extra = set_extra
         self._reform_timeout_s = reform_timeout_s
         self._round_end_wait_s = round_end_wait_s
+        self._stuck_exit_s = stuck_exit_s
         self.ddp: Any = None
         self.rank = _env_int("RANK", 0)
         self.world_size = _env_int("WORLD_SIZE", 1)
@@ -287,7 +307,10 @@ class Elastic:
         self._before: dict[int, int] = {}  # sockets before the group was made
         self._owned: Optional[dict[int, int]] = None  # the group's TCP sockets, once made
         self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
-        self._broken_at = 0.0
+        self._broken_at = 0.0  # when the watcher broke this group (0: not)
+        self._handled = True  # the training thread has left the broken group behind
+        self._still_since = 0.0  # since when the training thread has not run
+        self._trainer = threading.get_native_id()
         self._stop = threading.Event()
         self._watcher: Optional[threading.Thread] = None
         self.enabled = self._enable()
@@ -337,8 +360,10 @@ class Elastic:
         with self._lock:
             seq = self._latest.seq if self._latest else 0
         while not self._stop.is_set():
-            rc = wait(seq, 1000, ctypes.byref(info))  # the GIL is released meanwhile
+            # the GIL is released meanwhile; after a break, the trainer is looked at often
+            rc = wait(seq, 1000 if self._handled else 100, ctypes.byref(info))
             if rc == N.GPL_ERR_TIMEOUT:
+                self._check_stuck()
                 continue
             if rc != N.GPL_OK:
                 return
@@ -349,6 +374,33 @@ class Elastic:
                 if self._forming and self._moved_locked():
                     self._break_locked()
                 self._changed.notify_all()
+            self._check_stuck()
+
+    def _check_stuck(self) -> None:
+        """Gloo does not fail a transfer that the shutdown cut mid-way (a send
+        still queued, a receive half done): its collective waits for the
+        group's timeout. A training thread that has not run since the break
+        for stuck_exit_s is taken to be in one: the process exits, and its
+        launcher restarts this node's workers (today's restart)."""
+        if self._stuck_exit_s is None:
+            return
+        with self._lock:
+            if self._handled or not self._broken_at:
+                return
+            now = time.monotonic()
+            if _thread_state(self._trainer) in ("R", ""):
+                self._still_since = now
+                return
+            if now - self._still_since < self._stuck_exit_s:
+                return
+            blocked = now - self._broken_at
+        sys.stderr.write(
+            f"gpulaunch: rank {self.rank}: still blocked {blocked:.1f} s after round {self.round} "
+            "ended (Gloo fails a transfer cut mid-way only at the group's timeout); exiting so "
+            "that the launcher restarts this node's workers\n"
+        )
+        sys.stderr.flush()
+        os._exit(1)
 
     def _moved_locked(self) -> bool:
         """The round block moved on from the round the group was made for."""
@@ -358,6 +410,8 @@ class Elastic:
         """Frees whatever waits on this round's group (the lock is held)."""
         if self._broken_at == 0.0:
             self._broken_at = self._latest.seen if self._latest is not None else time.monotonic()
+            self._still_since = time.monotonic()
+            self._handled = False
         if self.backend == "nccl":
             self._abort_nccl()
         owned = self._owned
@@ -464,6 +518,10 @@ class Elastic:
                 if self.rank == 0 or time.monotonic() > give_up:
                     raise
         store.set_timeout(timeout)
+        # torch names the group (its keys in the store) by a count that a
+        # creation cut short leaves raised: every rank must start from 0
+        if not dist.is_initialized() and hasattr(dist.distributed_c10d, "_group_count"):
+            dist.distributed_c10d._group_count = 0
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size,
                                 timeout=timeout)
         self._own_group = True
@@ -503,6 +561,8 @@ class Elastic:
         self._own_group = False
         for p in self.model.parameters():
             p.grad = None  # a failed step's partial gradients
+        with self._lock:
+            self._handled = True
 
     def _make_ddp(self, sync: bool) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -650,6 +710,7 @@ class Elastic:
         step, None for none) or 0. A round that ends meanwhile is waited
         for and joined as in reform()."""
         t0 = time.monotonic()
+        self._trainer = threading.get_native_id()
         dist = self._dist
         done = -1
         loaded = False
@@ -699,6 +760,7 @@ class Elastic:
         steps the job goes on after (the next step to run). Re-raises the
         error when the round did not end within round_end_wait_s."""
         t0 = time.monotonic()
+        self._trainer = threading.get_native_id()
         err = sys.exc_info()[1]
         if not self.enabled:
             if err is not None:
@@ -744,6 +806,13 @@ class Elastic:
                 if not self._round_ended(time.monotonic() + self._round_end_wait_s):
                     raise
                 r = self._after_end(deadline)
+
+    @property
+    def round_over(self) -> bool:
+        """The launcher said that the round this rank runs in ended (the next
+        collective raises one of round_errors; reform() is due)."""
+        with self._lock:
+            return self.enabled and self._moved_locked()
 
     def _round_ended(self, until: float) -> bool:
         """Whether the round block moved on from this group's round (waits
