@@ -87,10 +87,12 @@ the state at its start `rank R: joined round N with K ranks that kept their
 state: step S copied from rank Q, nothing read from the checkpoint`; at the
 end `rank R samples_seen N` (sequences of every rank, the extra state copied).
 Rank 0 prints `first step in a world of W: step N` after every re-formation
-too. For the tests: --hold-rank R --hold-at-step S stops rank R before step S
-(once per process, saying `rank R holding before step S`) until it is killed;
---reform-fail-rank R makes rank R exit (code 3) instead of re-forming the first
-time, so that its launcher falls back to a restart.
+too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
+per process, saying `rank R holding before step S`, until it is killed or its
+round ends (the other ranks wait for it in the step's all-reduce, so a fault
+injected then comes at a known step); --reform-fail-rank R makes rank R exit
+(code 3) instead of re-forming the first time, so that its launcher falls back
+to a restart.
 """
 
 from __future__ import annotations
@@ -252,8 +254,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     ap.add_argument("--reform", action="store_true",
                     help="survive a lost or added node in place (gpulaunch.Elastic)")
-    ap.add_argument("--hold-rank", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--hold-at-step", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--hold", action="append", default=[], metavar="R:S", help=argparse.SUPPRESS)
     ap.add_argument("--reform-fail-rank", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--local-rank", "--local_rank", type=int, default=None,
                     help=argparse.SUPPRESS)  # torch.distributed.launch passes it
@@ -273,6 +274,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"--slow-factor must be from 1 to 100, not {a.slow_factor}")
     if a.pg_timeout_s is not None and a.pg_timeout_s <= 0:
         ap.error(f"--pg-timeout-s must be above 0, not {a.pg_timeout_s}")
+    try:
+        a.hold = {tuple(int(v) for v in h.split(":", 1)) for h in a.hold}
+    except ValueError:
+        ap.error(f"--hold takes RANK:STEP, not {a.hold}")
     return a
 
 
@@ -437,7 +442,8 @@ def main(argv: list[str]) -> int:
     loss_sum = torch.zeros((), device=device)
     preempted_at: Optional[int] = None
     round_errors: tuple[type[BaseException], ...] = el.round_errors if el is not None else ()
-    held = failed_once = False
+    held: set[tuple[int, int]] = set()
+    failed_once = False
     done = start  # steps completed: this rank's optimizer stepped
     first = True  # the first step in this world is still to come
     t_train = time.monotonic()
@@ -447,11 +453,11 @@ def main(argv: list[str]) -> int:
                 settle()
             while done < a.steps:
                 step = done
-                if rank == a.hold_rank and step == a.hold_at_step and not held:
-                    held = True
+                if (rank, step) in a.hold and (rank, step) not in held:
+                    held.add((rank, step))
                     print(f"rank {rank} holding before step {step}", flush=True)
-                    while True:
-                        time.sleep(1.0)
+                    while el is None or not el.round_over:
+                        time.sleep(0.01)
                 t_step = time.monotonic()
                 x = batch_of(a.seed, step, rank, size, batch, succ).to(device)
                 loss = loss_of(x)
