@@ -336,3 +336,17 @@ def test_rank_that_cannot_reform_is_restarted(job: Job) -> None:
     assert len(joined) == 2, job.dump()
     sha = shas(survivors)
     assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+
+
+def test_without_round_handover_it_trains_as_without(job: Job) -> None:
+    """A launcher whose progress channel is off cannot hand rounds over:
+    --reform says so and the job trains as it would without (same parameters)."""
+    off = ("--progress-timeout", "0", "--stats-interval", "0")
+    runs = [job.start(name, [str(LAUNCHER), "--standalone", "--nproc-per-node", "2", *off, "--no-python", PY,
+                             str(TRAIN), "--steps", "10", *extra])
+            for name, extra in (("reform", ("--reform",)), ("plain", ()))]
+    for p in runs:
+        assert p.wait(120) == 0, job.dump()
+    assert runs[0].find(r"--reform: not under a gpulaunch that hands rounds over"), job.dump()
+    got = [shas([p]) for p in runs]
+    assert sorted(got[0]) == [0, 1] and got[0] == got[1], job.dump()
