@@ -167,6 +167,13 @@ int gb_progress_set_reform_ok(int ok) {
     return 0;
 }
 
+int gb_progress_goes_on(void) {
+    gb_progress_slot *s = gb_progress_attach();
+    if (s == NULL || round_blk == NULL)
+        return 0;
+    return atomic_load_explicit(&s->reform_ok, memory_order_acquire) == 1 && round_blk->go_on == 1;
+}
+
 const gb_progress_round *gb_progress_round_block(void) {
     gb_progress_attach();
     return round_blk;

@@ -80,7 +80,9 @@ typedef struct gb_progress_round {
     _Atomic uint32_t state; /* enum gb_round_state */
     uint32_t round, node_rank, nnodes, base_rank, world_size, master_port;
     uint32_t restarts; /* TORCHELASTIC_RESTART_COUNT of the workers */
-    uint32_t reserved0;
+    uint32_t go_on;    /* 1: a preemption notice from another node does not stop the
+                          workers that re-form in place: they save the same step as
+                          every rank and go on (the launcher keeps them) */
     char master_addr[GB_ROUND_ADDR_MAX];
     char why[GB_ROUND_WHY_MAX]; /* why the round ended (GB_ROUND_OVER, GB_ROUND_RESTART) */
     char reserved[GB_PROGRESS_ROUND_BYTES - 10 * 4 - GB_ROUND_ADDR_MAX - GB_ROUND_WHY_MAX];
@@ -130,5 +132,8 @@ const gb_progress_round *gb_progress_round_block(void);
 int gb_progress_round_wait(uint32_t seen, uint32_t timeout_ms, gb_progress_round *out);
 /* Tells the launcher this worker runs in round `round` now. */
 void gb_progress_round_ack(uint32_t round);
+/* 1 when this worker re-forms in place and its launcher keeps such workers
+ * through another node's preemption (the round block's go_on), else 0. */
+int gb_progress_goes_on(void);
 
 #endif

@@ -528,6 +528,7 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
         return;
     L.exit_requested = 1;
     L.exit_code = 128 + SIGTERM;
+    gl_progress_set_go_on(0); /* this node's workers stop after the save, even before the SIGTERM */
     fprintf(stderr, "gpulaunch: preemption (%s): workers checkpoint and stop%s\n", why,
             G.nrunning ? "" : " (none running)");
     if (G.nrunning == 0) {
@@ -561,6 +562,17 @@ static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, c
         return;
     char why[512];
     snprintf(why, sizeof why, "%s", reason[0] ? reason : node);
+    /* Another node's notice (ours set exit_requested before it was sent): in
+     * an elastic job, workers that re-form in place save the same step as
+     * every rank and go on; they re-form when that node has left. */
+    if (!L.exit_requested && L.cfg.min_nodes < L.cfg.max_nodes && G.nrunning == L.cfg.nproc &&
+        !G.stopping && !L.group_failed && gl_reform_possible(&R)) {
+        fprintf(stderr,
+                "gpulaunch: preemption of another node (%s): the local workers save the same "
+                "step as every rank and go on; they re-form in place when it has left\n",
+                why);
+        return;
+    }
     preempt(deadline_unix_ms, why);
 }
 
@@ -862,6 +874,7 @@ int main(int argc, char **argv) {
     gl_watchdog_init(&WD, L.loop, &L.cfg, L.hostname, &G, round_ending, on_hang);
     gl_reform_callbacks rcb = {.on_taken = on_reform_taken, .on_failed = on_reform_failed};
     gl_reform_init(&R, L.loop, L.cfg.nproc, &rcb);
+    gl_progress_set_go_on(L.cfg.min_nodes < L.cfg.max_nodes); /* on_event */
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

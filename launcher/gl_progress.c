@@ -38,6 +38,7 @@ static struct {
     gb_progress_header *hdr;
     gb_progress_slot *slots;
     gb_progress_round *round; /* the round block, after the slots */
+    uint32_t go_on;           /* written into every round's block (gl_progress_set_go_on) */
     int *pipe_r, *pipe_w;
     reader **rd;
     /* the summaries */
@@ -114,6 +115,7 @@ int gl_progress_round(int nproc) {
     P.hdr->nslots = P.nslots;
     P.hdr->slot_bytes = GB_PROGRESS_SLOT_BYTES;
     P.hdr->round_off = (uint32_t)gb_progress_region_bytes(P.nslots);
+    P.round->go_on = P.go_on;
     memset(P.prev_steps, 0, P.nslots * sizeof *P.prev_steps);
     memset(P.prev_step_ns, 0, P.nslots * sizeof *P.prev_step_ns);
     memset(P.prev_coll_ns, 0, P.nslots * sizeof *P.prev_coll_ns);
@@ -262,6 +264,12 @@ int gl_progress_acked(int nproc, uint32_t round) {
     for (int i = 0; P.fd >= 0 && i < nproc && (uint32_t)i < P.nslots; i++)
         n += atomic_load_explicit(&P.slots[i].round_ack, memory_order_acquire) == round;
     return n;
+}
+
+void gl_progress_set_go_on(int on) {
+    P.go_on = on ? 1 : 0;
+    if (P.fd >= 0)
+        P.round->go_on = P.go_on;
 }
 
 void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, int restarts,

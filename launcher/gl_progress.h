@@ -39,6 +39,9 @@ gb_progress_slot *gl_progress_slot(int local_rank);
 int gl_progress_reform_ok(int nproc);
 /* How many of the nproc local workers said they run in `round`. */
 int gl_progress_acked(int nproc, uint32_t round);
+/* Whether workers that re-form in place go on through another node's
+ * preemption (the round block's go_on), for this and every later round. */
+void gl_progress_set_go_on(int on);
 /* Writes the round block and wakes the workers waiting on it: the round is
  * over (a NULL), or here is the next one (a), or they are to be restarted. */
 void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, int restarts,

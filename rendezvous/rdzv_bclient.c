@@ -129,6 +129,7 @@ static void note_push(rdzv_bclient *c, const rdzv_msg *m) {
     case RDZV_EVENT:
         if (m->u.event.kind == RDZV_EVENT_CHECKPOINT) {
             p->checkpoint_requested = 1;
+            p->checkpoint_seq++;
             p->checkpoint_deadline_unix_ms = m->u.event.deadline_unix_ms;
             snprintf(p->checkpoint_reason, sizeof p->checkpoint_reason, "%s (node %s)",
                      m->u.event.reason, m->u.event.node);

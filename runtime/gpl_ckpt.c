@@ -43,6 +43,8 @@ struct gpl_ckpt {
     char manifest[CKPT_MANIFEST_MAX];
     size_t man_len;
     int saving, loading; /* inside the save / load callback */
+    uint32_t push_seen;  /* the rendezvous' checkpoint notices acted on ... */
+    int push_reforms;    /* ... on the connection of this re-formation */
 };
 
 static volatile sig_atomic_t sigterm_seen;
@@ -429,7 +431,18 @@ gpl_result_t gpl_step_end(gpl_comm_t c, int64_t step) {
         rdzv_bclient_poll(c->rdzv, 0);
         push = rdzv_bclient_pushes(c->rdzv);
     }
-    int32_t flags[2] = {sigterm_seen || (push && push->checkpoint_requested), 0};
+    /* a notice the rendezvous pushed since the last step end (each is acted
+     * on once: a rank that goes on does not save again at the next step) */
+    int notice = 0;
+    if (push) {
+        if (k->push_reforms != c->reforms) { /* a new connection counts from 0 */
+            k->push_reforms = c->reforms;
+            k->push_seen = 0;
+        }
+        notice = push->checkpoint_seq != k->push_seen;
+        k->push_seen = push->checkpoint_seq;
+    }
+    int32_t flags[2] = {sigterm_seen || notice, 0};
     if (c->rank == 0 && k->o.every_seconds > 0 && wall_s() - k->last_save_s >= k->o.every_seconds)
         flags[1] = 1;
     if (c->world > 1) {
@@ -455,14 +468,23 @@ gpl_result_t gpl_step_end(gpl_comm_t c, int64_t step) {
         return rc;
     if (!flags[0])
         return GPL_OK;
+    const char *why = push && push->checkpoint_seq ? push->checkpoint_reason
+                      : sigterm_seen               ? "SIGTERM"
+                                                   : "another rank's request";
+    /* Another node goes away, and this one's launcher keeps workers that
+     * re-form in place (an elastic job): this rank saved the same step as
+     * every other and goes on; it re-forms when that node has left. */
+    if (!sigterm_seen && gb_progress_goes_on()) {
+        fprintf(stderr,
+                "gpulaunch runtime: rank %d: checkpoint of step %lld written in %.3f s for a "
+                "preemption (%s); going on: this node is not the one going away\n",
+                c->rank, (long long)step, wall_s() - t0, why);
+        return GPL_OK;
+    }
     return gb_seterr(&c->err, GPL_ERR_PREEMPTED,
                      "rank %d: checkpoint of step %lld written in %.3f s; stopping for a "
                      "preemption (%s); exit with code %d",
-                     c->rank, (long long)step, wall_s() - t0,
-                     push && push->checkpoint_requested ? push->checkpoint_reason
-                     : sigterm_seen                     ? "SIGTERM"
-                                                        : "another rank's request",
-                     GPL_EXIT_PREEMPTED);
+                     c->rank, (long long)step, wall_s() - t0, why, GPL_EXIT_PREEMPTED);
 }
 
 /* Checks every file of a step against the manifests; why says what is wrong. */

@@ -220,3 +220,60 @@ Test(reform_live, a_failure_during_re_formation_falls_back_to_restart) {
                 "the kill; the job finished on 3 nodes",
                 (unsigned long long)fb[0]);
 }
+
+/* The step of the first "checkpoint of step N written" in out, -1 without. */
+static long saved_step(const char *out) {
+    const char *s = strstr(out, "checkpoint of step ");
+    return s ? strtol(s + strlen("checkpoint of step "), NULL, 10) : -1;
+}
+
+/* L5. A preemption (SIGTERM to host 4's launcher: a pod deleted, a spot
+ * notice turned into SIGTERM): every rank saves the same step, host 4's
+ * workers stop (exit 143), and the survivors go on: they keep their
+ * processes, re-form in place when host 4 has left and lose no step. */
+Test(reform_live, preemption_saves_the_same_step_and_the_survivors_go_on) {
+    setup_bed("L5-reform-preemption", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {
+        .nnodes = "3:4", .steps = STEPS, .sleep_ms = "10", .ck_every = "100000", .reform = 1};
+    start_job(&ja);
+    usleep(1500000);
+    static const int surv[NODES - 1] = {1, 2, 3};
+    static const int gone[1] = {4};
+    uint64_t t_fault = now_ms();
+    proc_kill(&nodes[4], SIGTERM);
+    expect_exit(gone, 1, 143, 30000);
+    uint64_t back[NODES - 1];
+    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
+    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[1].out);
+    uint64_t worst = max_ms(back, NODES - 1);
+    expect_exit(surv, NODES - 1, 0, 60000);
+    save_logs("run");
+    long after = expect_in_place(surv, NODES - 1);
+    expect_same_params(surv, NODES - 1, 6, NULL);
+    /* the same step saved by every rank, host 4's included, and complete */
+    long step = saved_step(nodes[4].out);
+    cr_assert_geq(step, 1, "host4 saved nothing: %s", nodes[4].out);
+    for (int i = 0; i < NODES - 1; i++) {
+        const char *out = nodes[surv[i]].out;
+        cr_expect(strstr(out, "preemption of another node") != NULL, "host%d: %s", surv[i], out);
+        int n = 0;
+        for (const char *s = out; (s = strstr(s, "for a preemption")) != NULL; s++)
+            n++;
+        cr_expect_eq(n, 2, "host%d: %d ranks said they saved and went on: %s", surv[i], n, out);
+        cr_expect_eq(saved_step(out), step, "host%d saved another step: %s", surv[i], out);
+    }
+    char path[256], done[128] = "";
+    snprintf(path, sizeof path, "%s/ck/step-%012ld/COMPLETE", dir, step);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no complete checkpoint of step %ld", step);
+    size_t len = fread(done, 1, sizeof done - 1, f);
+    fclose(f);
+    done[len] = '\0';
+    cr_expect(strstr(done, "world 8") != NULL, "%s: %s", path, done);
+    cr_expect_geq(after, step, "the survivors went on after step %ld, before the save (%ld)", after,
+                  step);
+    cr_log_info("L5 (preemption, live): every rank saved step %ld; host4 exited 143; every "
+                "survivor in the 3-node round %llu ms after the SIGTERM, going on after step %ld",
+                step, (unsigned long long)worst, after);
+}

@@ -350,3 +350,42 @@ def test_without_round_handover_it_trains_as_without(job: Job) -> None:
     assert runs[0].find(r"--reform: not under a gpulaunch that hands rounds over"), job.dump()
     got = [shas([p]) for p in runs]
     assert sorted(got[0]) == [0, 1] and got[0] == got[1], job.dump()
+
+
+def test_preemption_saves_the_same_step_and_the_survivors_go_on(job: Job, tmp_path: Path) -> None:
+    """(f) SIGTERM to one node's launcher (a pod deleted, a spot notice): every
+    rank saves the same step, that node's workers stop (exit 143), and the
+    survivors go on: same processes, re-formed in place once it has left, no
+    step lost."""
+    ck = tmp_path / "ck"
+    args = ("--steps", "80", "--step-sleep-ms", "40", "--print-every", "20",
+            "--checkpoint-dir", str(ck), "--checkpoint-every", "100000")
+    nodes = [job.node(f"node{i}", *args) for i in range(3)]
+    wait_for(job, nodes, r"^first step in a world of 6: step \d+$", 1, 120)
+    gone = next(p for p in nodes if not p.find(r"^rank 0 pid \d+ round"))
+    survivors = [p for p in nodes if p is not gone]
+    before = {p.name: pids(p) for p in survivors}
+    time.sleep(0.5)
+    t_term = time.monotonic()
+    os.kill(gone.p.pid, signal.SIGTERM)  # the launcher alone, as Kubernetes does
+    assert gone.wait(60) == 143, job.dump()
+    for p in survivors:
+        assert p.wait(120) == 0, job.dump()
+    took = first_step_after(job, survivors, 4, t_term)
+    for p in survivors:
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+        assert p.find(r"preemption of another node"), job.dump()
+    kept = [int(m[1]) for p in survivors for _, m in p.find(
+        r"checkpoint of step (\d+) written in [\d.]+ s for a preemption .*; going on")]
+    stopped = [int(m[1]) for _, m in gone.find(r"^rank \d+ preempted after step (\d+)$")]
+    assert len(kept) == 4 and len(stopped) == 2 and len(set(kept + stopped)) == 1, job.dump()
+    step = kept[0]
+    assert "world 6" in (ck / f"step-{step:012d}" / "COMPLETE").read_text()
+    got = reformed(survivors)
+    assert len(got) == 4, job.dump()
+    for m in got:
+        assert m["world"] == "4" and int(m["step"]) >= step and m["lost"] == "0", m.group(0)
+    sha = shas(survivors)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+    report(f"preemption: every rank saved step {step}; the survivors' first step in the 4-rank world "
+           f"{took:.2f} s after the SIGTERM")

@@ -213,6 +213,7 @@ typedef struct rdzv_push_state {
     char hostname[256];
     char message[1025];
     int checkpoint_requested;
+    uint32_t checkpoint_seq; /* checkpoint events seen: one more each */
     uint64_t checkpoint_deadline_unix_ms;
     char checkpoint_reason[1025];
     int shutdown;
