@@ -27,6 +27,7 @@
 #include "gl_errfile.h"
 #include "gl_report.h"
 #include "gl_gpumon.h"
+#include "gl_hold.h"
 #include "gl_numa.h"
 #include "gl_options.h"
 #include "gl_output.h"
@@ -60,9 +61,7 @@ static struct launcher {
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
-    uv_timer_t done_timer, cloud_timer, hold_timer;
-    uint64_t hold_deadline_unix_ms; /* a held preemption's deadline (hold_timer running) */
-    uint64_t t_spawn_ns;            /* when this round's workers were started */
+    uv_timer_t done_timer, cloud_timer;
     gl_cloud *cloud;
     uv_signal_t sigs[GL_MAX_SIGNALS]; /* --signals-to-handle */
     char hostname[256], addr[256], run_id[256], instance[64];
@@ -78,6 +77,7 @@ static struct launcher {
 static gl_group G;     /* the local workers */
 static gl_watchdog WD; /* --progress-timeout */
 static gl_reform R;    /* live re-formation of workers that can */
+static gl_hold H;      /* a preemption's stop, held while the workers start */
 
 /* ---- the failure report and the restart decision ---- */
 
@@ -103,7 +103,6 @@ static void finish(int code) {
 
 static void on_done_timeout(uv_timer_t *t);
 static void on_cloud_timer(uv_timer_t *t);
-static void end_hold(void);
 
 /* Everything local is gone (the group also ended its stop): decide between
  * done, restart and exit. Called whenever a worker exits or its pipes close. */
@@ -353,7 +352,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
         L.assigned = 0;
         return;
     }
-    L.t_spawn_ns = gb_now_ns();
+    gl_hold_spawned(&H);
     if (gl_group_spawn(&G, &L.a, L.restarts, L.nccl_ifname) > 0) {
         gl_group_stop(&G, GL_DISCARD_GRACE_MS);
         rdzv_client_fail(L.cli, "a worker could not be started");
@@ -367,7 +366,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
                           const char *host, const char *msg) {
     fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
-    end_hold();
+    gl_hold_end(&H);
     /* a local worker that failed just before another node was found gone
      * failed because of it (its peer's link dropped first) */
     if ((reason == RDZV_REASON_DISCONNECT || reason == RDZV_REASON_HEARTBEAT ||
@@ -430,7 +429,7 @@ static void on_job_done(rdzv_client *c) {
 
 static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     fprintf(stderr, "gpulaunch: rendezvous failed: %s\n", msg);
-    end_hold();
+    gl_hold_end(&H);
     gl_reform_abort(&R, msg);
     if (G.nrunning) {
         L.exit_requested = 1;
@@ -441,82 +440,6 @@ static void on_rdzv_error(rdzv_client *c, gpl_result_t code, const char *msg) {
     finish(code == GPL_ERR_CONFIG || code == GPL_ERR_EXISTS || code == GPL_ERR_INVALID_ARG
                ? GL_EXIT_USAGE
                : GL_EXIT_RDZV);
-}
-
-/* A notice minutes ahead may come while the workers are still starting
- * (importing a framework, setting up DDP) and cannot save yet: a SIGTERM then
- * would end them without a checkpoint. Their stop is held until every local
- * worker says it can checkpoint (the progress channel's ckpt_ready, set when
- * the runtime's SIGTERM handler is in place) or until GL_HOLD_MARGIN_MS
- * before the notice's deadline, whichever comes first. Only a round younger
- * than GL_HOLD_STARTUP_MS is held: a program that never says so (one without
- * the runtime) is stopped as before once it has run that long. */
-#define GL_HOLD_MARGIN_MS 30000   /* a held stop comes no later than this before the deadline */
-#define GL_HOLD_STARTUP_MS 120000 /* workers started longer ago than this are not waited for */
-#define GL_HOLD_TICK_MS 100
-
-/* Running local workers that have not said they can checkpoint (0 without
- * a progress channel: nothing to wait on). */
-static int unready_workers(void) {
-    int n = 0;
-    for (int i = 0; i < L.cfg.nproc; i++) {
-        const worker *w = gl_group_worker(&G, i);
-        if (w == NULL || !w->running)
-            continue;
-        gb_progress_slot *s = gl_progress_slot(i);
-        if (s == NULL)
-            return 0;
-        n += atomic_load_explicit(&s->ckpt_ready, memory_order_acquire) == 0;
-    }
-    return n;
-}
-
-static void stop_for_preemption(uint64_t deadline_unix_ms) {
-    gl_group_signal(&G, SIGTERM);
-    double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
-    if (left_ms < 1000)
-        left_ms = 1000;
-    gl_group_kill_after(&G, (uint64_t)left_ms);
-}
-
-static void on_hold_tick(uv_timer_t *t) {
-    if (G.stopping) { /* stopped for another reason meanwhile (a round's end, a signal) */
-        uv_timer_stop(t);
-        return;
-    }
-    if (G.nrunning == 0) { /* they ended by themselves meanwhile */
-        uv_timer_stop(t);
-        maybe_finish_round();
-        return;
-    }
-    int n = unready_workers();
-    double left_ms = (double)L.hold_deadline_unix_ms - gb_wall_s() * 1000.0;
-    double age_ms = (double)(gb_now_ns() - L.t_spawn_ns) / 1e6;
-    if (n > 0 && left_ms > GL_HOLD_MARGIN_MS && age_ms < GL_HOLD_STARTUP_MS)
-        return;
-    uv_timer_stop(t);
-    double held = (double)(gb_now_ns() - L.t_spawn_ns) / 1e9;
-    if (n == 0)
-        fprintf(stderr,
-                "gpulaunch: every worker can checkpoint now (%.1f s after they started): "
-                "stopping them\n",
-                held);
-    else
-        fprintf(stderr,
-                "gpulaunch: %d worker(s) still cannot checkpoint %.0f s after they started, %.0f s "
-                "before the notice's deadline: stopping them anyway\n",
-                n, age_ms / 1000.0, left_ms / 1000.0);
-    stop_for_preemption(L.hold_deadline_unix_ms);
-}
-
-/* A held stop ends now (the round ended, the rendezvous failed): the workers
- * get the preemption's SIGTERM first, so that those that can still save. */
-static void end_hold(void) {
-    if (!uv_is_active((uv_handle_t *)&L.hold_timer))
-        return;
-    uv_timer_stop(&L.hold_timer);
-    if (G.nrunning && !G.stopping)
-        stop_for_preemption(L.hold_deadline_unix_ms);
 }
 
 /* A preemption: every node's workers checkpoint the same step and stop; the
@@ -535,21 +458,7 @@ static void preempt(uint64_t deadline_unix_ms, const char *why) {
         maybe_finish_round();
         return;
     }
-    int n = unready_workers();
-    double left_ms = (double)deadline_unix_ms - gb_wall_s() * 1000.0;
-    double age_ms = (double)(gb_now_ns() - L.t_spawn_ns) / 1e6;
-    if (n > 0 && left_ms > GL_HOLD_MARGIN_MS && age_ms < GL_HOLD_STARTUP_MS) {
-        fprintf(stderr,
-                "gpulaunch: %d of %d workers cannot checkpoint yet (started %.1f s ago): their "
-                "stop is held until they can, at most until %.0f s before the deadline (%.0f s "
-                "from now)\n",
-                n, G.nrunning, age_ms / 1000.0, GL_HOLD_MARGIN_MS / 1000.0,
-                (left_ms - GL_HOLD_MARGIN_MS) / 1000.0);
-        L.hold_deadline_unix_ms = deadline_unix_ms;
-        uv_timer_start(&L.hold_timer, on_hold_tick, GL_HOLD_TICK_MS, GL_HOLD_TICK_MS);
-        return;
-    }
-    stop_for_preemption(deadline_unix_ms);
+    gl_hold_stop(&H, deadline_unix_ms);
 }
 
 static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, const char *node,
@@ -856,7 +765,6 @@ int main(int argc, char **argv) {
                                 .on_error = on_rdzv_error};
     uv_timer_init(L.loop, &L.done_timer);
     uv_timer_init(L.loop, &L.cloud_timer);
-    uv_timer_init(L.loop, &L.hold_timer);
     for (int i = 0; i < L.cfg.nsignals; i++) { /* --signals-to-handle */
         uv_signal_init(L.loop, &L.sigs[i]);
         uv_signal_start(&L.sigs[i], on_signal, L.cfg.signals[i]);
@@ -874,6 +782,7 @@ int main(int argc, char **argv) {
     gl_watchdog_init(&WD, L.loop, &L.cfg, L.hostname, &G, round_ending, on_hang);
     gl_reform_callbacks rcb = {.on_taken = on_reform_taken, .on_failed = on_reform_failed};
     gl_reform_init(&R, L.loop, L.cfg.nproc, &rcb);
+    gl_hold_init(&H, L.loop, &G, L.cfg.nproc, maybe_finish_round);
     gl_progress_set_go_on(L.cfg.min_nodes < L.cfg.max_nodes); /* on_event */
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
