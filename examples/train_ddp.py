@@ -72,6 +72,13 @@ for a preemption notice to arrive mid-run). --pg-timeout-s sets the process
 group's timeout (how long a collective waits for a peer before it fails;
 default torch's, 30 minutes).
 
+--state-mib N adds N MiB of state beside the model (default 0: none), the
+stand-in for a large model's: a persistent byte buffer of the model
+(`ballast`) that the checkpoint saves and restores and that Elastic copies to
+a new rank with the parameters; DDP does not broadcast it when it is made
+(every rank has it already). Every rank that restores a checkpoint prints
+`rank R: read N bytes from the checkpoint` (the size of the file it read).
+
 --reform (under gpulaunch): when a node is lost or added, the survivors are
 not restarted: gpulaunch.Elastic waits for the launcher's next round, makes
 the process group and DDP again, and the step whose collective failed is run
@@ -86,6 +93,10 @@ copied from rank K] in X ms` and, after a collective the watcher freed,
 the state at its start `rank R: joined round N with K ranks that kept their
 state: step S copied from rank Q, nothing read from the checkpoint`; at the
 end `rank R samples_seen N` (sequences of every rank, the extra state copied).
+A rank that copied the state at its start also prints `rank R: joined in X
+ms, N bytes of state copied` (X: from Elastic.start() to its return, making
+the process group included; N: the parameters', buffers' and optimizer's
+bytes).
 Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
 per process, saying `rank R holding before step S`, until it is killed or its
@@ -134,6 +145,10 @@ SIZES: dict[str, Size] = {
     "tiny": Size(vocab=64, seq=16, dim=32, heads=2, layers=2, batch=4),
     "small": Size(vocab=256, seq=32, dim=64, heads=4, layers=2, batch=8),
 }
+
+
+# --state-mib's bound: 8 GiB of extra state per rank
+MAX_STATE_MIB = 8192
 
 
 class Block(nn.Module):
@@ -251,6 +266,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--slow-from-step", type=int, default=0)
     ap.add_argument("--pg-timeout-s", type=float, default=None,
                     help="the process group's timeout in seconds (default torch's)")
+    ap.add_argument("--state-mib", type=int, default=0,
+                    help="MiB of extra state per rank, checkpointed and copied with the model")
     ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     ap.add_argument("--reform", action="store_true",
                     help="survive a lost or added node in place (gpulaunch.Elastic)")
@@ -267,9 +284,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                ("--step-sleep-ms", a.step_sleep_ms, 0),
                                ("--slow-ms", a.slow_ms, 0),
                                ("--slow-from-step", a.slow_from_step, 0),
+                               ("--state-mib", a.state_mib, 0),
                                ("--batch-size", a.batch_size or 1, 1)):
         if value < least:
             ap.error(f"{flag} must be at least {least}, not {value}")
+    if a.state_mib > MAX_STATE_MIB:
+        ap.error(f"--state-mib takes at most {MAX_STATE_MIB}, not {a.state_mib}")
     if not 1.0 <= a.slow_factor <= 100.0:
         ap.error(f"--slow-factor must be from 1 to 100, not {a.slow_factor}")
     if a.pg_timeout_s is not None and a.pg_timeout_s <= 0:
@@ -328,20 +348,32 @@ def main(argv: list[str]) -> int:
 
     torch.manual_seed(a.seed)
     model = TinyGPT(size).to(device)
+    if a.state_mib:
+        # empty: filled below when nothing was restored or copied into it (a
+        # restore replaces it, so its pages are never touched then)
+        model.register_buffer("ballast", torch.empty(a.state_mib << 20, dtype=torch.uint8, device=device))
+        # every rank has it: DDP need not broadcast it each time it is made
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ["ballast"])
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     succ = successor_table(a.seed, size.vocab)
 
     # What a checkpoint must match to be resumed from (the world size may
     # change: the state is replicated, only the batches then differ).
-    config = {"model": size._asdict(), "seed": a.seed}
+    config: dict[str, Any] = {"model": size._asdict(), "seed": a.seed}
+    if a.state_mib:
+        config["state_mib"] = a.state_mib
 
     def load(r: Any) -> None:
         nonlocal samples
         state = torch.load(r.path("model.pt"), map_location=device)
+        print(f"rank {r.rank}: read {os.path.getsize(r.path('model.pt'))} bytes from the checkpoint",
+              flush=True)
         if state.get("config") != config:
             raise RuntimeError(f"the checkpoint of step {r.step} in {a.checkpoint_dir} was "
                                f"written by another configuration ({state.get('config')}; "
                                f"this run: {config}); use another --checkpoint-dir")
+        if a.state_mib:  # the loaded tensor becomes the buffer: no second copy in memory
+            model.ballast = state["model"]["ballast"]
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         samples = int(state.get("samples", 0))
@@ -422,10 +454,18 @@ def main(argv: list[str]) -> int:
             print(f"rank {rank}: joined round {j.round} with {j.survivors} ranks that kept their "
                   f"state: step {j.step} copied from rank {j.root}, nothing read from the checkpoint",
                   flush=True)
+            nbytes = sum(x.numel() * x.element_size() for x in [*model.parameters(), *model.buffers()])
+            nbytes += sum(x.numel() * x.element_size() for st in opt.state.values()
+                          for x in st.values() if torch.is_tensor(x))
+            print(f"rank {rank}: joined in {1000.0 * j.seconds:.1f} ms, {nbytes} bytes of state copied",
+                  flush=True)
     else:
         ddp = DDP(model, **ddp_kwargs)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
+    if a.state_mib and start == 0:
+        with torch.no_grad():  # a fresh run's state: every rank's the same
+            model.ballast.fill_(a.seed & 0xFF)
 
     def loss_of(x: torch.Tensor) -> torch.Tensor:
         assert ddp is not None

@@ -1,26 +1,43 @@
-/* reform_bench: live re-formation against today's restart from a checkpoint,
- * side by side on the fault matrix's test bed (test/netbed.h).
+/* reform_bench: live re-formation against today's restart from a checkpoint
+ * and against torchrun, side by side on the fault matrix's test bed
+ * (test/netbed.h), for the C program and for a PyTorch one.
  *
- *   reform_bench [--state-mib N] [--skip-small] (as root)
+ *   reform_bench [--state-mib N] [--skip-small] [--skip-large] [--skip-c]
+ *                [--skip-pytorch] [--ways LIST] [--faults LIST]
+ *                [--python PATH] [--pg-timeout-s S]            (as root)
  *
- * Hosts 1-3 run one gpulaunch each, 2 workers of examples/dp_train per host,
- * --nnodes 2:3, against a gpulaunch-rdzv on host 0, checkpointing every 20
- * steps into a directory the hosts share. For each state size (the small
- * model alone, then the model with --state-mib N beside it; default 1024 MiB
- * per rank) and each way (live: dp_train --reform; restart: without), three
+ * Hosts 1-3 run one launcher each, 2 workers per host, --nnodes 2:3,
+ * checkpointing every 20 steps (20 ms of sleep a step) into a directory the
+ * hosts share. The programs: examples/dp_train (C) and examples/train_ddp.py
+ * (PyTorch DDP on Gloo, run by --python, default Debian's /usr/bin/python3).
+ * The ways: live (gpulaunch against a gpulaunch-rdzv on host 0, the program
+ * with --reform: the survivors keep their processes), restart (the same
+ * without --reform: every worker restarts and reads the checkpoint) and,
+ * for the PyTorch program, torchrun (that interpreter's torch.distributed.run,
+ * its c10d store on host 1; it restarts every worker, which reads the
+ * checkpoint). Both launchers have a 1 s last call; the rest is each one's
+ * defaults. For each state size (the model alone, then the model with
+ * --state-mib N beside it, default 1024 MiB per rank), each way and three
  * faults, each on a fresh bed:
  *   kill    once the 6-rank world trains and rank 0 is 10 steps past the
  *           checkpoint of step 20, every process on host 3 is SIGKILLed (its
  *           sockets close);
- *   vanish  the same, but host 3's link is cut first (nothing closes: the
- *           survivors learn it from the heartbeats, 5 s by default);
+ *   vanish  the same, but host 3's link is cut first (nothing closes:
+ *           gpulaunch learns it from the heartbeats, 5 s by default, torchrun
+ *           from Gloo's timeout, --pg-timeout-s, default 30 s);
  *   join    hosts 1-2 train in a 4-rank world; host 3's launcher starts.
- * Measured: from the survivors being told (`round 1 is over`; join: from host
- * 3's start) to rank 0's first step in the new world; the steps lost (restart:
- * the last step rank 0 completed before the fault minus the checkpoint step it
- * resumed from; live: the steps a rank redid); the bytes every rank read from
- * the checkpoint; for a live join the state copy's rate, against one loopback
- * TCP stream measured in the same run. Per-run logs in <build>/test/reform-logs/. */
+ * Measured: when the survivors were told (gpulaunch: both survivors' `round 1
+ * is over`; torchrun: both agents' `failed (exitcode`, a worker ended; join:
+ * host 3's start) and from then to rank 0's first step in the new world; the
+ * steps lost (a restart: the last step rank 0 completed before the fault
+ * minus the checkpoint step it resumed from; live: the most steps a rank
+ * redid, the one whose all-reduce completed where another's failed); the
+ * bytes every rank read from the checkpoint; for a live join the state
+ * copy's rate, against one loopback TCP stream measured in the same run (C:
+ * the copy alone; PyTorch: the newcomer's whole Elastic.start(), making the
+ * process group included). --ways and --faults take comma lists (live,
+ * restart, torchrun; kill, vanish, join). Per-run logs in
+ * <build>/test/reform-logs/. */
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -37,14 +54,27 @@
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
 #define DP GPL_BUILD_DIR "/examples/dp_train"
+#define TRAIN_DDP GPL_SOURCE_DIR "/examples/train_ddp.py"
+#define TORCH_PYTHON "/usr/bin/python3" /* Debian's python3-torch (scripts/deps.sh) */
 #define LOGDIR GPL_BUILD_DIR "/test/reform-logs"
 #define NODES 3
 #define PORT "29400"
 #define SETUP_MS 180000
 #define HEAL_MS 120000
 
+enum prog { P_C, P_TORCH };
+enum way { W_LIVE, W_RESTART, W_TORCHRUN };
 enum fault { F_KILL, F_VANISH, F_JOIN };
+static const char *prog_name[] = {"c", "pytorch"};
+static const char *way_name[] = {"live", "restart", "torchrun"};
 static const char *fault_name[] = {"kill", "vanish", "join"};
+
+typedef struct job {
+    enum prog prog;
+    enum way way;
+    long mib; /* state beside the model, per rank */
+    enum fault fault;
+} job;
 
 typedef struct result {
     int ok;
@@ -59,6 +89,8 @@ static netbed bed;
 static proc server, nodes[NODES + 1];
 static char dir[64];
 static long state_mib = 1024;
+static const char *python = TORCH_PYTHON;
+static int pg_timeout_s = 30;
 
 static void drain(void) {
     if (server.pid > 0)
@@ -76,48 +108,77 @@ static int host_with(const char *needle, const size_t *mark) {
     return 0;
 }
 
-static int spawn_node(int host, int live, long mib, const char *ckdir) {
-    char ep[64], mibs[24];
+static int spawn_node(int host, const job *j, const char *ckdir) {
+    char ep[64], mibs[24], pgt[24], logdir[160];
     netbed_addr(0, ep, sizeof ep);
     size_t l = strlen(ep);
     snprintf(ep + l, sizeof ep - l, ":%s", PORT);
-    snprintf(mibs, sizeof mibs, "%ld", mib);
+    snprintf(mibs, sizeof mibs, "%ld", j->mib);
+    snprintf(pgt, sizeof pgt, "%d", pg_timeout_s);
+    snprintf(logdir, sizeof logdir, "%s/torchrun-logs-host%d", dir, host);
     char *argv[64];
     int n = 0;
-    char *a[] = {GL,
-                 "--nnodes",
-                 "2:3",
-                 "--nproc-per-node",
-                 "2",
-                 "--rdzv-backend",
-                 "c10d",
-                 "--rdzv-endpoint",
-                 ep,
-                 "--rdzv-id",
-                 "reform",
-                 "--rdzv-conf",
-                 "last_call_timeout=1",
-                 "--max-restarts",
-                 "3",
-                 DP,
-                 "--steps",
-                 "1000000",
-                 "--global-batch",
-                 "48",
-                 "--print-every",
-                 "1",
-                 "--checkpoint-dir",
-                 (char *)ckdir,
-                 "--checkpoint-every",
-                 "20",
-                 "--step-sleep-ms",
-                 "20",
-                 "--state-mib",
-                 mibs,
-                 NULL};
-    for (int i = 0; a[i]; i++)
-        argv[n++] = a[i];
-    if (live)
+    if (j->way == W_TORCHRUN) {
+        char *tr[] = {(char *)python, "-m", "torch.distributed.run", "--nnodes", "2:3",
+                      "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+                      "host1:" PORT, "--rdzv_id", "reform", "--rdzv_conf", "last_call_timeout=1",
+                      "--max_restarts", "3",
+                      /* torch 1.13's torchrun fails on Python 3.11 without a log dir */
+                      "--redirects", "1", "--tee", "1", "--log_dir", logdir, TRAIN_DDP, NULL};
+        for (int i = 0; tr[i]; i++)
+            argv[n++] = tr[i];
+    } else {
+        char *gl[] = {GL,
+                      "--nnodes",
+                      "2:3",
+                      "--nproc-per-node",
+                      "2",
+                      "--rdzv-backend",
+                      "c10d",
+                      "--rdzv-endpoint",
+                      ep,
+                      "--rdzv-id",
+                      "reform",
+                      "--rdzv-conf",
+                      "last_call_timeout=1",
+                      "--max-restarts",
+                      "3",
+                      NULL};
+        for (int i = 0; gl[i]; i++)
+            argv[n++] = gl[i];
+        if (j->prog == P_TORCH) {
+            argv[n++] = "--no-python";
+            argv[n++] = (char *)python;
+            argv[n++] = TRAIN_DDP;
+        } else {
+            argv[n++] = DP;
+        }
+    }
+    char *common[] = {"--steps",
+                      "1000000",
+                      "--print-every",
+                      "1",
+                      "--checkpoint-dir",
+                      (char *)ckdir,
+                      "--checkpoint-every",
+                      "20",
+                      "--step-sleep-ms",
+                      "20",
+                      "--state-mib",
+                      mibs,
+                      NULL};
+    for (int i = 0; common[i]; i++)
+        argv[n++] = common[i];
+    if (j->prog == P_C) {
+        argv[n++] = "--global-batch";
+        argv[n++] = "48";
+    } else {
+        argv[n++] = "--seed";
+        argv[n++] = "7";
+        argv[n++] = "--pg-timeout-s";
+        argv[n++] = pgt;
+    }
+    if (j->way == W_LIVE)
         argv[n++] = "--reform";
     argv[n] = NULL;
     return netbed_spawn(&bed, host, &nodes[host], argv);
@@ -139,7 +200,9 @@ static long last_step_before(const size_t *mark) {
     return best;
 }
 
-static double sum_after(const char *pre, const char *post, const size_t *mark) {
+/* Every number printed between pre and post after mark: their sum, or
+ * their largest (0 when none). */
+static double scan_after(const char *pre, const char *post, const size_t *mark, int largest) {
     double t = 0;
     for (int i = 1; i <= NODES; i++)
         for (const char *s = nodes[i].out + mark[i]; (s = strstr(s, pre)) != NULL; s++) {
@@ -147,18 +210,45 @@ static double sum_after(const char *pre, const char *post, const size_t *mark) {
             char *end;
             double x = strtod(v, &end);
             if (end != v && strncmp(end, post, strlen(post)) == 0)
-                t += x;
+                t = largest ? (x > t ? x : t) : t + x;
         }
     return t;
 }
 
-static void run_one(result *r, int live, long mib, enum fault f) {
+/* A live join's copy rate in MB/s, the mean over the new ranks. */
+static double copy_rate(enum prog prog, const size_t *mark) {
+    double mbs = 0;
+    int n = 0;
+    for (int i = 1; i <= NODES; i++)
+        if (prog == P_C) { /* "(B bytes in X ms: R MB/s)" */
+            for (const char *s = nodes[i].out + mark[i]; (s = strstr(s, " ms: ")) != NULL; s++) {
+                mbs += strtod(s + 5, NULL);
+                n++;
+            }
+        } else { /* "rank R: joined in X ms, B bytes of state copied" */
+            for (const char *s = nodes[i].out + mark[i]; (s = strstr(s, ": joined in ")) != NULL;
+                 s++) {
+                char *end;
+                double ms = strtod(s + 12, &end);
+                if (strncmp(end, " ms, ", 5) != 0 || ms <= 0)
+                    continue;
+                mbs += strtod(end + 5, NULL) / ms / 1e3;
+                n++;
+            }
+        }
+    return n ? mbs / n : 0;
+}
+
+static void run_one(result *r, const job *j) {
     memset(r, 0, sizeof *r);
     memset(&server, 0, sizeof server);
     memset(nodes, 0, sizeof nodes);
+    enum fault f = j->fault;
     char ckdir[128], name[64];
-    snprintf(ckdir, sizeof ckdir, "%s/ck-%d-%ld-%d", dir, live, mib, (int)f);
-    snprintf(name, sizeof name, "%s-%s-%ldMiB", live ? "live" : "restart", fault_name[f], mib);
+    snprintf(ckdir, sizeof ckdir, "%s/ck-%d-%d-%ld-%d", dir, (int)j->prog, (int)j->way, j->mib,
+             (int)f);
+    snprintf(name, sizeof name, "%s-%s-%s-%ldMiB", prog_name[j->prog], way_name[j->way],
+             fault_name[f], j->mib);
     if (netbed_up(&bed, NODES + 1, 0, 0, LOGDIR) != 0) {
         snprintf(r->why, sizeof r->why, "the test bed could not be built");
         return;
@@ -174,12 +264,13 @@ static void run_one(result *r, int live, long mib, enum fault f) {
     snprintf(ck1, sizeof ck1, "%s/step-%012d/COMPLETE", ckdir, 20);
     snprintf(in_start, sizeof in_start, "first step in a world of %d", 2 * first);
     snprintf(in_new, sizeof in_new, "first step in a world of %d", world);
-    if (netbed_spawn(&bed, 0, &server, sargv) != 0 || !proc_expect(&server, "listening on", 5000)) {
+    if (j->way != W_TORCHRUN && (netbed_spawn(&bed, 0, &server, sargv) != 0 ||
+                                 !proc_expect(&server, "listening on", 5000))) {
         snprintf(r->why, sizeof r->why, "gpulaunch-rdzv did not start");
         goto out;
     }
     for (int i = 1; i <= first; i++)
-        if (spawn_node(i, live, mib, ckdir) != 0) {
+        if (spawn_node(i, j, ckdir) != 0) {
             snprintf(r->why, sizeof r->why, "host%d's launcher did not start", i);
             goto out;
         }
@@ -203,7 +294,7 @@ static void run_one(result *r, int live, long mib, enum fault f) {
     uint64_t t_fault = now_ms(), t_told = 0;
     if (f == F_JOIN) {
         t_told = t_fault;
-        if (spawn_node(3, live, mib, ckdir) != 0) {
+        if (spawn_node(3, j, ckdir) != 0) {
             snprintf(r->why, sizeof r->why, "host3's launcher did not start");
             goto out;
         }
@@ -214,10 +305,10 @@ static void run_one(result *r, int live, long mib, enum fault f) {
         }
         proc_wait(&nodes[3], 5000);
     }
+    const char *told = j->way == W_TORCHRUN ? "failed (exitcode" : "round 1 is over";
     while (now_ms() - t_fault < HEAL_MS) {
         drain();
-        if (!t_told && strstr(nodes[1].out + mark[1], "round 1 is over") &&
-            strstr(nodes[2].out + mark[2], "round 1 is over"))
+        if (!t_told && strstr(nodes[1].out + mark[1], told) && strstr(nodes[2].out + mark[2], told))
             t_told = now_ms();
         if (host_with(in_new, mark))
             break;
@@ -228,42 +319,48 @@ static void run_one(result *r, int live, long mib, enum fault f) {
         goto out;
     }
     uint64_t t_first = now_ms();
-    usleep(300000);
-    drain();
+    /* the new ranks' lines after their first step (a copy's rate) */
+    for (uint64_t t = now_ms(); now_ms() - t < 1000;)
+        drain();
     r->ok = 1;
     r->told_s = t_told ? (double)(t_told - t_fault) / 1e3 : -1;
     r->first_s = t_told ? (double)(t_first - t_told) / 1e3 : -1;
-    r->read_mb = sum_after("read ", " bytes from the checkpoint", mark) / 1e6;
-    if (live) {
-        r->lost = 0; /* the agreed step is the last every rank completed */
-        double mbs = 0;
-        int n = 0;
-        for (int i = 1; i <= NODES; i++)
-            for (const char *s = nodes[i].out + mark[i]; (s = strstr(s, " ms: ")) != NULL; s++) {
-                mbs += strtod(s + 5, NULL);
-                n++;
-            }
-        r->copy_mbs = n ? mbs / n : 0;
-    } else {
-        int h = host_with("resumed from the checkpoint of step ", mark);
-        long resumed = -1;
-        if (h) {
-            const char *s = strstr(nodes[h].out + mark[h], "resumed from the checkpoint of step ");
-            resumed = strtol(s + strlen("resumed from the checkpoint of step "), NULL, 10);
+    r->read_mb = scan_after("read ", " bytes from the checkpoint", mark, 0) / 1e6;
+    int h = host_with("resumed from the checkpoint of step ", mark);
+    if (h) {
+        /* the old world's last step: its rank 0 may have gone on after the
+         * fault (a join) and saved it when stopped (torchrun's SIGTERM) */
+        size_t old[NODES + 1];
+        for (int i = 1; i <= NODES; i++) {
+            const char *s = strstr(nodes[i].out + mark[i], in_new);
+            old[i] = s ? (size_t)(s - nodes[i].out) : nodes[i].out_len;
         }
-        r->lost = f == F_JOIN ? before - resumed : before - resumed;
-        if (resumed < 0)
-            r->lost = -1;
+        long last = last_step_before(old);
+        const char *s = strstr(nodes[h].out + mark[h], "resumed from the checkpoint of step ");
+        r->lost = (last > before ? last : before) -
+                  strtol(s + strlen("resumed from the checkpoint of step "), NULL, 10);
+    } else if (j->way == W_LIVE) {
+        /* the agreed step is the last every rank completed; a rank one
+         * further redoes its step (C: "(0 lost, N redone here)", PyTorch:
+         * "(N lost)") */
+        double c = scan_after(" lost, ", " redone here)", mark, 1);
+        double py = scan_after("(", " lost)", mark, 1);
+        r->lost = (long)(c > py ? c : py);
+    } else {
+        r->lost = -1;
     }
+    if (j->way == W_LIVE && f == F_JOIN)
+        r->copy_mbs = copy_rate(j->prog, mark);
 out:
     drain();
-    for (int i = 1; i <= NODES; i++) {
+    for (int i = 0; i <= NODES; i++) {
         char nm[96];
-        snprintf(nm, sizeof nm, "%s-host%d", name, i);
+        snprintf(nm, sizeof nm, i ? "%s-host%d" : "%s-rdzv", name, i);
         char path[256];
         snprintf(path, sizeof path, "%s/%s.log", LOGDIR, nm);
         unlink(path);
-        netbed_save_log(&bed, nm, &nodes[i]);
+        if (i || server.out_len)
+            netbed_save_log(&bed, nm, i ? &nodes[i] : &server);
     }
     netbed_down(&bed);
     for (int i = 1; i <= NODES; i++)
@@ -276,7 +373,6 @@ out:
     if (system(cmd) != 0)
         fprintf(stderr, "reform_bench: cannot remove %s\n", ckdir);
 }
-
 /* ---- one loopback TCP stream, the copy's yardstick ---- */
 
 #define STREAM_BYTES (1ull << 30)
@@ -332,20 +428,133 @@ out:
     return mbs;
 }
 
+/* Whether name is one of list's comma-separated words (all when list is NULL). */
+static int in_list(const char *list, const char *name) {
+    if (list == NULL)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *s = list; *s;) {
+        const char *e = strchr(s, ',');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        if (len == n && strncmp(s, name, n) == 0)
+            return 1;
+        s += len + (e != NULL);
+    }
+    return 0;
+}
+
+static int list_ok(const char *list, const char *const *names, int count) {
+    if (list == NULL)
+        return 1;
+    for (const char *s = list; *s;) {
+        const char *e = strchr(s, ',');
+        size_t len = e ? (size_t)(e - s) : strlen(s);
+        int known = 0;
+        for (int i = 0; i < count; i++)
+            known |= len == strlen(names[i]) && strncmp(s, names[i], len) == 0;
+        if (!known)
+            return 0;
+        s += len + (e != NULL);
+    }
+    return 1;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: reform_bench [--state-mib N] [--skip-small] [--skip-large] [--skip-c] "
+                    "[--skip-pytorch]\n"
+                    "                    [--ways live,restart,torchrun] [--faults "
+                    "kill,vanish,join] [--python PATH]\n"
+                    "                    [--pg-timeout-s S]   (as root)\n");
+}
+
+/* One program's table: every size, fault and way asked for. */
+static int run_table(enum prog prog, const long *sizes, const int *size_on, const char *ways,
+                     const char *faults, double lo) {
+    int rc = 0;
+    printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10s %s\n", "way", "fault", "state", "told",
+           "first step", "from fault", "lost", "read (MB)", "copy (MB/s)");
+    fflush(stdout);
+    for (int s = 0; s < 2; s++)
+        for (int f = F_KILL; f <= F_JOIN && size_on[s]; f++)
+            for (int w = W_LIVE; w <= (prog == P_TORCH ? W_TORCHRUN : W_RESTART); w++) {
+                if (!in_list(faults, fault_name[f]) || !in_list(ways, way_name[w]))
+                    continue;
+                job j = {prog, (enum way)w, sizes[s], (enum fault)f};
+                result r;
+                run_one(&r, &j);
+                char st[24], told[24], fs[24], ff[24], lost[24], cp[48];
+                snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
+                snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
+                snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
+                snprintf(ff, sizeof ff, r.ok && r.first_s >= 0 ? "%.2f s" : "-",
+                         r.told_s + r.first_s);
+                snprintf(lost, sizeof lost, r.ok && r.lost >= 0 ? "%ld" : "-", r.lost);
+                if (r.copy_mbs > 0)
+                    snprintf(cp, sizeof cp, "%.0f (%.0f%% of the stream)", r.copy_mbs,
+                             lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);
+                else
+                    snprintf(cp, sizeof cp, "-");
+                printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10.1f %s\n", way_name[w],
+                       fault_name[f], st, told, fs, ff, lost, r.read_mb, cp);
+                if (!r.ok) {
+                    printf("          (%s; logs in %s)\n", r.why, LOGDIR);
+                    rc = 1;
+                }
+                fflush(stdout);
+            }
+    return rc;
+}
+
 int main(int argc, char **argv) {
-    int skip_small = 0;
+    int skip[2] = {0, 0}, skip_prog[2] = {0, 0};
+    const char *ways = NULL, *faults = NULL;
     for (int i = 1; i < argc; i++) {
+        char *end;
         if (strcmp(argv[i], "--skip-small") == 0)
-            skip_small = 1;
-        else if (strcmp(argv[i], "--state-mib") == 0 && i + 1 < argc) {
-            char *end;
+            skip[0] = 1;
+        else if (strcmp(argv[i], "--skip-large") == 0)
+            skip[1] = 1;
+        else if (strcmp(argv[i], "--skip-c") == 0)
+            skip_prog[P_C] = 1;
+        else if (strcmp(argv[i], "--skip-pytorch") == 0)
+            skip_prog[P_TORCH] = 1;
+        else if (strcmp(argv[i], "--ways") == 0 && i + 1 < argc) {
+            ways = argv[++i];
+            if (!list_ok(ways, way_name, 3)) {
+                fprintf(stderr, "reform_bench: --ways takes live, restart, torchrun, not '%s'\n",
+                        ways);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--faults") == 0 && i + 1 < argc) {
+            faults = argv[++i];
+            if (!list_ok(faults, fault_name, 3)) {
+                fprintf(stderr, "reform_bench: --faults takes kill, vanish, join, not '%s'\n",
+                        faults);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--python") == 0 && i + 1 < argc) {
+            python = argv[++i];
+            if (python[0] != '/') {
+                fprintf(stderr, "reform_bench: --python takes an absolute path, not '%s'\n",
+                        python);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--pg-timeout-s") == 0 && i + 1 < argc) {
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > 3600) {
+                fprintf(stderr, "reform_bench: --pg-timeout-s takes 1 to 3600, not '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+            pg_timeout_s = (int)v;
+        } else if (strcmp(argv[i], "--state-mib") == 0 && i + 1 < argc) {
             state_mib = strtol(argv[++i], &end, 10);
             if (*end || state_mib < 1 || state_mib > 8192) {
                 fprintf(stderr, "reform_bench: --state-mib takes 1 to 8192, not '%s'\n", argv[i]);
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: reform_bench [--state-mib N] [--skip-small] (as root)\n");
+            usage();
             return 2;
         }
     }
@@ -354,47 +563,58 @@ int main(int argc, char **argv) {
         fprintf(stderr, "reform_bench: %s\n", why);
         return 2;
     }
+    char torch_version[96] = "";
+    if (!skip_prog[P_TORCH]) {
+        char cmd[384];
+        snprintf(cmd, sizeof cmd,
+                 "%s -c 'import sys, torch; print(\"torch\", torch.__version__, \"on Python\", "
+                 "sys.version.split()[0])' 2>/dev/null",
+                 python);
+        FILE *p = popen(cmd, "r");
+        if (p == NULL || fgets(torch_version, sizeof torch_version, p) == NULL) {
+            if (p != NULL)
+                pclose(p);
+            fprintf(stderr,
+                    "reform_bench: %s cannot import torch: install python3-torch "
+                    "(scripts/deps.sh), name another --python, or --skip-pytorch\n",
+                    python);
+            return 2;
+        }
+        pclose(p);
+        torch_version[strcspn(torch_version, "\n")] = '\0';
+    }
     setenv("PET_PREEMPTION_SOURCE", "none", 0);
     setenv("PET_SHM_MIN", "16m", 0);
+    /* the workers find the package in the source tree and the library in the
+     * build tree; launchers pass their environment on */
+    setenv("PYTHONPATH", GPL_SOURCE_DIR "/python", 1);
+    setenv("GPULAUNCH_LIBRARY", GPL_BUILD_DIR "/runtime/libgpulaunch.so.0", 1);
     if (mkdir(LOGDIR, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "reform_bench: cannot create %s: %s\n", LOGDIR, strerror(errno));
         return 1;
     }
     tmpdir_make(dir, sizeof dir, "gpl-reform");
     double lo = loopback_mbs();
-    printf("reform_bench: 3 nodes x 2 workers of dp_train, --nnodes 2:3, checkpoint every 20 "
-           "steps, 20 ms a step;\none loopback TCP stream here: %.0f MB/s\n\n",
+    printf("reform_bench: 3 nodes x 2 workers, --nnodes 2:3, a 1 s last call, checkpoint every "
+           "20 steps, 20 ms of sleep a step;\none loopback TCP stream here: %.0f MB/s\n",
            lo);
-    printf("%-8s %-7s %-9s %-10s %-12s %-6s %-12s %s\n", "way", "fault", "state", "told",
-           "first step", "lost", "read (MB)", "copy (MB/s)");
-    fflush(stdout);
-    int rc = 0;
     long sizes[2] = {0, state_mib};
-    for (int s = skip_small; s < 2; s++)
-        for (int f = F_KILL; f <= F_JOIN; f++)
-            for (int live = 1; live >= 0; live--) {
-                result r;
-                run_one(&r, live, sizes[s], (enum fault)f);
-                char st[24], told[24], fs[24], lost[24], cp[48];
-                snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
-                snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
-                snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
-                snprintf(lost, sizeof lost, r.ok && r.lost >= 0 ? "%ld" : "-", r.lost);
-                if (live && f == F_JOIN && r.copy_mbs > 0)
-                    snprintf(cp, sizeof cp, "%.0f (%.0f%% of the stream)", r.copy_mbs,
-                             lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);
-                else
-                    snprintf(cp, sizeof cp, "-");
-                printf("%-8s %-7s %-9s %-10s %-12s %-6s %-12.1f %s\n", live ? "live" : "restart",
-                       fault_name[f], st, told, fs, lost, r.read_mb, cp);
-                if (!r.ok) {
-                    printf("         (%s; logs in %s)\n", r.why, LOGDIR);
-                    rc = 1;
-                }
-                fflush(stdout);
-            }
-    printf("\ntold: the survivors' `round 1 is over` after the fault (join: host 3's start); "
-           "first step: rank 0's first step in the new world after that\n");
+    int size_on[2] = {!skip[0], !skip[1]};
+    int rc = 0;
+    if (!skip_prog[P_C]) {
+        printf("\nC: examples/dp_train (live: --reform; restart: without)\n");
+        rc |= run_table(P_C, sizes, size_on, ways, faults, lo);
+    }
+    if (!skip_prog[P_TORCH]) {
+        printf("\nPyTorch: examples/train_ddp.py, DDP on Gloo, %s (live: gpulaunch and --reform; "
+               "restart: gpulaunch without;\ntorchrun: its c10d store on host 1, the program's "
+               "Gloo timeout %d s)\n",
+               torch_version, pg_timeout_s);
+        rc |= run_table(P_TORCH, sizes, size_on, ways, faults, lo);
+    }
+    printf("\ntold: both survivors' `round 1 is over` (torchrun: `failed (exitcode`) after the "
+           "fault; join: host 3's start;\nfirst step: rank 0's first step in the new world after "
+           "being told; from fault: the two together\n");
     tmpdir_remove(dir);
     return rc;
 }
