@@ -279,6 +279,17 @@ static void slow_down(const struct timespec *t0, long sleep_ms, double factor, l
  * from a rank that has them. *step: the step to run next. -1 when this
  * process cannot go on (its launcher restarts it). */
 #define DP_REFORM_TIMEOUT_MS 300000
+
+/* The parameters and --state-mib's state from ri->root to the ranks that
+ * lack them; the other ranks are not held up. */
+static gpl_result_t copy_state(gpl_comm_t comm, float *const params[5], const size_t counts[5],
+                               const gpl_reform_info *ri) {
+    size_t bytes[5];
+    for (int i = 0; i < 5; i++)
+        bytes[i] = counts[i] * sizeof(float);
+    return gpl_copy_state(comm, (void *const *)params, bytes, 5, ri);
+}
+
 static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t counts[5],
                            long *step, long done) {
     int old_rank = gpl_rank(comm);
@@ -300,9 +311,8 @@ static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t
             return -1;
         }
         gpl_result_t rc = gpl_reform_agree(comm, done, &ri);
-        for (int i = 0; rc == GPL_OK && ri.copy && i < 5; i++)
-            if (counts[i])
-                rc = gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, ri.root, NULL);
+        if (rc == GPL_OK)
+            rc = copy_state(comm, params, counts, &ri);
         if (rc == GPL_OK)
             break;
         fprintf(stderr, "dp_train rank %d: re-forming round %d: %s\n", gpl_rank(comm),
@@ -502,7 +512,11 @@ int main(int argc, char **argv) {
     int from = ri.copy ? ri.root : 0;
     struct timespec c0, c1;
     clock_gettime(CLOCK_MONOTONIC, &c0);
-    for (int i = 0; i < (ri.copy ? 5 : 4); i++)
+    if (ri.copy && copy_state(comm, params, counts, &ri) != GPL_OK) {
+        fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+        goto out;
+    }
+    for (int i = 0; !ri.copy && i < 4; i++)
         if (counts[i] &&
             gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, from, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));

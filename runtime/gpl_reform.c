@@ -1,14 +1,17 @@
 /* Live re-formation, the worker's side (see gpulaunch.h): the round block
  * the launcher writes, the communicator re-made in place, and the agreement
- * on whose state the job goes on from. */
+ * on whose state the job goes on from, and the copy of that state to the
+ * ranks that lack it. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gb_progress.h"
 #include "gb_time.h"
 #include "gpl_int.h"
+#include "gpl_ring.h"
 
 gpl_result_t gpl_reform_enable(void) {
     return gb_progress_set_reform_ok(1) == 0 ? GPL_OK : GPL_ERR_UNSUPPORTED;
@@ -139,5 +142,122 @@ gpl_result_t gpl_reform_agree(gpl_comm_t c, int64_t step, gpl_reform_info *info)
         info->mine = info->copy && mine != info->step;
     }
     free(all);
+    return rc;
+}
+
+/* What each rank says before the copy: whether it needs the state and where
+ * it listens for it. int32s, for the allgather. */
+#define COPY_ADDR_MAX 256
+typedef struct copy_rec {
+    int32_t mine, port, node, pad;
+    char addr[COPY_ADDR_MAX];
+} copy_rec;
+
+/* A whole buffer through gpl_broadcast (the framework's, or NCCL's on the
+ * device), in the widest element its size allows. */
+static gpl_result_t bcast_bytes(gpl_comm_t c, void *buf, size_t bytes, int root) {
+    if (bytes % 2 != 0)
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "rank %d: gpl_copy_state: a buffer of %zu bytes goes by %s, which "
+                         "copies elements of 2 or 4 bytes; pad it to an even size",
+                         c->rank, bytes,
+                         c->backend == GPL_BACKEND_EXTERNAL ? "the framework's broadcast"
+                                                            : "ncclBroadcast (on the device)");
+    if (bytes % 4 == 0)
+        return gpl_broadcast(c, buf, bytes / 4, GPL_INT32, root, NULL);
+    return gpl_broadcast(c, buf, bytes / 2, GPL_FLOAT16, root, NULL);
+}
+
+static int by_broadcast(gpl_comm_t c, const void *buf) {
+    return c->backend == GPL_BACKEND_EXTERNAL ||
+           (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(buf));
+}
+
+gpl_result_t gpl_copy_state(gpl_comm_t c, void *const bufs[], const size_t bytes[], int n,
+                            const gpl_reform_info *ri) {
+    if (c == NULL || ri == NULL || n < 0 || (n > 0 && (bufs == NULL || bytes == NULL)))
+        return GPL_ERR_INVALID_ARG;
+    gb_clearerr(&c->err);
+    if (!ri->copy || c->world == 1)
+        return GPL_OK;
+    if (ri->root < 0 || ri->root >= c->world || (ri->root == c->rank && ri->mine))
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "rank %d: gpl_copy_state: info (root %d, mine %d) is not from "
+                         "gpl_reform_agree in this world of %d",
+                         c->rank, ri->root, ri->mine, c->world);
+    for (int i = 0; i < n; i++)
+        if (bytes[i] && bufs[i] == NULL)
+            return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                             "rank %d: gpl_copy_state: buffer %d of %zu bytes is NULL", c->rank, i,
+                             bytes[i]);
+    gb_progress_coll_begin();
+    gpl_result_t rc = GPL_OK;
+    copy_rec me = {0}, *all = NULL;
+    void **hb = NULL;
+    size_t *hn = NULL;
+    int lfd = -1, nh = 0, *chain = NULL;
+    for (int i = 0; i < n && rc == GPL_OK; i++)
+        if (bytes[i] && by_broadcast(c, bufs[i]))
+            rc = bcast_bytes(c, bufs[i], bytes[i], ri->root);
+    if (rc != GPL_OK || c->backend == GPL_BACKEND_EXTERNAL)
+        goto out;
+    /* the host buffers: the chain root -> needers in rank order */
+    hb = malloc(((size_t)n + 1) * sizeof *hb);
+    hn = malloc(((size_t)n + 1) * sizeof *hn);
+    all = malloc((size_t)c->world * sizeof *all);
+    chain = malloc((size_t)c->world * sizeof *chain);
+    if (!hb || !hn || !all || !chain) {
+        rc = gb_seterr(&c->err, GPL_ERR_NOMEM, "rank %d: gpl_copy_state: out of memory", c->rank);
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
+        if (bytes[i] && !by_broadcast(c, bufs[i])) {
+            hb[nh] = bufs[i];
+            hn[nh++] = bytes[i];
+        }
+    if (ri->mine) {
+        int port = 0;
+        if ((rc = gpl_chain_listen(c, &lfd, &port)) != GPL_OK)
+            goto out;
+        const char *addr = getenv("GPULAUNCH_NODE_ADDR");
+        me.mine = 1;
+        me.port = port;
+        me.node = c->node_rank;
+        snprintf(me.addr, sizeof me.addr, "%s", addr && *addr ? addr : c->hostname);
+    }
+    rc = gpl_allgather(c, &me, all, sizeof me / sizeof(int32_t), GPL_INT32, NULL);
+    c->seq++;
+    c->coll = "state copy";
+    if (rc != GPL_OK || (c->rank != ri->root && !ri->mine))
+        goto out;
+    int len = 0, pos = -1;
+    chain[len++] = ri->root;
+    for (int r = 0; r < c->world; r++)
+        if (all[r].mine && r != ri->root)
+            chain[len++] = r;
+    for (int k = 0; k < len; k++)
+        if (chain[k] == c->rank)
+            pos = k;
+    gpl_chain ch = {.bufs = hb, .bytes = hn, .n = nh, .listen_fd = lfd, .prev = -1, .next = -1};
+    lfd = -1; /* gpl_chain_copy closes it */
+    if (pos > 0)
+        ch.prev = chain[pos - 1];
+    if (pos >= 0 && pos + 1 < len) {
+        const copy_rec *nx = &all[chain[pos + 1]];
+        ch.next = chain[pos + 1];
+        ch.next_port = nx->port;
+        /* the same node: its own stack, whatever the advertised address */
+        ch.next_host = nx->node == c->node_rank ? "127.0.0.1" : nx->addr;
+        all[chain[pos + 1]].addr[COPY_ADDR_MAX - 1] = '\0';
+    }
+    rc = gpl_chain_copy(c, &ch, gb_now_ms() + c->timeout_ms);
+out:
+    if (lfd >= 0)
+        close(lfd);
+    free(hb);
+    free(hn);
+    free(all);
+    free(chain);
+    gb_progress_coll_end();
     return rc;
 }

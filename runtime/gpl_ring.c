@@ -14,10 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "gb_time.h"
 #include "gpl_int.h"
+#include "gpl_ring.h"
 
 #define RING_MAGIC 0x47504c47u
 #define RING_NOTE_FIRST_MS 2000  /* a next node not reached: said after this */
@@ -384,4 +386,252 @@ gpl_result_t gpl_ring_bcast(gpl_comm_t c, void *buf, size_t bytes, int root, uin
         }
     }
     return GPL_OK;
+}
+
+/* ---- the state copy's chain (gpl_ring.h) ---- */
+
+#define CHAIN_MAGIC 0x47504c43u
+#define CHAIN_IOV 64             /* buffers gathered into one send or receive */
+#define CHAIN_GRACE_MS 1000      /* a dropped link: how long to wait for the round's end */
+#define CHAIN_SOCKBUF (4u << 20) /* socket buffers: at most net.core.[rw]mem_max */
+
+typedef struct chain_hdr {
+    uint32_t magic, round, from, pad;
+    uint64_t total;
+} chain_hdr;
+
+/* A position in the state: buffer i, byte off of it. */
+typedef struct chain_pos {
+    int i;
+    size_t off;
+} chain_pos;
+
+static void chain_advance(const gpl_chain *ch, chain_pos *p, size_t k) {
+    while (k > 0 && p->i < ch->n) {
+        size_t left = ch->bytes[p->i] - p->off;
+        if (k < left) {
+            p->off += k;
+            return;
+        }
+        k -= left;
+        p->i++;
+        p->off = 0;
+    }
+}
+
+/* The next at most limit bytes from p, as an iovec over the buffers. */
+static int chain_iov(const gpl_chain *ch, chain_pos p, size_t limit, struct iovec *iov) {
+    int k = 0;
+    for (int i = p.i; i < ch->n && k < CHAIN_IOV && limit > 0; i++) {
+        size_t off = i == p.i ? p.off : 0, m = ch->bytes[i] - off;
+        if (m == 0)
+            continue;
+        m = m < limit ? m : limit;
+        iov[k++] = (struct iovec){.iov_base = (uint8_t *)ch->bufs[i] + off, .iov_len = m};
+        limit -= m;
+    }
+    return k;
+}
+
+/* A link of the chain dropped: the round's end when that is why (its notice
+ * follows a peer's exit by milliseconds), else the peer's failure. */
+static gpl_result_t chain_dropped(gpl_comm_t c, int peer, const char *how, int err) {
+    uint64_t until = gb_now_ms() + CHAIN_GRACE_MS;
+    while (c->rdzv && gb_now_ms() < until) {
+        if (gpl_check_abort(c, UINT64_MAX, NULL) == GPL_ERR_ROUND_OVER)
+            return GPL_ERR_ROUND_OVER;
+        usleep(GPL_POLL_MS * 1000);
+    }
+    return gb_seterr(&c->err, GPL_ERR_PEER_FAILED,
+                     "rank %d: rank %d %s during the state copy (%s #%llu)%s%s; the round must "
+                     "be re-formed",
+                     c->rank, peer, how, c->coll, (unsigned long long)c->seq, err ? ": " : "",
+                     err ? strerror(err) : "");
+}
+
+gpl_result_t gpl_chain_listen(gpl_comm_t c, int *fd, int *port) {
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t sl = sizeof sa;
+    int buf = CHAIN_SOCKBUF;
+    *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* set before listen: the accepted socket inherits the size and the
+     * window scale it allows is chosen at the handshake */
+    if (*fd >= 0)
+        setsockopt(*fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if (*fd < 0 || bind(*fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(*fd, 4) != 0 ||
+        getsockname(*fd, (struct sockaddr *)&sa, &sl) != 0) {
+        int e = errno;
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: cannot listen for the state copy: %s",
+                         c->rank, strerror(e));
+    }
+    *port = ntohs(sa.sin_port);
+    return GPL_OK;
+}
+
+/* Waits for fd to be ready for events, checking the round and the deadline. */
+static gpl_result_t chain_wait(gpl_comm_t c, int fd, short events, uint64_t deadline,
+                               const char *who) {
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int pr = poll(&p, 1, GPL_POLL_MS);
+        if (pr > 0)
+            return GPL_OK;
+        if (pr < 0 && errno != EINTR)
+            return gb_seterr(&c->err, GPL_ERR_SYSTEM, "poll: %s", strerror(errno));
+        gpl_result_t rc = gpl_check_abort(c, deadline, who);
+        if (rc != GPL_OK)
+            return rc;
+    }
+}
+
+gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline) {
+    int in = -1, out = -1;
+    gpl_result_t rc = GPL_OK;
+    char who[64];
+    size_t total = 0;
+    for (int i = 0; i < ch->n; i++)
+        total += ch->bytes[i];
+    chain_hdr h = {0};
+    if (ch->prev >= 0) {
+        snprintf(who, sizeof who, "rank %d (the state copy's sender)", ch->prev);
+        if ((rc = chain_wait(c, ch->listen_fd, POLLIN, deadline, who)) != GPL_OK)
+            goto out;
+        if ((in = accept4(ch->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) < 0) {
+            rc = gb_seterr(&c->err, GPL_ERR_SYSTEM, "rank %d: state copy: accept: %s", c->rank,
+                           strerror(errno));
+            goto out;
+        }
+        for (size_t got = 0; got < sizeof h;) {
+            ssize_t r = recv(in, (uint8_t *)&h + got, sizeof h - got, 0);
+            if (r > 0)
+                got += (size_t)r;
+            else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+                rc = chain_dropped(c, ch->prev, "closed its link", r == 0 ? 0 : errno);
+                goto out;
+            } else if ((rc = chain_wait(c, in, POLLIN, deadline, who)) != GPL_OK)
+                goto out;
+        }
+        if (h.magic != CHAIN_MAGIC || h.round != (uint32_t)c->round ||
+            h.from != (uint32_t)ch->prev) {
+            rc = gb_seterr(&c->err, GPL_ERR_PROTOCOL,
+                           "rank %d: the state copy's link is not from rank %d of round %d (magic "
+                           "%x, rank %u, round %u)",
+                           c->rank, ch->prev, c->round, h.magic, h.from, h.round);
+            goto out;
+        }
+        if (h.total != total) {
+            rc = gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                           "rank %d: rank %d sends %llu bytes of state and this rank's %d "
+                           "buffers hold %zu; every rank must pass the same buffers and sizes "
+                           "to gpl_copy_state",
+                           c->rank, ch->prev, (unsigned long long)h.total, ch->n, total);
+            goto out;
+        }
+    }
+    if (ch->next >= 0) {
+        char why[320] = "";
+        if ((out = dial(ch->next_host, ch->next_port, why, sizeof why)) < 0) {
+            rc = chain_dropped(c, ch->next, "cannot be reached", 0);
+            if (rc == GPL_ERR_PEER_FAILED)
+                gb_seterr(&c->err, rc, "rank %d: state copy: rank %d at %s:%d: %s", c->rank,
+                          ch->next, ch->next_host, ch->next_port, why);
+            goto out;
+        }
+        int one = 1, buf = CHAIN_SOCKBUF;
+        setsockopt(out, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        setsockopt(out, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        h = (chain_hdr){CHAIN_MAGIC, (uint32_t)c->round, (uint32_t)c->rank, 0, total};
+        /* an empty new connection's buffer takes the header at once */
+        if (send(out, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) {
+            rc = chain_dropped(c, ch->next, "closed its link", errno);
+            goto out;
+        }
+        fcntl(out, F_SETFL, fcntl(out, F_GETFL) | O_NONBLOCK);
+    }
+    /* got: bytes here (all at the head); sent: bytes passed on. Both sides
+     * are tried before any wait, so a forwarding rank keeps both links busy. */
+    size_t got = ch->prev >= 0 ? 0 : total, sent = ch->next >= 0 ? 0 : total;
+    chain_pos gp = {0, 0}, sp = {0, 0};
+    uint64_t next_check = gb_now_ms() + GPL_POLL_MS;
+    while (got < total || sent < total) {
+        struct iovec iov[CHAIN_IOV];
+        int moved = 0;
+        if (got < total) {
+            struct msghdr m = {.msg_iov = iov,
+                               .msg_iovlen = (size_t)chain_iov(ch, gp, total - got, iov)};
+            ssize_t r = recvmsg(in, &m, MSG_DONTWAIT);
+            if (r > 0) {
+                got += (size_t)r;
+                chain_advance(ch, &gp, (size_t)r);
+                moved = 1;
+            } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+                rc = chain_dropped(c, ch->prev, "closed its link", r == 0 ? 0 : errno);
+                goto out;
+            }
+        }
+        if (sent < got) {
+            struct msghdr m = {.msg_iov = iov,
+                               .msg_iovlen = (size_t)chain_iov(ch, sp, got - sent, iov)};
+            ssize_t w = sendmsg(out, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w > 0) {
+                sent += (size_t)w;
+                chain_advance(ch, &sp, (size_t)w);
+                moved = 1;
+            } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+                rc = chain_dropped(c, ch->next, "closed its link", errno);
+                goto out;
+            }
+        }
+        if (!moved) {
+            struct pollfd p[2];
+            int np = 0;
+            if (got < total)
+                p[np++] = (struct pollfd){.fd = in, .events = POLLIN};
+            if (sent < got)
+                p[np++] = (struct pollfd){.fd = out, .events = POLLOUT};
+            if (poll(p, (nfds_t)np, GPL_POLL_MS) < 0 && errno != EINTR) {
+                rc = gb_seterr(&c->err, GPL_ERR_SYSTEM, "poll: %s", strerror(errno));
+                goto out;
+            }
+        }
+        uint64_t now = gb_now_ms();
+        if (now >= next_check) {
+            next_check = now + GPL_POLL_MS;
+            snprintf(who, sizeof who, "rank %d (the state copy's %s)",
+                     got < total ? ch->prev : ch->next, got < total ? "sender" : "receiver");
+            if ((rc = gpl_check_abort(c, deadline, who)) != GPL_OK)
+                goto out;
+        }
+    }
+    /* Done once every rank after this one has it all (the tail says so, each
+     * rank passes it back): a sender's buffers stay as they are until then,
+     * and a rank that could not take the state fails its sender's call too. */
+    uint8_t ack = 1;
+    if (ch->next >= 0) {
+        snprintf(who, sizeof who, "rank %d (the state copy's receiver)", ch->next);
+        for (;;) {
+            ssize_t r = recv(out, &ack, 1, MSG_DONTWAIT);
+            if (r == 1)
+                break;
+            if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+                rc = chain_dropped(c, ch->next, "did not take the whole state", r ? errno : 0);
+                goto out;
+            }
+            if ((rc = chain_wait(c, out, POLLIN, deadline, who)) != GPL_OK)
+                goto out;
+        }
+    }
+    if (ch->prev >= 0 && send(in, &ack, 1, MSG_NOSIGNAL) != 1)
+        rc = chain_dropped(c, ch->prev, "closed its link", errno);
+out:
+    if (ch->listen_fd >= 0)
+        close(ch->listen_fd);
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    return rc;
 }

@@ -259,7 +259,7 @@ GPL_API void gpl_progress_wait_end(void);
  * gpl_reform, which waits for the next round and re-makes the communicator
  * in place (same handle, new rank and world), then gpl_reform_agree, which
  * says which rank's state every rank goes on from and whether it must be
- * copied (gpl_broadcast from info.root, e.g. to a new node's ranks). A
+ * copied (gpl_copy_state from info.root, e.g. to a new node's ranks). A
  * re-formation that cannot be done ends in the launcher's restart, as
  * without it (docs/reliability.md). */
 
@@ -312,10 +312,34 @@ typedef struct gpl_reform_info {
 
 /* Every rank says the step its state is at (the last one it completed; -1
  * for none: a new node's rank) and learns where the job goes on from (one
- * small allgather). When info->copy, every rank then calls gpl_broadcast(...,
- * info->root, ...) on each buffer of its state (a rank ahead of the others,
- * whose last collective completed where another's failed, is set back). */
+ * small allgather). When info->copy, every rank then calls gpl_copy_state
+ * (or gpl_broadcast(..., info->root, ...) on each buffer) with its state (a
+ * rank ahead of the others, whose last collective completed where another's
+ * failed, is set back). */
 GPL_API gpl_result_t gpl_reform_agree(gpl_comm_t comm, int64_t step, gpl_reform_info *info);
+
+/* After gpl_reform_agree: gives the ranks that lack it (info->mine) the
+ * state of info->root, n buffers of bytes[i] bytes each (the same sizes on
+ * every rank; a buffer of 0 bytes may be NULL). Every rank of the world calls
+ * it with its own info; when !info->copy it returns GPL_OK at once, without
+ * communication. Host buffers go, on every backend, through a chain that only
+ * the root and the ranks that need the state are in: the root sends the state
+ * once over TCP to the first of them (in rank order), which passes each byte
+ * on to the next as soon as it has it, and so on; every other rank returns
+ * after one small allgather (the needers' addresses). So the copy runs at
+ * about one link's bandwidth, whatever the number of ranks that need it.
+ * Device buffers on the NCCL backend go by ncclBroadcast, and every buffer on
+ * a gpl_init_external communicator by the framework's broadcast: their sizes
+ * must be multiples of 2 bytes (else GPL_ERR_INVALID_ARG). Limits: worlds of
+ * up to 15,000 ranks (the allgather's 4 MiB staging area; GPL_ERR_LIMIT
+ * beyond), the collective timeout for the whole copy (GPL_ERR_TIMEOUT).
+ * GPL_ERR_ROUND_OVER when the round ends during the copy (call gpl_reform
+ * and gpl_reform_agree again: a rank that needed the state holds part of it,
+ * so it agrees with step -1), GPL_ERR_PEER_FAILED when a rank of the chain
+ * drops out otherwise, GPL_ERR_INVALID_ARG when the sizes differ between the
+ * root and a rank that needs the state. */
+GPL_API gpl_result_t gpl_copy_state(gpl_comm_t comm, void *const bufs[], const size_t bytes[],
+                                    int n, const gpl_reform_info *info);
 
 #ifdef __cplusplus
 }
