@@ -79,6 +79,7 @@ typedef struct job {
 typedef struct result {
     int ok;
     double told_s, first_s; /* from the fault; join: told = host 3's start */
+    double fault_s;         /* the first step, from the fault */
     long lost;              /* steps */
     double read_mb;         /* from the checkpoint, every rank */
     double copy_mbs;        /* a live join's copy rate */
@@ -325,6 +326,7 @@ static void run_one(result *r, const job *j) {
     r->ok = 1;
     r->told_s = t_told ? (double)(t_told - t_fault) / 1e3 : -1;
     r->first_s = t_told ? (double)(t_first - t_told) / 1e3 : -1;
+    r->fault_s = (double)(t_first - t_fault) / 1e3;
     r->read_mb = scan_after("read ", " bytes from the checkpoint", mark, 0) / 1e6;
     int h = host_with("resumed from the checkpoint of step ", mark);
     if (h) {
@@ -482,20 +484,23 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                 job j = {prog, (enum way)w, sizes[s], (enum fault)f};
                 result r;
                 run_one(&r, &j);
-                char st[24], told[24], fs[24], ff[24], lost[24], cp[48];
+                char st[24], told[24], fs[24], ff[24], lost[24], rd[24], cp[48];
                 snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
                 snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
                 snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
-                snprintf(ff, sizeof ff, r.ok && r.first_s >= 0 ? "%.2f s" : "-",
-                         r.told_s + r.first_s);
+                snprintf(ff, sizeof ff, r.ok ? "%.2f s" : "-", r.fault_s);
                 snprintf(lost, sizeof lost, r.ok && r.lost >= 0 ? "%ld" : "-", r.lost);
+                if (r.read_mb > 0 && r.read_mb < 0.1)
+                    snprintf(rd, sizeof rd, "%.1f kB", r.read_mb * 1e3);
+                else
+                    snprintf(rd, sizeof rd, "%.1f", r.read_mb);
                 if (r.copy_mbs > 0)
                     snprintf(cp, sizeof cp, "%.0f (%.0f%% of the stream)", r.copy_mbs,
                              lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);
                 else
                     snprintf(cp, sizeof cp, "-");
-                printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10.1f %s\n", way_name[w],
-                       fault_name[f], st, told, fs, ff, lost, r.read_mb, cp);
+                printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10s %s\n", way_name[w],
+                       fault_name[f], st, told, fs, ff, lost, rd, cp);
                 if (!r.ok) {
                     printf("          (%s; logs in %s)\n", r.why, LOGDIR);
                     rc = 1;
@@ -614,7 +619,7 @@ int main(int argc, char **argv) {
     }
     printf("\ntold: both survivors' `round 1 is over` (torchrun: `failed (exitcode`) after the "
            "fault; join: host 3's start;\nfirst step: rank 0's first step in the new world after "
-           "being told; from fault: the two together\n");
+           "being told; from fault: the same step, from the fault\n");
     tmpdir_remove(dir);
     return rc;
 }
