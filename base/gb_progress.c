@@ -174,6 +174,15 @@ int gb_progress_goes_on(void) {
     return atomic_load_explicit(&s->reform_ok, memory_order_acquire) == 1 && round_blk->go_on == 1;
 }
 
+int gb_progress_round_moved(uint32_t seen) {
+    gb_progress_slot *s = slot;
+    gb_progress_round *b = round_blk;
+    if (s == NULL || b == NULL || atomic_load_explicit(&s->reform_ok, memory_order_relaxed) != 1)
+        return 0;
+    return atomic_load_explicit(&b->seq, memory_order_acquire) != seen &&
+           atomic_load_explicit(&b->state, memory_order_relaxed) != GB_ROUND_RUNNING;
+}
+
 const gb_progress_round *gb_progress_round_block(void) {
     gb_progress_attach();
     return round_blk;

@@ -135,5 +135,9 @@ void gb_progress_round_ack(uint32_t round);
 /* 1 when this worker re-forms in place and its launcher keeps such workers
  * through another node's preemption (the round block's go_on), else 0. */
 int gb_progress_goes_on(void);
+/* 1 when this worker re-forms in place and the launcher published a round
+ * state since seq `seen` other than RUNNING (its round ended, or the next one
+ * waits to be taken), else 0. One atomic load: for every collective's entry. */
+int gb_progress_round_moved(uint32_t seen);
 
 #endif

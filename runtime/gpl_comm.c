@@ -127,8 +127,9 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
     }
     c->backend = be;
 
-    if (c->world > 1) {
-        const char *ep = o->rdzv_endpoint ? o->rdzv_endpoint : getenv("GPULAUNCH_RDZV_ENDPOINT");
+    /* kept in a world of one too: a re-formation may make it bigger */
+    const char *ep = o->rdzv_endpoint ? o->rdzv_endpoint : getenv("GPULAUNCH_RDZV_ENDPOINT");
+    if (c->world > 1 || (ep && *ep)) {
         if (ep == NULL || *ep == '\0') {
             rc = gb_seterr(&c->err, GPL_ERR_CONFIG,
                            "rank %d of %d: GPULAUNCH_RDZV_ENDPOINT is not set; start the "
@@ -300,6 +301,13 @@ static gpl_result_t check_args(gpl_comm_t c, const char *what, const void *a, si
                          "%s #%llu: an earlier collective failed on node %s (%s); the round "
                          "must restart",
                          what, (unsigned long long)c->seq, c->hostname, c->shm->abort_msg);
+    /* the launcher said the round ended (a world of one has no peer whose
+     * loss would fail the collective; bigger ones learn it here first) */
+    if (gb_progress_round_moved(c->round_seq))
+        return gb_seterr(&c->err, GPL_ERR_ROUND_OVER,
+                         "rank %d: %s #%llu not started: the launcher says round %d ended; "
+                         "re-form (gpl_reform) or exit",
+                         c->rank, what, (unsigned long long)c->seq, c->round);
     return GPL_OK;
 }
 

@@ -75,6 +75,11 @@ else
   echo "train_ddp on NCCL: FAILED: the resumed run differs"
 fi
 rm -rf "$ck"
+echo "== live re-formation on NCCL with one GPU (world 1): a node joins with a worker that never makes the communicator and is killed; the GPU rank gives up the communicator being made (ncclCommAbort of a non-blocking init, torch's abort) and re-forms alone in place"
+scripts/reform_check.sh $b "$out" dp-nccl $b/examples/dp_train --steps 3000 --step-sleep-ms 5 --device --reform
+PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
+  scripts/reform_check.sh $b "$out" ddp-nccl --no-python "$py" examples/train_ddp.py --backend nccl \
+  --reform --steps 300 --step-sleep-ms 20
 echo "== allreduce_bench, NCCL"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/test/bench/allreduce_bench \
   --backend nccl -b 1M -e 1G -f 4 -n 50 -w 10 -c 1

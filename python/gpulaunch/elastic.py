@@ -573,8 +573,25 @@ class Elastic:
         if not sync and "init_sync" in inspect.signature(DDP.__init__).parameters:
             kw["init_sync"] = False  # the state was agreed and copied already
         self.ddp = DDP(self.model, **kw)
-        if self._comm_hook is not None:
-            self.ddp.register_comm_hook(None, self._comm_hook)
+        hook = self._comm_hook
+        if self.enabled and self.world_size == 1:
+            hook = self._alone_hook(hook)
+        if hook is not None:
+            self.ddp.register_comm_hook(None, hook)
+
+    def _alone_hook(self, inner: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+        """A world of one has no peer whose loss fails its all-reduce: the
+        round's end is looked for in each bucket's hook, before the optimizer
+        steps, and raised as a collective of an ended round would."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        def hook(state: Any, bucket: Any) -> Any:
+            if self.round_over:
+                raise RuntimeError(f"gpulaunch: rank {self.rank}: the launcher says round {self.round} ended")
+            return inner(state, bucket) if inner is not None else default_hooks.allreduce_hook(state, bucket)
+
+        hook.__annotations__ = {}  # DDP checks a hook's annotations against torch's own types
+        return hook
 
     # ---- the agreement and the copy ----
 

@@ -389,3 +389,32 @@ def test_preemption_saves_the_same_step_and_the_survivors_go_on(job: Job, tmp_pa
     assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
     report(f"preemption: every rank saved step {step}; the survivors' first step in the 4-rank world "
            f"{took:.2f} s after the SIGTERM")
+
+
+@pytest.mark.parametrize("program", ["dp_train", "train_ddp.py"])
+def test_a_rank_alone_re_forms_when_a_node_comes_and_goes(job: Job, program: str) -> None:
+    """(g) a world of one (one node, one worker) has no peer whose loss fails a
+    collective: the launcher's word alone ends its round. A node joins with a
+    worker that never makes the group (sleep), so the lone rank re-forms into
+    a world of 2 that cannot form; that node is killed, and the rank gives up
+    the group being made and re-forms alone, in place, losing no step."""
+    prog = ([str(BUILD / "examples" / "dp_train"), "--steps", "2000", "--step-sleep-ms", "5"]
+            if program == "dp_train" else [PY, str(TRAIN), "--steps", "300", "--step-sleep-ms", "20"])
+    common = [str(LAUNCHER), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "gpulaunch",
+              "--rdzv-endpoint", f"127.0.0.1:{job.port}", "--rdzv-id", "alone",
+              "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "0"]
+    alone = job.start("alone", [*common, "--no-python", *prog, "--reform"])
+    wait_for(job, [alone], r"^first step in a world of 1: step \d+$", 1, 120)
+    pid = pids(alone)
+    other = job.start("other", [*common, "--no-python", "sleep", "600"])
+    wait_for(job, [alone], r"round 2: node rank \d of 2", 1, 30)
+    time.sleep(1.0)
+    other.signal(signal.SIGKILL)
+    assert alone.wait(120) == 0, job.dump()
+    out = alone.text()
+    assert "round 2 is over" in out and "restarting workers" not in out, job.dump()
+    got = alone.find(r"^rank 0 \(was 0\): round (\d+) re-formed in place, world (\d+), going on after step "
+                     r"\d+ \((\d+) lost")
+    assert [m.groups() for _, m in got] == [("3", "1", "0")], job.dump()
+    if program != "dp_train":  # it prints no pid
+        assert pid and pids(alone) == pid, job.dump()
