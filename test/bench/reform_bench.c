@@ -242,6 +242,7 @@ static double copy_rate(enum prog prog, const size_t *mark) {
 
 static void run_one(result *r, const job *j) {
     memset(r, 0, sizeof *r);
+    r->told_s = r->first_s = r->fault_s = -1; /* not seen */
     memset(&server, 0, sizeof server);
     memset(nodes, 0, sizeof nodes);
     enum fault f = j->fault;
@@ -314,6 +315,7 @@ static void run_one(result *r, const job *j) {
         if (host_with(in_new, mark))
             break;
     }
+    r->told_s = t_told ? (double)(t_told - t_fault) / 1e3 : -1;
     if (!host_with(in_new, mark)) {
         snprintf(r->why, sizeof r->why, "no step in the %d-rank world within %d s", world,
                  HEAL_MS / 1000);
@@ -324,7 +326,6 @@ static void run_one(result *r, const job *j) {
     for (uint64_t t = now_ms(); now_ms() - t < 1000;)
         drain();
     r->ok = 1;
-    r->told_s = t_told ? (double)(t_told - t_fault) / 1e3 : -1;
     r->first_s = t_told ? (double)(t_first - t_told) / 1e3 : -1;
     r->fault_s = (double)(t_first - t_fault) / 1e3;
     r->read_mb = scan_after("read ", " bytes from the checkpoint", mark, 0) / 1e6;
@@ -488,7 +489,7 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                 snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
                 snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
                 snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
-                snprintf(ff, sizeof ff, r.ok ? "%.2f s" : "-", r.fault_s);
+                snprintf(ff, sizeof ff, r.fault_s >= 0 ? "%.2f s" : "-", r.fault_s);
                 snprintf(lost, sizeof lost, r.ok && r.lost >= 0 ? "%ld" : "-", r.lost);
                 if (r.read_mb > 0 && r.read_mb < 0.1)
                     snprintf(rd, sizeof rd, "%.1f kB", r.read_mb * 1e3);
