@@ -248,6 +248,7 @@ gpl_result_t gpl_copy_state(gpl_comm_t c, void *const bufs[], const size_t bytes
         ch.next_port = nx->port;
         /* the same node: its own stack, whatever the advertised address */
         ch.next_host = nx->node == c->node_rank ? "127.0.0.1" : nx->addr;
+        ch.next_local = nx->node == c->node_rank;
         all[chain[pos + 1]].addr[COPY_ADDR_MAX - 1] = '\0';
     }
     rc = gpl_chain_copy(c, &ch, gb_now_ms() + c->timeout_ms);

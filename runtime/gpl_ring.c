@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -394,10 +395,18 @@ gpl_result_t gpl_ring_bcast(gpl_comm_t c, void *buf, size_t bytes, int root, uin
 #define CHAIN_IOV 64             /* buffers gathered into one send or receive */
 #define CHAIN_GRACE_MS 1000      /* a dropped link: how long to wait for the round's end */
 #define CHAIN_SOCKBUF (4u << 20) /* socket buffers: at most net.core.[rw]mem_max */
+/* read from a sender on the same node per call, and how often it says how far it is */
+#define CHAIN_CMA_STEP (4u << 20)
 
+/* What a sender says first, then nbuf pairs {size, address} of its buffers.
+ * cma: the receiver, on the same node, may read those buffers itself
+ * (process_vm_readv) instead of taking the bytes through the socket; it
+ * answers one byte, 1 when it will, and the sender then only says how far
+ * its buffers are filled (8-byte counts). */
 typedef struct chain_hdr {
-    uint32_t magic, round, from, pad;
+    uint32_t magic, round, from, nbuf;
     uint64_t total;
+    uint32_t pid, cma;
 } chain_hdr;
 
 /* A position in the state: buffer i, byte off of it. */
@@ -487,14 +496,49 @@ static gpl_result_t chain_wait(gpl_comm_t c, int fd, short events, uint64_t dead
     }
 }
 
+/* All n bytes through a non-blocking socket to or from peer (the rank
+ * before this one in the chain, or after: to_next), waiting as a collective
+ * does. */
+static gpl_result_t chain_io(gpl_comm_t c, int fd, void *p, size_t n, int send_, int peer,
+                             int to_next, uint64_t deadline) {
+    char who[64];
+    snprintf(who, sizeof who, "rank %d (the state copy's %s)", peer,
+             to_next ? "receiver" : "sender");
+    for (size_t done = 0; done < n;) {
+        ssize_t r = send_ ? send(fd, (uint8_t *)p + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL)
+                          : recv(fd, (uint8_t *)p + done, n - done, MSG_DONTWAIT);
+        if (r > 0)
+            done += (size_t)r;
+        else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+            return chain_dropped(c, peer,
+                                 to_next ? "did not take the whole state" : "closed its link",
+                                 r == 0 ? 0 : errno);
+        else {
+            gpl_result_t rc = chain_wait(c, fd, send_ ? POLLOUT : POLLIN, deadline, who);
+            if (rc != GPL_OK)
+                return rc;
+        }
+    }
+    return GPL_OK;
+}
+
 gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline) {
-    int in = -1, out = -1;
+    int in = -1, out = -1, in_cma = 0, out_cma = 0, ptracer = 0;
+    pid_t in_pid = 0;
     gpl_result_t rc = GPL_OK;
     char who[64];
     size_t total = 0;
     for (int i = 0; i < ch->n; i++)
         total += ch->bytes[i];
+    uint64_t *desc = malloc(((size_t)ch->n + 1) * 2 * sizeof *desc);
+    void **raddr = malloc(((size_t)ch->n + 1) * sizeof *raddr);
+    if (desc == NULL || raddr == NULL) {
+        rc = gb_seterr(&c->err, GPL_ERR_NOMEM, "rank %d: state copy: out of memory", c->rank);
+        goto out;
+    }
     chain_hdr h = {0};
+    /* the sender's buffers, to read them on this node */
+    gpl_chain rv = {.bufs = raddr, .bytes = ch->bytes, .n = ch->n};
     if (ch->prev >= 0) {
         snprintf(who, sizeof who, "rank %d (the state copy's sender)", ch->prev);
         if ((rc = chain_wait(c, ch->listen_fd, POLLIN, deadline, who)) != GPL_OK)
@@ -504,16 +548,8 @@ gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline
                            strerror(errno));
             goto out;
         }
-        for (size_t got = 0; got < sizeof h;) {
-            ssize_t r = recv(in, (uint8_t *)&h + got, sizeof h - got, 0);
-            if (r > 0)
-                got += (size_t)r;
-            else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
-                rc = chain_dropped(c, ch->prev, "closed its link", r == 0 ? 0 : errno);
-                goto out;
-            } else if ((rc = chain_wait(c, in, POLLIN, deadline, who)) != GPL_OK)
-                goto out;
-        }
+        if ((rc = chain_io(c, in, &h, sizeof h, 0, ch->prev, 0, deadline)) != GPL_OK)
+            goto out;
         if (h.magic != CHAIN_MAGIC || h.round != (uint32_t)c->round ||
             h.from != (uint32_t)ch->prev) {
             rc = gb_seterr(&c->err, GPL_ERR_PROTOCOL,
@@ -522,14 +558,33 @@ gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline
                            c->rank, ch->prev, c->round, h.magic, h.from, h.round);
             goto out;
         }
-        if (h.total != total) {
+        int same = h.nbuf == (uint32_t)ch->n && h.total == total;
+        if (same && (rc = chain_io(c, in, desc, (size_t)ch->n * 2 * sizeof *desc, 0, ch->prev, 0,
+                                   deadline)) != GPL_OK)
+            goto out;
+        for (int i = 0; same && i < ch->n; i++) {
+            same = desc[2 * i] == ch->bytes[i];
+            raddr[i] = (void *)(uintptr_t)desc[2 * i + 1];
+        }
+        if (!same) {
             rc = gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
-                           "rank %d: rank %d sends %llu bytes of state and this rank's %d "
-                           "buffers hold %zu; every rank must pass the same buffers and sizes "
-                           "to gpl_copy_state",
-                           c->rank, ch->prev, (unsigned long long)h.total, ch->n, total);
+                           "rank %d: rank %d sends %u buffers of %llu bytes in all and this rank "
+                           "passes %d of %zu (or their sizes differ); every rank must pass the "
+                           "same buffers and sizes to gpl_copy_state",
+                           c->rank, ch->prev, h.nbuf, (unsigned long long)h.total, ch->n, total);
             goto out;
         }
+        if (h.cma && total > 0) { /* can this rank read the sender's memory? */
+            struct iovec l[1], r[1];
+            uint8_t probe;
+            chain_iov(&rv, (chain_pos){0, 0}, 1, r);
+            l[0] = (struct iovec){&probe, 1};
+            in_cma = process_vm_readv((pid_t)h.pid, l, 1, r, 1, 0) == 1;
+            in_pid = (pid_t)h.pid;
+        }
+        uint8_t mode = (uint8_t)in_cma;
+        if ((rc = chain_io(c, in, &mode, 1, 1, ch->prev, 0, deadline)) != GPL_OK)
+            goto out;
     }
     if (ch->next >= 0) {
         char why[320] = "";
@@ -543,36 +598,110 @@ gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline
         int one = 1, buf = CHAIN_SOCKBUF;
         setsockopt(out, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
         setsockopt(out, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        h = (chain_hdr){CHAIN_MAGIC, (uint32_t)c->round, (uint32_t)c->rank, 0, total};
-        /* an empty new connection's buffer takes the header at once */
-        if (send(out, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h) {
-            rc = chain_dropped(c, ch->next, "closed its link", errno);
-            goto out;
-        }
         fcntl(out, F_SETFL, fcntl(out, F_GETFL) | O_NONBLOCK);
+        h = (chain_hdr){CHAIN_MAGIC,
+                        (uint32_t)c->round,
+                        (uint32_t)c->rank,
+                        (uint32_t)ch->n,
+                        total,
+                        (uint32_t)getpid(),
+                        0};
+        if (ch->next_local && !getenv("GPULAUNCH_NO_CMA")) {
+            /* the next rank on this node may read these buffers: Yama's
+             * ptrace scope 1 needs this (without Yama it fails, harmlessly);
+             * the next rank tries a read and says whether it can */
+            h.cma = 1;
+#ifdef PR_SET_PTRACER
+            ptracer = prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0;
+#endif
+        }
+        for (int i = 0; i < ch->n; i++) {
+            desc[2 * i] = ch->bytes[i];
+            desc[2 * i + 1] = (uint64_t)(uintptr_t)ch->bufs[i];
+        }
+        uint8_t mode = 0;
+        if ((rc = chain_io(c, out, &h, sizeof h, 1, ch->next, 1, deadline)) != GPL_OK ||
+            (rc = chain_io(c, out, desc, (size_t)ch->n * 2 * sizeof *desc, 1, ch->next, 1,
+                           deadline)) != GPL_OK ||
+            (rc = chain_io(c, out, &mode, 1, 0, ch->next, 1, deadline)) != GPL_OK)
+            goto out;
+        out_cma = mode == 1;
     }
-    /* got: bytes here (all at the head); sent: bytes passed on. Both sides
-     * are tried before any wait, so a forwarding rank keeps both links busy. */
-    size_t got = ch->prev >= 0 ? 0 : total, sent = ch->next >= 0 ? 0 : total;
+    /* got: bytes here (all at the head); sent: bytes passed on, or said to be
+     * there to a next rank that reads them itself; avail: what the sender
+     * said it has, when this rank reads it. Both sides are tried before any
+     * wait, so a forwarding rank keeps both links busy. */
+    size_t got = ch->prev >= 0 ? 0 : total, sent = ch->next >= 0 ? 0 : total, avail = 0;
     chain_pos gp = {0, 0}, sp = {0, 0};
+    uint8_t said[64]; /* counts from the sender, as they come */
+    size_t nsaid = 0;
+    uint64_t tell = 0; /* a count being said to the next rank: tell_off of its 8 bytes sent */
+    size_t tell_off = 8;
     uint64_t next_check = gb_now_ms() + GPL_POLL_MS;
     while (got < total || sent < total) {
-        struct iovec iov[CHAIN_IOV];
+        struct iovec iov[CHAIN_IOV], riov[CHAIN_IOV];
         int moved = 0;
-        if (got < total) {
-            struct msghdr m = {.msg_iov = iov,
-                               .msg_iovlen = (size_t)chain_iov(ch, gp, total - got, iov)};
-            ssize_t r = recvmsg(in, &m, MSG_DONTWAIT);
-            if (r > 0) {
-                got += (size_t)r;
-                chain_advance(ch, &gp, (size_t)r);
+        if (got < total && (!in_cma || avail == got)) {
+            ssize_t r;
+            if (in_cma) {
+                r = recv(in, said + nsaid, sizeof said - nsaid, MSG_DONTWAIT);
+                if (r > 0) {
+                    nsaid += (size_t)r;
+                    size_t k = nsaid / 8;
+                    if (k) {
+                        uint64_t v;
+                        memcpy(&v, said + (k - 1) * 8, 8);
+                        avail = v > total ? total : (size_t)v;
+                        memmove(said, said + k * 8, nsaid - k * 8);
+                        nsaid -= k * 8;
+                    }
+                }
+            } else {
+                struct msghdr m = {.msg_iov = iov,
+                                   .msg_iovlen = (size_t)chain_iov(ch, gp, total - got, iov)};
+                r = recvmsg(in, &m, MSG_DONTWAIT);
+                if (r > 0) {
+                    got += (size_t)r;
+                    chain_advance(ch, &gp, (size_t)r);
+                }
+            }
+            if (r > 0)
                 moved = 1;
-            } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+            else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
                 rc = chain_dropped(c, ch->prev, "closed its link", r == 0 ? 0 : errno);
                 goto out;
             }
         }
-        if (sent < got) {
+        if (in_cma && got < avail) {
+            size_t m = avail - got < CHAIN_CMA_STEP ? avail - got : CHAIN_CMA_STEP;
+            int nl = chain_iov(ch, gp, m, iov), nr = chain_iov(&rv, gp, m, riov);
+            ssize_t r =
+                process_vm_readv(in_pid, iov, (unsigned long)nl, riov, (unsigned long)nr, 0);
+            if (r <= 0) {
+                rc = chain_dropped(c, ch->prev, "could not be read", r < 0 ? errno : 0);
+                goto out;
+            }
+            got += (size_t)r;
+            chain_advance(ch, &gp, (size_t)r);
+            moved = 1;
+        }
+        if (out_cma && tell_off == 8 && sent < got &&
+            (got - sent >= CHAIN_CMA_STEP || got == total)) {
+            tell = got;
+            tell_off = 0;
+        }
+        if (out_cma && tell_off < 8) {
+            ssize_t w =
+                send(out, (uint8_t *)&tell + tell_off, 8 - tell_off, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w > 0 && (tell_off += (size_t)w) == 8)
+                sent = (size_t)tell;
+            if (w > 0)
+                moved = 1;
+            else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+                rc = chain_dropped(c, ch->next, "closed its link", errno);
+                goto out;
+            }
+        } else if (!out_cma && sent < got) {
             struct msghdr m = {.msg_iov = iov,
                                .msg_iovlen = (size_t)chain_iov(ch, sp, got - sent, iov)};
             ssize_t w = sendmsg(out, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -590,7 +719,7 @@ gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline
             int np = 0;
             if (got < total)
                 p[np++] = (struct pollfd){.fd = in, .events = POLLIN};
-            if (sent < got)
+            if ((out_cma && tell_off < 8) || (!out_cma && sent < got))
                 p[np++] = (struct pollfd){.fd = out, .events = POLLOUT};
             if (poll(p, (nfds_t)np, GPL_POLL_MS) < 0 && errno != EINTR) {
                 rc = gb_seterr(&c->err, GPL_ERR_SYSTEM, "poll: %s", strerror(errno));
@@ -607,25 +736,14 @@ gpl_result_t gpl_chain_copy(gpl_comm_t c, const gpl_chain *ch, uint64_t deadline
         }
     }
     /* Done once every rank after this one has it all (the tail says so, each
-     * rank passes it back): a sender's buffers stay as they are until then,
-     * and a rank that could not take the state fails its sender's call too. */
+     * rank passes it back): a sender's buffers stay as they are until then
+     * (a rank on the same node may still be reading them), and a rank that
+     * could not take the state fails its sender's call too. */
     uint8_t ack = 1;
-    if (ch->next >= 0) {
-        snprintf(who, sizeof who, "rank %d (the state copy's receiver)", ch->next);
-        for (;;) {
-            ssize_t r = recv(out, &ack, 1, MSG_DONTWAIT);
-            if (r == 1)
-                break;
-            if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
-                rc = chain_dropped(c, ch->next, "did not take the whole state", r ? errno : 0);
-                goto out;
-            }
-            if ((rc = chain_wait(c, out, POLLIN, deadline, who)) != GPL_OK)
-                goto out;
-        }
-    }
-    if (ch->prev >= 0 && send(in, &ack, 1, MSG_NOSIGNAL) != 1)
-        rc = chain_dropped(c, ch->prev, "closed its link", errno);
+    if (ch->next >= 0 && (rc = chain_io(c, out, &ack, 1, 0, ch->next, 1, deadline)) != GPL_OK)
+        goto out;
+    if (ch->prev >= 0)
+        rc = chain_io(c, in, &ack, 1, 1, ch->prev, 0, deadline);
 out:
     if (ch->listen_fd >= 0)
         close(ch->listen_fd);
@@ -633,5 +751,11 @@ out:
         close(in);
     if (out >= 0)
         close(out);
+#ifdef PR_SET_PTRACER
+    if (ptracer && !c->cma) /* no longer readable, unless the all-reduce reads it */
+        prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+#endif
+    free(desc);
+    free(raddr);
     return rc;
 }

@@ -2,7 +2,9 @@
  * of a re-formed round (gpl_copy_state): the rank that has the state feeds
  * the first rank that needs it, which forwards each byte to the next as soon
  * as it has it, and so on (a pipelined chain). Only the ranks in the chain
- * take part; the node ring and shared memory are not used. */
+ * take part; the node ring and shared memory are not used. A rank on the
+ * same node as the one that feeds it reads the state from that rank's
+ * memory (one copy instead of a socket's two) where the kernel allows. */
 #ifndef GPULAUNCH_GPL_RING_H
 #define GPULAUNCH_GPL_RING_H
 
@@ -21,6 +23,7 @@ typedef struct gpl_chain {
     int next;              /* the rank this one feeds; -1 at the tail */
     const char *next_host; /* where next listens */
     int next_port;
+    int next_local; /* next is on this node: it may read bufs itself (process_vm_readv) */
 } gpl_chain;
 
 /* A listening socket for this rank's feeder: *fd, and the port it got. */

@@ -1,6 +1,7 @@
 /* The state copy of a re-formed round (gpl_copy_state) with real processes
  * and sockets: a new node's ranks get the root's state through the chain,
- * a rank one step ahead on the root's own node is set back, nothing moves
+ * (the second reading the first's memory, or through a socket where it
+ * cannot), a rank one step ahead on the root's own node is set back, nothing moves
  * when no rank needs it, sizes that differ are refused, and a round that
  * ends mid-copy fails it with GPL_ERR_ROUND_OVER on every rank in the chain. */
 #include <criterion/criterion.h>
@@ -80,6 +81,14 @@ Test(copy, a_new_nodes_ranks_get_the_roots_state, .timeout = 60) {
         cr_expect(strstr(res.msg[r], "ok root 0 copy 1 mine 1") != NULL, "rank %d: %s", r,
                   res.msg[r]);
     cr_expect(strstr(res.msg[1], "ok root 0 copy 1 mine 0") != NULL, "rank 1: %s", res.msg[1]);
+}
+
+Test(copy, through_sockets_only_when_ranks_cannot_read_each_other, .timeout = 60) {
+    /* 4 -> 5 on one node through loopback instead of process_vm_readv */
+    copy_arg a = {{(24u << 20) + 3, 0, 1, 1000}, {7, 7, 7, 7, -1, -1}, -1};
+    const char *env[] = {"GPULAUNCH_NO_CMA=1", NULL};
+    rt_result res;
+    expect_ok(6, &res, rt_run(3, 2, copy_rank, &a, env, &res, 50000));
 }
 
 Test(copy, a_rank_ahead_on_the_roots_node_is_set_back, .timeout = 60) {

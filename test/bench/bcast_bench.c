@@ -9,7 +9,11 @@
  *
  * Rank 0 prints one row per size:
  *   size_bytes time_s bcast_GBs loopback_GBs ratio check
- * (time: the slowest rank's, from a common start; GB = 1e9 B). */
+ * (time: the slowest rank's, from a common start; GB = 1e9 B).
+ *
+ * -c N: the state copy of a re-formed round instead (gpl_reform_agree, then
+ * gpl_copy_state, timed alone): the last N ranks lack the state, as a new
+ * node's do, and get rank 0's; the others only say they have it. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -113,7 +117,7 @@ static double loopback_gbs(size_t bytes) {
 
 int main(int argc, char **argv) {
     size_t b = 1u << 20, e = 1u << 30, f = 4;
-    int iters = 3;
+    int iters = 3, needers = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "-b") == 0)
             b = parse_size(argv[i + 1]);
@@ -123,6 +127,8 @@ int main(int argc, char **argv) {
             f = (size_t)strtol(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "-n") == 0)
             iters = (int)strtol(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "-c") == 0)
+            needers = (int)strtol(argv[i + 1], NULL, 10);
         else {
             fprintf(stderr, "bcast_bench: unknown option %s\n", argv[i]);
             return 2;
@@ -138,29 +144,40 @@ int main(int argc, char **argv) {
         return 1;
     }
     int rank = gpl_rank(c), world = gpl_world_size(c);
+    if (needers < 0 || needers >= world) {
+        fprintf(stderr, "bcast_bench: -c takes 0 to %d (the ranks that lack the state)\n",
+                world - 1);
+        return 2;
+    }
+    int need = rank >= world - needers; /* -c: this rank gets the state */
     uint8_t *buf = malloc(e);
     if (buf == NULL) {
         fprintf(stderr, "bcast_bench: rank %d: no memory for %zu bytes\n", rank, e);
         return 1;
     }
     if (rank == 0)
-        printf("# world %d, %d local; size_bytes time_s bcast_GBs loopback_GBs ratio check\n",
-               world, gpl_local_world_size(c));
+        printf("# world %d, %d local, %s; size_bytes time_s bcast_GBs loopback_GBs ratio "
+               "check\n",
+               world, gpl_local_world_size(c), needers ? "gpl_copy_state" : "gpl_broadcast");
     int rc = 0;
     for (size_t sz = b; sz <= e; sz *= f) {
         double lo = rank == 0 ? loopback_gbs(sz) : 0;
         double best = 1e30;
         int ok = 1;
         for (int it = 0; it < iters; it++) {
-            if (rank == 0)
+            if (rank == 0 || (needers && !need))
                 for (size_t k = 0; k < sz; k += 4096)
                     buf[k] = (uint8_t)(k / 4096 + (size_t)it);
             else
                 memset(buf, 0, sz);
+            gpl_reform_info ri = {.step = -1};
+            if (needers && gpl_reform_agree(c, need ? -1 : it, &ri) != GPL_OK)
+                goto fail;
             if (gpl_barrier(c) != GPL_OK)
                 goto fail;
             double t0 = now_s();
-            if (gpl_broadcast(c, buf, sz / 4, GPL_INT32, 0, NULL) != GPL_OK)
+            if (needers ? gpl_copy_state(c, (void *const *)&buf, &sz, 1, &ri) != GPL_OK
+                        : gpl_broadcast(c, buf, sz / 4, GPL_INT32, 0, NULL) != GPL_OK)
                 goto fail;
             double t = now_s() - t0;
             for (size_t k = 0; k < sz; k += 4096)
