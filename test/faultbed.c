@@ -56,7 +56,7 @@ void start_server(int verbose) {
 
 void teardown(void) {
     netbed_down(&bed);
-    if (dir[0])
+    if (dir[0] && !getenv("GPL_KEEP_DIR")) /* GPL_KEEP_DIR=1: kept, to look at its checkpoints */
         tmpdir_remove(dir);
 }
 

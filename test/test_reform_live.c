@@ -1,11 +1,11 @@
 /* The fault matrix's live re-formation scenarios (faultbed.h): 4 nodes x 2
- * workers of dp_train --reform. A node lost or added re-forms the job in place:
- * the survivors keep their processes and their state, lose no step, and a new
- * node's ranks copy the state from a survivor. Each scenario checks the
- * parameters bitwise equal on every rank; the first also checks them equal to
- * a run restarted from a checkpoint of the same step into the same world. A
- * re-formation that cannot finish falls back to restarting. docs/reliability.md
- * has the table. */
+ * workers of dp_train --reform. A node lost, preempted or added re-forms the
+ * job in place: the survivors keep their processes and their state, lose no
+ * step, and a new node's ranks copy the state from a survivor. Each scenario
+ * checks the parameters bitwise equal on every rank, and equal to those of
+ * the same job restarted from checkpoints of the steps it re-formed after,
+ * into the same worlds (live and restart agree). A re-formation that cannot
+ * finish falls back to restarting. docs/reliability.md has the table. */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
 #include <signal.h>
@@ -54,14 +54,100 @@ static long expect_in_place(const int *hosts, int n) {
 }
 
 /* A job of nhosts dp_train nodes, fixed size, into ckdir (the restart arm). */
-static void run_fixed(int nhosts, const char *steps, const char *ck_every, const char *ckdir) {
+static void run_fixed(int nhosts, const char *steps, const char *ck_every, const char *ckdir,
+                      const char *state_mib) {
     static const int hosts[NODES] = {1, 2, 3, 4};
     char nn[8];
     snprintf(nn, sizeof nn, "%d", nhosts);
-    job_args ja = {.nnodes = nn, .steps = steps, .ck_every = ck_every, .ckdir = ckdir};
+    job_args ja = {
+        .nnodes = nn, .steps = steps, .ck_every = ck_every, .ckdir = ckdir, .state_mib = state_mib};
     for (int i = 1; i <= nhosts; i++)
         start_node(i, &ja);
     expect_exit(hosts, nhosts, 0, 60000);
+}
+
+#define MAX_SEGS 8
+
+/* The job's re-formations in round order, as the ranks that kept their
+ * state report them (all of a round's agree): the world each went on in and
+ * the step it went on after. */
+static int reformations(int world[MAX_SEGS], long after[MAX_SEGS]) {
+    int round[MAX_SEGS], n = 0;
+    for (int h = 1; h <= NODES; h++)
+        for (const char *s = nodes[h].out; (s = strstr(s, " (was ")) != NULL; s++) {
+            int r, w;
+            long a;
+            if (sscanf(s,
+                       " (was %*d): round %d re-formed in place, world %d, going on after "
+                       "step %ld",
+                       &r, &w, &a) != 3)
+                continue;
+            int k = 0;
+            while (k < n && round[k] < r)
+                k++;
+            if (k < n && round[k] == r) {
+                cr_expect(world[k] == w && after[k] == a,
+                          "round %d: one rank went on after step %ld in a world of %d, another "
+                          "after %ld in %d",
+                          r, after[k], world[k], a, w);
+                continue;
+            }
+            if (n == MAX_SEGS)
+                continue;
+            for (int j = n++; j > k; j--)
+                round[j] = round[j - 1], world[j] = world[j - 1], after[j] = after[j - 1];
+            round[k] = r, world[k] = w, after[k] = a;
+        }
+    return n;
+}
+
+/* The restart arm: the same job restarted from a checkpoint at every step the
+ * live one re-formed after, into the world it re-formed into (2 ranks a
+ * node), from a start in a world of world0 to `steps`: its final parameters
+ * must equal the live run's `live`, bit for bit. */
+static void expect_restart_agrees(const char *tag, int world0, const char *steps,
+                                  const char *state_mib, const char *live) {
+    int world[MAX_SEGS];
+    long after[MAX_SEGS];
+    int n = reformations(world, after);
+    cr_assert_geq(n, 1, "%s: no rank said it re-formed in place", tag);
+    /* every link up, and a fresh rendezvous: the live job's may still wait
+     * for a vanished node */
+    for (int h = 1; h <= NODES; h++)
+        netbed_restore(&bed, h);
+    netbed_save_log(&bed, "live-rdzv", &server);
+    proc_kill(&server, SIGKILL);
+    proc_wait(&server, 5000);
+    start_server(0);
+    char ck[128], at[24];
+    snprintf(ck, sizeof ck, "%s/ck-restart-%s", dir, tag);
+    int w = world0;
+    long prev = 0;
+    char path[300];
+    for (int i = 0; i < n; i++) {
+        if (after[i] > prev) { /* a world that trained: to the next one's step, checkpointed */
+            snprintf(at, sizeof at, "%ld", after[i]);
+            run_fixed(w / 2, at, at, ck, state_mib);
+            save_logs(tag);
+            snprintf(path, sizeof path, "%s/step-%012ld/COMPLETE", ck, after[i]);
+            cr_assert_eq(access(path, F_OK), 0,
+                         "%s: the restart arm wrote no checkpoint of "
+                         "step %ld",
+                         tag, after[i]);
+            prev = after[i];
+        }
+        w = world[i];
+    }
+    static const int hosts[NODES] = {1, 2, 3, 4};
+    run_fixed(w / 2, steps, "100000", ck, state_mib);
+    save_logs(tag);
+    expect_resumed(hosts, w / 2);
+    char restarted[65];
+    expect_same_params(hosts, w / 2, w, restarted);
+    cr_expect_str_eq(live, restarted,
+                     "%s: live re-formation and restarts from checkpoints of the same steps "
+                     "into the same worlds differ",
+                     tag);
 }
 
 /* L1. kill -9 of a node (its sockets close): the three others re-form in
@@ -84,22 +170,11 @@ Test(reform_live, node_killed_survivors_re_form_in_place_and_match_a_restart) {
     expect_exit(surv, NODES - 1, 0, 60000);
     save_logs("live");
     long after = expect_in_place(surv, NODES - 1);
-    char live[65], restarted[65];
+    char live[65];
     expect_same_params(surv, NODES - 1, 6, live);
     cr_expect_leq(worst, 1000, "the survivors took the new round %llu ms after the kill",
                   (unsigned long long)worst);
-    /* the restart arm: 4 nodes to that step, checkpointed, then 3 from it */
-    char ck[128], at[24];
-    snprintf(ck, sizeof ck, "%s/ck-restart", dir);
-    snprintf(at, sizeof at, "%ld", after);
-    run_fixed(4, at, at, ck);
-    run_fixed(3, STEPS, "100000", ck);
-    save_logs("restart");
-    expect_resumed(surv, NODES - 1);
-    expect_same_params(surv, NODES - 1, 6, restarted);
-    cr_expect_str_eq(live, restarted,
-                     "live re-formation after step %ld and a restart from its checkpoint differ",
-                     after);
+    expect_restart_agrees("restart", 8, STEPS, NULL, live);
     cr_log_info("L1 (node killed, live): every survivor in the 3-node round %llu ms after the "
                 "kill, going on after step %ld with 0 lost; equal to the restart from step %ld",
                 (unsigned long long)worst, after, after);
@@ -122,7 +197,9 @@ Test(reform_live, node_vanishes_survivors_re_form_in_place) {
     expect_exit(surv, NODES - 1, 0, 60000);
     save_logs("run");
     expect_in_place(surv, NODES - 1);
-    expect_same_params(surv, NODES - 1, 6, NULL);
+    char live[65];
+    expect_same_params(surv, NODES - 1, 6, live);
+    expect_restart_agrees("restart", 8, "600", NULL, live);
     cr_expect_leq(worst - told, 1000, "re-formed %llu ms after the survivors were told",
                   (unsigned long long)(worst - told));
     cr_log_info("L2 (node vanishes, live): told after %llu ms, every survivor in the new round "
@@ -132,12 +209,12 @@ Test(reform_live, node_vanishes_survivors_re_form_in_place) {
 
 /* L3. Two nodes killed 200 ms apart, then a replacement node joins: the two
  * survivors re-form (once or twice), and re-form again to take the newcomer
- * in, which copies the state (16 MiB beside the parameters) from them. */
+ * in, which copies the state from them. Every re-formation's world and step
+ * is then replayed as restarts from checkpoints: the same parameters. */
 Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
     setup_bed("L3-reform-two-failures-and-join", NODES + 1, 0, 0);
     start_server(0);
-    job_args ja = {
-        .nnodes = "2:4", .steps = "1200", .sleep_ms = "10", .reform = 1, .state_mib = "16"};
+    job_args ja = {.nnodes = "2:4", .steps = "1200", .sleep_ms = "10", .reform = 1};
     start_job(&ja);
     usleep(1500000);
     static const int surv[2] = {1, 2};
@@ -178,7 +255,9 @@ Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
     expect_in_place(surv, 2);
     cr_expect(strstr(nodes[3].out, "nothing read from the checkpoint") != NULL,
               "the new node did not copy the state from a survivor: %s", nodes[3].out);
-    expect_same_params(three, 3, 6, NULL);
+    char live[65];
+    expect_same_params(three, 3, 6, live);
+    expect_restart_agrees("restart", 8, "1200", NULL, live);
     cr_log_info("L3 (two nodes killed 200 ms apart, then one joins): first step in the 4-rank "
                 "world %llu ms after the first kill; the new node's first step with the others "
                 "%llu ms after its launcher started",
@@ -215,7 +294,9 @@ Test(reform_live, a_failure_during_re_formation_falls_back_to_restart) {
     expect_exit(surv, NODES - 1, 0, 90000);
     save_logs("run");
     cr_expect(strstr(nodes[2].out, "restarting workers") != NULL, "host2: %s", nodes[2].out);
-    expect_same_params(surv, NODES - 1, 6, NULL);
+    char live[65];
+    expect_same_params(surv, NODES - 1, 6, live);
+    expect_restart_agrees("restart", 8, STEPS, NULL, live);
     cr_log_info("L4 (a worker dies while re-forming): host2 fell back to a restart %llu ms after "
                 "the kill; the job finished on 3 nodes",
                 (unsigned long long)fb[0]);
@@ -250,7 +331,8 @@ Test(reform_live, preemption_saves_the_same_step_and_the_survivors_go_on) {
     expect_exit(surv, NODES - 1, 0, 60000);
     save_logs("run");
     long after = expect_in_place(surv, NODES - 1);
-    expect_same_params(surv, NODES - 1, 6, NULL);
+    char live[65];
+    expect_same_params(surv, NODES - 1, 6, live);
     /* the same step saved by every rank, host 4's included, and complete */
     long step = saved_step(nodes[4].out);
     cr_assert_geq(step, 1, "host4 saved nothing: %s", nodes[4].out);
@@ -273,6 +355,7 @@ Test(reform_live, preemption_saves_the_same_step_and_the_survivors_go_on) {
     cr_expect(strstr(done, "world 8") != NULL, "%s: %s", path, done);
     cr_expect_geq(after, step, "the survivors went on after step %ld, before the save (%ld)", after,
                   step);
+    expect_restart_agrees("restart", 8, STEPS, NULL, live);
     cr_log_info("L5 (preemption, live): every rank saved step %ld; host4 exited 143; every "
                 "survivor in the 3-node round %llu ms after the SIGTERM, going on after step %ld",
                 step, (unsigned long long)worst, after);
