@@ -80,6 +80,8 @@ from .progress import _wait_fns, progress
 _STORE_TRY_S = 2.0
 # tensors of at most this many bytes are broadcast together in one flat buffer
 _BUCKET_BYTES = 32 << 20
+# a copy's pieces along the chain: each rank passes one on while the next comes
+_CHAIN_PIECE_BYTES = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +309,7 @@ class Elastic:
         self._before: dict[int, int] = {}  # sockets before the group was made
         self._owned: Optional[dict[int, int]] = None  # the group's TCP sockets, once made
         self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
+        self._chain: list[int] = []  # the last agreement's copy: its root, then the ranks that need it
         self._broken_at = 0.0  # when the watcher broke this group (0: not)
         self._handled = True  # the training thread has left the broken group behind
         self._still_since = 0.0  # since when the training thread has not run
@@ -613,17 +616,38 @@ class Elastic:
         step = min(have) if have else -1
         root = steps.index(step) if have else -1
         copy = step >= 0 and any(s != step for s in steps)
+        # the copy goes from the root through the ranks that need it, alone
+        self._chain = [root] + [r for r, s in enumerate(steps) if s != step] if copy else []
         return step, root, len(have), copy, copy and mine_step != step
+
+    def _pass_on(self, flat: Any) -> None:
+        """flat from the root along the chain (root, then the ranks that need
+        the state, in rank order), in pieces: a rank sends a piece on while
+        it receives the next, so every link carries the state once, at the
+        same time. Ranks outside the chain take no part."""
+        chain = self._chain
+        i = chain.index(self.rank)
+        src = chain[i - 1] if i > 0 else None
+        dst = chain[i + 1] if i + 1 < len(chain) else None
+        raw = flat.reshape(-1).view(self._torch.uint8)
+        sends: list[Any] = []
+        for piece in raw.split(_CHAIN_PIECE_BYTES):
+            if src is not None:
+                self._dist.recv(piece, src=src)
+            if dst is not None:
+                sends.append(self._dist.isend(piece, dst=dst))
+        for w in sends:
+            w.wait()
 
     def _broadcast(self, tensors: list[Any], root: int) -> None:
         """Root's tensors into everyone's, in place: large ones alone, the rest
         in flat buffers of at most _BUCKET_BYTES per dtype."""
-        t, dist = self._torch, self._dist
+        t = self._torch
+        if self.rank not in self._chain:
+            return
         wire = self._device()
         me = self.rank == root
-
-        def send(flat: Any) -> None:
-            dist.broadcast(flat, src=root)
+        send = self._pass_on
 
         small: dict[Any, list[Any]] = {}
         for x in tensors:
