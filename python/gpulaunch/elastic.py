@@ -573,9 +573,24 @@ class Elastic:
         kw = dict(self._ddp_kwargs)
         if self.backend == "nccl" and "device_ids" not in kw:
             kw["device_ids"] = [self._torch.cuda.current_device()]
-        if not sync and "init_sync" in inspect.signature(DDP.__init__).parameters:
-            kw["init_sync"] = False  # the state was agreed and copied already
-        self.ddp = DDP(self.model, **kw)
+        if sync or "init_sync" in inspect.signature(DDP.__init__).parameters:
+            if not sync:
+                kw["init_sync"] = False  # the state was agreed and copied already
+            self.ddp = DDP(self.model, **kw)
+        else:
+            # a torch without init_sync (1.x) broadcasts every parameter and
+            # buffer from rank 0 to every rank when DDP is made: the state was
+            # agreed and copied already, so that broadcast is left out
+            import torch.nn.parallel.distributed as ddp_module
+
+            sync_states = getattr(ddp_module, "_sync_module_states", None)
+            if sync_states is not None:
+                setattr(ddp_module, "_sync_module_states", lambda **_: None)
+            try:
+                self.ddp = DDP(self.model, **kw)
+            finally:
+                if sync_states is not None:
+                    setattr(ddp_module, "_sync_module_states", sync_states)
         hook = self._comm_hook
         if self.enabled and self.world_size == 1:
             hook = self._alone_hook(hook)
