@@ -356,6 +356,19 @@ static int go_on_in_next_round(gpl_comm_t comm, float *const params[5], const si
     return 0;
 }
 
+/* DP_TRAIN_TRACE=FILE: rank 0 appends "step N world W loss L params H" to
+ * FILE after every step (N steps done; H: the first 16 hex digits of
+ * params_sha256), to find where two runs part. */
+static void trace_step(const char *file, const model *m, long done, int world, float loss) {
+    char hex[65];
+    params_sha256(m, hex);
+    FILE *f = fopen(file, "a");
+    if (f == NULL)
+        return;
+    fprintf(f, "step %ld world %d loss %.9g params %.16s\n", done, world, (double)loss, hex);
+    fclose(f);
+}
+
 static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
@@ -374,6 +387,7 @@ static const char usage[] =
     "every rank, changed every step, checkpointed, copied to a new node's ranks.\n"
     "--start-delay-ms MS: sleep that long before anything else, as a program importing a\n"
     "framework does (until then a SIGTERM ends it: it cannot checkpoint yet).\n"
+    "DP_TRAIN_TRACE=FILE: rank 0 appends its parameters' hash to FILE after every step.\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
     "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
@@ -383,6 +397,7 @@ int main(int argc, char **argv) {
     long slow_rank = -1, slow_ms = 0, slow_from = 0, start_delay_ms = 0, state_mib = 0;
     double slow_factor = 1.5;
     int device = 0, reform = 0;
+    const char *trace = getenv("DP_TRAIN_TRACE");
     double ckpt_every_s = 0;
     const char *ckpt_dir = NULL;
     float lr = 0.05f;
@@ -626,6 +641,8 @@ int main(int argc, char **argv) {
             fflush(stdout);
         }
         first_in_world = 0;
+        if (trace && rank == 0)
+            trace_step(trace, &m, step + 1, gpl_world_size(comm), loss);
         if (rank == 0 && (step % every == 0 || step == steps - 1)) {
             printf("step %ld loss %.6f\n", step, loss);
             fflush(stdout); /* a node killed next must not take its last lines along */
