@@ -311,6 +311,15 @@ static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t
             return -1;
         }
         gpl_result_t rc = gpl_reform_agree(comm, done, &ri);
+        if (rc == GPL_OK && ri.step < 0) {
+            /* every rank that held the state lost it (a copy cut short after
+             * its root's node went away): the checkpoint has it */
+            fprintf(stderr,
+                    "dp_train rank %d: no rank of round %d holds the state any more; exiting "
+                    "so that the launcher restarts from the checkpoint\n",
+                    gpl_rank(comm), gpl_round(comm));
+            return -1;
+        }
         if (rc == GPL_OK)
             rc = copy_state(comm, params, counts, &ri);
         if (rc == GPL_OK)

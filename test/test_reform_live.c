@@ -290,13 +290,15 @@ Test(reform_live, node_vanishes_survivors_re_form_in_place) {
 
 /* L3. Two nodes killed 200 ms apart, then a replacement node joins: the two
  * survivors re-form (once or twice), and re-form again to take the newcomer
- * in, which copies the state from them. Every re-formation's world and step
- * is then replayed as restarts from checkpoints: the same parameters. */
+ * in, which copies the state (16 MiB beside the parameters) from them. Every
+ * re-formation's world and step is then replayed as restarts from
+ * checkpoints: the same parameters. */
 Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
     setup_bed("L3-reform-two-failures-and-join", NODES + 1, 0, 0);
     trace_to("live");
     start_server(0);
-    job_args ja = {.nnodes = "2:4", .steps = "1200", .sleep_ms = "10", .reform = 1};
+    job_args ja = {
+        .nnodes = "2:4", .steps = "1200", .sleep_ms = "10", .reform = 1, .state_mib = "16"};
     start_job(&ja);
     usleep(1500000);
     static const int surv[2] = {1, 2};
@@ -339,7 +341,7 @@ Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
               "the new node did not copy the state from a survivor: %s", nodes[3].out);
     char live[65];
     expect_same_params(three, 3, 6, live);
-    expect_restart_agrees("restart", 8, "1200", NULL, live);
+    expect_restart_agrees("restart", 8, "1200", "16", live);
     cr_log_info("L3 (two nodes killed 200 ms apart, then one joins): first step in the 4-rank "
                 "world %llu ms after the first kill; the new node's first step with the others "
                 "%llu ms after its launcher started",
