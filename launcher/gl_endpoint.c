@@ -179,3 +179,16 @@ void gl_endpoint_fqdn(const char *hostname, char *out, size_t len) {
         snprintf(out, len, "%s", cn);
     freeaddrinfo(res);
 }
+
+int gl_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    socklen_t len = sizeof sa;
+    int port = 0;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}

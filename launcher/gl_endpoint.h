@@ -27,5 +27,8 @@ int gl_endpoint_check(const gl_config *cfg);
  * socket.getfqdn(): in a Kubernetes JobSet pod only <pod>.<subdomain> and
  * the FQDN resolve, not the bare pod name), else the host name itself. */
 void gl_endpoint_fqdn(const char *hostname, char *out, size_t len);
+/* A TCP port free on this machine now (the kernel's pick), 0 when none can
+ * be had: a round's master port. */
+int gl_free_port(void);
 
 #endif

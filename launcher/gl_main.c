@@ -174,8 +174,6 @@ static void on_done_timeout(uv_timer_t *t) {
 
 /* ---- the worker group's and the watchdog's reports ---- */
 
-static int free_port(void);
-
 /* A re-formation that cannot finish (a kept worker exited, or did not take
  * the round in time): today's restart. The workers are told, then stopped; a
  * round this node already holds ends for everyone, which re-forms it again. */
@@ -363,6 +361,14 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     gl_progress_start_stats(L.loop, L.cfg.stats_interval_s, stats_due, send_stats, NULL);
 }
 
+/* Every local worker runs, none failed or is stopping, no exit is under
+ * way, and each said it re-forms in place: they go on through a round's end
+ * (or another node's preemption) instead of being restarted. */
+static int workers_go_on(void) {
+    return G.nrunning == L.cfg.nproc && !G.stopping && !L.group_failed && !L.exit_requested &&
+           gl_reform_possible(&R);
+}
+
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
                           const char *host, const char *msg) {
     fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
@@ -378,14 +384,13 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
     L.scale_up = reason == RDZV_REASON_SCALE_UP;
     L.round_hung = reason == RDZV_REASON_HUNG;
     /* workers that re-form in place are kept: the next round is joined now */
-    if (G.nrunning == L.cfg.nproc && !G.stopping && !L.group_failed && !L.exit_requested &&
-        gl_reform_possible(&R)) {
+    if (workers_go_on()) {
         gl_reform_begin(&R, msg);
         fprintf(stderr, "gpulaunch: the %d local workers re-form in place (not restarted)\n",
                 L.cfg.nproc);
         L.scale_up = 0;
         L.t_join_ns = gb_now_ns();
-        int port = free_port(); /* the last round's store may still hold its port */
+        int port = gl_free_port(); /* the last round's store may still hold its port */
         if (port > 0)
             rdzv_client_set_master_port(L.cli, (uint16_t)port);
         rdzv_client_rejoin(L.cli);
@@ -474,8 +479,7 @@ static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, c
     /* Another node's notice (ours set exit_requested before it was sent): in
      * an elastic job, workers that re-form in place save the same step as
      * every rank and go on; they re-form when that node has left. */
-    if (!L.exit_requested && L.cfg.min_nodes < L.cfg.max_nodes && G.nrunning == L.cfg.nproc &&
-        !G.stopping && !L.group_failed && gl_reform_possible(&R)) {
+    if (L.cfg.min_nodes < L.cfg.max_nodes && workers_go_on()) {
         fprintf(stderr,
                 "gpulaunch: preemption of another node (%s): the local workers save the same "
                 "step as every rank and go on; they re-form in place when it has left\n",
@@ -582,19 +586,6 @@ static int preflight(int verbose) {
 }
 
 /* ---- main ---- */
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    socklen_t len = sizeof sa;
-    int port = 0;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 int main(int argc, char **argv) {
     for (int i = 1; i < argc && argv[i][0] == '-'; i++)
@@ -745,7 +736,7 @@ int main(int argc, char **argv) {
         .hostname = L.hostname,
         .addr = L.addr,
         .instance = L.instance,
-        .master_port = (uint16_t)free_port(),
+        .master_port = (uint16_t)gl_free_port(),
         .nproc = (uint32_t)L.cfg.nproc,
         .ngpus = (uint32_t)gpl_visible_gpu_count(),
         .static_rank = L.cfg.mode == GL_MODE_STATIC ? L.cfg.node_rank : -1,

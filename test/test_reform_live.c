@@ -229,6 +229,23 @@ static void expect_restart_agrees(const char *tag, int world0, const char *steps
                      tag, part, lw, rw);
 }
 
+/* The three survivors re-form in place after t_fault and finish the job:
+ * each in the new round within 20 s, in place (no restart, no step lost),
+ * equal parameters on the 6 ranks (into live; logs saved as tag). Returns
+ * when the last one took the new round, in ms after t_fault; *after is the
+ * step the job went on after. */
+static uint64_t survivors_go_on(const int surv[NODES - 1], uint64_t t_fault, const char *tag,
+                                long *after, char live[65]) {
+    uint64_t back[NODES - 1];
+    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
+    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[surv[0]].out);
+    expect_exit(surv, NODES - 1, 0, 60000);
+    save_logs(tag);
+    *after = expect_in_place(surv, NODES - 1);
+    expect_same_params(surv, NODES - 1, 6, live);
+    return max_ms(back, NODES - 1);
+}
+
 /* L1. kill -9 of a node (its sockets close): the three others re-form in
  * place within a second, lose no step, and end as a run restarted from a
  * checkpoint of that step into the same 3-node world does: bit for bit. */
@@ -243,15 +260,9 @@ Test(reform_live, node_killed_survivors_re_form_in_place_and_match_a_restart) {
     uint64_t t_fault = now_ms();
     cr_assert(netbed_kill_host(&bed, 4) >= 3, "host4 had no launcher and workers");
     proc_wait(&nodes[4], 5000);
-    uint64_t back[NODES - 1];
-    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
-    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[1].out);
-    uint64_t worst = max_ms(back, NODES - 1);
-    expect_exit(surv, NODES - 1, 0, 60000);
-    save_logs("live");
-    long after = expect_in_place(surv, NODES - 1);
+    long after;
     char live[65];
-    expect_same_params(surv, NODES - 1, 6, live);
+    uint64_t worst = survivors_go_on(surv, t_fault, "live", &after, live);
     cr_expect_leq(worst, 1000, "the survivors took the new round %llu ms after the kill",
                   (unsigned long long)worst);
     expect_restart_agrees("restart", 8, STEPS, NULL, live);
@@ -271,15 +282,9 @@ Test(reform_live, node_vanishes_survivors_re_form_in_place) {
     usleep(1500000);
     int surv[NODES - 1];
     uint64_t t_fault, told = node_dies(4, surv, &t_fault);
-    uint64_t back[NODES - 1];
-    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
-    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[1].out);
-    uint64_t worst = max_ms(back, NODES - 1);
-    expect_exit(surv, NODES - 1, 0, 60000);
-    save_logs("run");
-    expect_in_place(surv, NODES - 1);
+    long after;
     char live[65];
-    expect_same_params(surv, NODES - 1, 6, live);
+    uint64_t worst = survivors_go_on(surv, t_fault, "run", &after, live);
     expect_restart_agrees("restart", 8, "600", NULL, live);
     cr_expect_leq(worst - told, 1000, "re-formed %llu ms after the survivors were told",
                   (unsigned long long)(worst - told));
@@ -413,15 +418,9 @@ Test(reform_live, preemption_saves_the_same_step_and_the_survivors_go_on) {
     uint64_t t_fault = now_ms();
     proc_kill(&nodes[4], SIGTERM);
     expect_exit(gone, 1, 143, 30000);
-    uint64_t back[NODES - 1];
-    int seen = expect_all(surv, NODES - 1, "workers re-formed in place", t_fault, 20000, back);
-    cr_assert_eq(seen, NODES - 1, "not every survivor re-formed: %s", nodes[1].out);
-    uint64_t worst = max_ms(back, NODES - 1);
-    expect_exit(surv, NODES - 1, 0, 60000);
-    save_logs("run");
-    long after = expect_in_place(surv, NODES - 1);
+    long after;
     char live[65];
-    expect_same_params(surv, NODES - 1, 6, live);
+    uint64_t worst = survivors_go_on(surv, t_fault, "run", &after, live);
     /* the same step saved by every rank, host 4's included, and complete */
     long step = saved_step(nodes[4].out);
     cr_assert_geq(step, 1, "host4 saved nothing: %s", nodes[4].out);

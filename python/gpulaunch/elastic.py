@@ -64,7 +64,6 @@ import dataclasses
 import datetime
 import inspect
 import os
-import random
 import socket
 import sys
 import threading
@@ -72,16 +71,14 @@ import time
 from typing import Any, Callable, Optional
 
 from . import _native as N
+from . import _procfs
+from . import _statecopy as _sc
 from ._native import Error
 from .progress import _wait_fns, progress
 
 # a store client's connection attempt: short, so that a round that ends while
 # its master is not there yet is seen between attempts
 _STORE_TRY_S = 2.0
-# tensors of at most this many bytes are broadcast together in one flat buffer
-_BUCKET_BYTES = 32 << 20
-# a copy's pieces along the chain: each rank passes one on while the next comes
-_CHAIN_PIECE_BYTES = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,98 +135,6 @@ class _RoundMoved(RuntimeError):
 
     def __init__(self, round_: int) -> None:
         super().__init__(f"gpulaunch: round {round_} ended while it was being joined")
-
-
-def _sockets() -> dict[int, int]:
-    """fd -> inode of this process's sockets."""
-    out: dict[int, int] = {}
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return out
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:[") and target.endswith("]"):
-            out[int(name)] = int(target[8:-1])
-    return out
-
-
-def _tcp_ports(fd: int, inode: int) -> Optional[tuple[int, int]]:
-    """(local port, peer port) when fd is still that socket, a connected TCP
-    one (not a listening one); else None."""
-    try:
-        dup = os.dup(fd)
-    except OSError:
-        return None
-    try:
-        if os.fstat(dup).st_ino != inode:
-            os.close(dup)
-            return None
-        s = socket.socket(fileno=dup)
-    except OSError:
-        os.close(dup)
-        return None
-    try:
-        if (s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM
-                or s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
-            return None
-        return int(s.getsockname()[1]), int(s.getpeername()[1])
-    except OSError:
-        return None
-    finally:
-        s.close()
-
-
-def _new_tcp(before: dict[int, int], store_port: int) -> dict[int, int]:
-    """The connected TCP sockets that are not in before (fd -> inode); with a
-    store_port, only those to or from it (the store's)."""
-    out: dict[int, int] = {}
-    for fd, ino in _sockets().items():
-        if before.get(fd) == ino:
-            continue
-        ports = _tcp_ports(fd, ino)
-        if ports is not None and (not store_port or store_port in ports):
-            out[fd] = ino
-    return out
-
-
-def _shut(fd: int, inode: int) -> None:
-    """shutdown(2) on the socket behind fd if it is still that one: whatever
-    waits on it returns at once; the owner still closes it."""
-    try:
-        dup = os.dup(fd)
-    except OSError:
-        return
-    try:
-        if os.fstat(dup).st_ino == inode:
-            s = socket.socket(fileno=dup)
-            dup = -1
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # not connected any more
-            finally:
-                s.close()
-    except OSError:
-        pass
-    finally:
-        if dup >= 0:
-            os.close(dup)
-
-
-def _thread_state(tid: int) -> str:
-    """The state letter of this process's thread tid (R running, S sleeping,
-    ...); "" when it cannot be read."""
-    try:
-        with open(f"/proc/self/task/{tid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return ""
-    rest = stat[stat.rfind(")") + 2:]
-    return rest[:1]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -391,7 +296,7 @@ class Elastic:
             if self._handled or not self._broken_at:
                 return
             now = time.monotonic()
-            if _thread_state(self._trainer) in ("R", ""):
+            if _procfs.thread_state(self._trainer) in ("R", ""):
                 self._still_since = now
                 return
             if now - self._still_since < self._stuck_exit_s:
@@ -419,9 +324,9 @@ class Elastic:
             self._abort_nccl()
         owned = self._owned
         if owned is None:  # still being made: whatever appeared since
-            owned = _new_tcp(self._before, self._store_port)
+            owned = _procfs.new_tcp(self._before, self._store_port)
         for fd, ino in owned.items():
-            _shut(fd, ino)
+            _procfs.shut(fd, ino)
 
     def _abort_nccl(self) -> None:
         abort = getattr(self._dist.distributed_c10d, "_abort_process_group", None)
@@ -499,7 +404,7 @@ class Elastic:
         with self._lock:
             if self._moved_locked():
                 raise _RoundMoved(self.round)
-            self._before = _sockets()
+            self._before = _procfs.sockets()
             self._owned = None
             self._store_port = port if self.backend == "nccl" else 0
             self._broken_at = 0.0
@@ -529,7 +434,7 @@ class Elastic:
                                 timeout=timeout)
         self._own_group = True
         with self._lock:
-            self._owned = _new_tcp(self._before, self._store_port)
+            self._owned = _procfs.new_tcp(self._before, self._store_port)
             if self._moved_locked():
                 self._break_locked()
                 raise _RoundMoved(self.round)
@@ -619,107 +524,12 @@ class Elastic:
 
     def _agree(self, done: int) -> tuple[int, int, int, bool, bool]:
         """(step, root, survivors, copy, mine) as gpl_reform_agree decides."""
-        t = self._torch
-        mine_step = done if done >= 0 else -1
-        if self.world_size == 1:
-            return mine_step, (0 if mine_step >= 0 else -1), int(mine_step >= 0), False, False
-        dev = self._device()
-        parts = [t.zeros(1, dtype=t.int64, device=dev) for _ in range(self.world_size)]
-        self._dist.all_gather(parts, t.tensor([mine_step], dtype=t.int64, device=dev))
-        steps = [int(p.item()) for p in parts]
-        have = [s for s in steps if s >= 0]
-        step = min(have) if have else -1
-        root = steps.index(step) if have else -1
-        copy = step >= 0 and any(s != step for s in steps)
-        # the copy goes from the root through the ranks that need it, alone
-        self._chain = [root] + [r for r, s in enumerate(steps) if s != step] if copy else []
-        return step, root, len(have), copy, copy and mine_step != step
-
-    def _pass_on(self, flat: Any) -> None:
-        """flat from the root along the chain (root, then the ranks that need
-        the state, in rank order), in pieces: a rank sends a piece on while
-        it receives the next, so every link carries the state once, at the
-        same time. Ranks outside the chain take no part."""
-        chain = self._chain
-        i = chain.index(self.rank)
-        src = chain[i - 1] if i > 0 else None
-        dst = chain[i + 1] if i + 1 < len(chain) else None
-        raw = flat.reshape(-1).view(self._torch.uint8)
-        sends: list[Any] = []
-        for piece in raw.split(_CHAIN_PIECE_BYTES):
-            if src is not None:
-                self._dist.recv(piece, src=src)
-            if dst is not None:
-                sends.append(self._dist.isend(piece, dst=dst))
-        for w in sends:
-            w.wait()
+        a = _sc.agree(self._torch, self._dist, self.rank, self.world_size, done, self._device())
+        self._chain = a.chain
+        return a.step, a.root, a.survivors, a.copy, a.mine
 
     def _broadcast(self, tensors: list[Any], root: int) -> None:
-        """Root's tensors into everyone's, in place: large ones alone, the rest
-        in flat buffers of at most _BUCKET_BYTES per dtype."""
-        t = self._torch
-        if self.rank not in self._chain:
-            return
-        wire = self._device()
-        me = self.rank == root
-        send = self._pass_on
-
-        small: dict[Any, list[Any]] = {}
-        for x in tensors:
-            if x.numel() == 0:
-                continue
-            if x.numel() * x.element_size() < _BUCKET_BYTES:
-                small.setdefault(x.dtype, []).append(x)
-                continue
-            # alone, in place where it can be (the choice depends on shapes only: every rank makes it)
-            wdtype = t.uint8 if x.dtype == t.bool else x.dtype
-            direct = x.is_contiguous() and x.device == wire and x.dtype == wdtype
-            buf = x if direct else (x.detach().contiguous().to(wire, wdtype) if me
-                                    else t.empty(x.shape, dtype=wdtype, device=wire))
-            send(buf)
-            if not direct and not me:
-                with t.no_grad():
-                    x.copy_(buf)
-        for dtype, xs in small.items():
-            wdtype = t.uint8 if dtype == t.bool else dtype
-            i = 0
-            while i < len(xs):
-                group: list[Any] = []
-                nbytes = 0
-                while i < len(xs) and (not group or nbytes + xs[i].numel() * xs[i].element_size() <= _BUCKET_BYTES):
-                    group.append(xs[i])
-                    nbytes += xs[i].numel() * xs[i].element_size()
-                    i += 1
-                numels = [x.numel() for x in group]
-                if me:
-                    flat = t.cat([x.detach().reshape(-1).to(wire, wdtype) for x in group])
-                else:
-                    flat = t.empty(sum(numels), dtype=wdtype, device=wire)
-                send(flat)
-                if not me:
-                    with t.no_grad():
-                        for x, piece in zip(group, flat.split(numels)):
-                            x.copy_(piece.view(x.shape))
-
-    def _rng(self) -> dict[str, Any]:
-        t = self._torch
-        out: dict[str, Any] = {"torch": t.get_rng_state(), "python": random.getstate()}
-        if t.cuda.is_available() and t.cuda.is_initialized():
-            out["cuda"] = t.cuda.get_rng_state_all()
-        np = sys.modules.get("numpy")
-        if np is not None:
-            out["numpy"] = np.random.get_state()
-        return out
-
-    def _set_rng(self, s: dict[str, Any]) -> None:
-        t = self._torch
-        t.set_rng_state(s["torch"])
-        random.setstate(s["python"])
-        if "cuda" in s and t.cuda.is_available() and len(s["cuda"]) == t.cuda.device_count():
-            t.cuda.set_rng_state_all(s["cuda"])
-        np = sys.modules.get("numpy")
-        if np is not None and "numpy" in s:
-            np.random.set_state(s["numpy"])
+        _sc.send_tensors(self._torch, self._dist, self.rank, self._chain, root, tensors, self._device())
 
     def _copy(self, root: int, mine: bool) -> None:
         """Root's state to every rank: parameters and buffers in place, then
@@ -733,9 +543,9 @@ class Elastic:
         skel: Any = None
         mine_tensors: list[Any] = []
         if self.optimizer is not None:
-            skel, mine_tensors = _split(self.optimizer.state_dict())
+            skel, mine_tensors = _sc.split(self.optimizer.state_dict())
         head = [
-            {"optimizer": skel, "rng": self._rng(),
+            {"optimizer": skel, "rng": _sc.rng_state(self._torch),
              "extra": self._get_extra() if self._get_extra is not None else None}
             if me else None
         ]
@@ -748,12 +558,12 @@ class Elastic:
                 into = mine_tensors
             else:
                 into = [t.empty(s.shape, dtype=s.dtype, device=self._device() if s.cuda else "cpu")
-                        for s in _slots(got["optimizer"])]
+                        for s in _sc.slots(got["optimizer"])]
             self._broadcast(into, root)
             if not me and not same:
-                self.optimizer.load_state_dict(_join(got["optimizer"], into))
+                self.optimizer.load_state_dict(_sc.join(got["optimizer"], into))
         if mine:
-            self._set_rng(got["rng"])
+            _sc.set_rng_state(self._torch, got["rng"])
             if self._set_extra is not None:
                 self._set_extra(got["extra"])
 
@@ -924,64 +734,3 @@ def _beat() -> None:
     begin, end = _wait_fns()
     begin()
     end()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Slot:
-    """A tensor's place in a skeleton: what a receiver allocates."""
-
-    index: int
-    shape: tuple[int, ...]
-    dtype: Any
-    cuda: bool
-
-
-def _split(obj: Any) -> tuple[Any, list[Any]]:
-    """obj with each tensor replaced by a _Slot, and the tensors in order."""
-    import torch
-
-    tensors: list[Any] = []
-
-    def walk(o: Any) -> Any:
-        if isinstance(o, torch.Tensor):
-            tensors.append(o)
-            return _Slot(len(tensors) - 1, tuple(o.shape), o.dtype, o.is_cuda)
-        if isinstance(o, dict):
-            return {k: walk(v) for k, v in o.items()}
-        if isinstance(o, list):
-            return [walk(v) for v in o]
-        if isinstance(o, tuple):
-            return tuple(walk(v) for v in o)
-        return o
-
-    return walk(obj), tensors
-
-
-def _slots(skel: Any) -> list[_Slot]:
-    out: list[_Slot] = []
-
-    def walk(o: Any) -> None:
-        if isinstance(o, _Slot):
-            out.append(o)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-
-    walk(skel)
-    out.sort(key=lambda s: s.index)
-    return out
-
-
-def _join(skel: Any, tensors: list[Any]) -> Any:
-    if isinstance(skel, _Slot):
-        return tensors[skel.index]
-    if isinstance(skel, dict):
-        return {k: _join(v, tensors) for k, v in skel.items()}
-    if isinstance(skel, list):
-        return [_join(v, tensors) for v in skel]
-    if isinstance(skel, tuple):
-        return tuple(_join(v, tensors) for v in skel)
-    return skel

@@ -1,0 +1,198 @@
+"""Live re-formation's state copy (gpulaunch.Elastic): the agreement on the
+step the job goes on after and the rank that has it (as gpl_reform_agree
+decides), the tensors sent from that rank along a chain of only the ranks
+that need them, the RNG states, and an optimizer state_dict split into its
+structure and its tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from typing import Any, Optional
+
+# tensors of at most this many bytes travel together in one flat buffer
+_BUCKET_BYTES = 32 << 20
+# a copy's pieces along the chain: each rank passes one on while the next comes
+_CHAIN_PIECE_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """Where the job goes on from: the step (-1: no rank has state), the
+    lowest rank at it, how many ranks have state, whether some rank's state
+    must be replaced, whether this one's is, and the copy's chain (the root,
+    then the ranks that need the state, in rank order; empty without a copy)."""
+
+    step: int
+    root: int
+    survivors: int
+    copy: bool
+    mine: bool
+    chain: list[int]
+
+
+def agree(t: Any, dist: Any, rank: int, world: int, done: int, device: Any) -> Agreement:
+    """Every rank says the steps its state holds (done; -1: none): one allgather."""
+    mine_step = done if done >= 0 else -1
+    if world == 1:
+        return Agreement(mine_step, 0 if mine_step >= 0 else -1, int(mine_step >= 0), False, False, [])
+    parts = [t.zeros(1, dtype=t.int64, device=device) for _ in range(world)]
+    dist.all_gather(parts, t.tensor([mine_step], dtype=t.int64, device=device))
+    steps = [int(p.item()) for p in parts]
+    have = [s for s in steps if s >= 0]
+    step = min(have) if have else -1
+    root = steps.index(step) if have else -1
+    copy = step >= 0 and any(s != step for s in steps)
+    chain = [root] + [r for r, s in enumerate(steps) if s != step] if copy else []
+    return Agreement(step, root, len(have), copy, copy and mine_step != step, chain)
+
+
+def pass_on(t: Any, dist: Any, rank: int, chain: list[int], flat: Any) -> None:
+    """flat from the chain's root along it, in pieces: a rank sends a piece on
+    while it receives the next, so every link carries the state once, at the
+    same time. Ranks outside the chain take no part."""
+    i = chain.index(rank)
+    src: Optional[int] = chain[i - 1] if i > 0 else None
+    dst: Optional[int] = chain[i + 1] if i + 1 < len(chain) else None
+    raw = flat.reshape(-1).view(t.uint8)
+    sends: list[Any] = []
+    for piece in raw.split(_CHAIN_PIECE_BYTES):
+        if src is not None:
+            dist.recv(piece, src=src)
+        if dst is not None:
+            sends.append(dist.isend(piece, dst=dst))
+    for w in sends:
+        w.wait()
+
+
+def send_tensors(t: Any, dist: Any, rank: int, chain: list[int], root: int, tensors: list[Any],
+                 wire: Any) -> None:
+    """The root's tensors into those of the chain's other ranks, in place:
+    large ones alone, the rest in flat buffers of at most _BUCKET_BYTES per
+    dtype (wire: the device they travel on)."""
+    if rank not in chain:
+        return
+    me = rank == root
+
+    def send(flat: Any) -> None:
+        pass_on(t, dist, rank, chain, flat)
+
+    small: dict[Any, list[Any]] = {}
+    for x in tensors:
+        if x.numel() == 0:
+            continue
+        if x.numel() * x.element_size() < _BUCKET_BYTES:
+            small.setdefault(x.dtype, []).append(x)
+            continue
+        # alone, in place where it can be (the choice depends on shapes only: every rank makes it)
+        wdtype = t.uint8 if x.dtype == t.bool else x.dtype
+        direct = x.is_contiguous() and x.device == wire and x.dtype == wdtype
+        buf = x if direct else (x.detach().contiguous().to(wire, wdtype) if me
+                                else t.empty(x.shape, dtype=wdtype, device=wire))
+        send(buf)
+        if not direct and not me:
+            with t.no_grad():
+                x.copy_(buf)
+    for dtype, xs in small.items():
+        wdtype = t.uint8 if dtype == t.bool else dtype
+        i = 0
+        while i < len(xs):
+            group: list[Any] = []
+            nbytes = 0
+            while i < len(xs) and (not group or nbytes + xs[i].numel() * xs[i].element_size() <= _BUCKET_BYTES):
+                group.append(xs[i])
+                nbytes += xs[i].numel() * xs[i].element_size()
+                i += 1
+            numels = [x.numel() for x in group]
+            if me:
+                flat = t.cat([x.detach().reshape(-1).to(wire, wdtype) for x in group])
+            else:
+                flat = t.empty(sum(numels), dtype=wdtype, device=wire)
+            send(flat)
+            if not me:
+                with t.no_grad():
+                    for x, piece in zip(group, flat.split(numels)):
+                        x.copy_(piece.view(x.shape))
+
+
+def rng_state(t: Any) -> dict[str, Any]:
+    """The RNG states a rank carries: torch, CUDA, random, NumPy when imported."""
+    out: dict[str, Any] = {"torch": t.get_rng_state(), "python": random.getstate()}
+    if t.cuda.is_available() and t.cuda.is_initialized():
+        out["cuda"] = t.cuda.get_rng_state_all()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        out["numpy"] = np.random.get_state()
+    return out
+
+
+def set_rng_state(t: Any, s: dict[str, Any]) -> None:
+    t.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    if "cuda" in s and t.cuda.is_available() and len(s["cuda"]) == t.cuda.device_count():
+        t.cuda.set_rng_state_all(s["cuda"])
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy" in s:
+        np.random.set_state(s["numpy"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A tensor's place in a skeleton: what a receiver allocates."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: Any
+    cuda: bool
+
+
+def split(obj: Any) -> tuple[Any, list[Any]]:
+    """obj with each tensor replaced by a Slot, and the tensors in order."""
+    import torch
+
+    tensors: list[Any] = []
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            tensors.append(o)
+            return Slot(len(tensors) - 1, tuple(o.shape), o.dtype, o.is_cuda)
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [walk(v) for v in o]
+        if isinstance(o, tuple):
+            return tuple(walk(v) for v in o)
+        return o
+
+    return walk(obj), tensors
+
+
+def slots(skel: Any) -> list[Slot]:
+    out: list[Slot] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, Slot):
+            out.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(skel)
+    out.sort(key=lambda s: s.index)
+    return out
+
+
+def join(skel: Any, tensors: list[Any]) -> Any:
+    if isinstance(skel, Slot):
+        return tensors[skel.index]
+    if isinstance(skel, dict):
+        return {k: join(v, tensors) for k, v in skel.items()}
+    if isinstance(skel, list):
+        return [join(v, tensors) for v in skel]
+    if isinstance(skel, tuple):
+        return tuple(join(v, tensors) for v in skel)
+    return skel
