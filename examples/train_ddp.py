@@ -307,6 +307,12 @@ def main(argv: list[str]) -> int:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
 
+    if a.reform and os.environ.get("GPULAUNCH_ROUND_PENDING"):
+        # started before this node had a round (a warm join): torch is
+        # imported already; the round's RANK, WORLD_SIZE & co. come now
+        import gpulaunch as glr
+
+        glr.await_round()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(a.local_rank or 0)))

@@ -34,6 +34,7 @@
 #include "gl_preflight.h"
 #include "gl_progress.h"
 #include "gl_reform.h"
+#include "gl_warm.h"
 #include "gl_watchdog.h"
 #include "gl_workers.h"
 #include "gpulaunch/rdzv.h"
@@ -78,6 +79,7 @@ static gl_group G;     /* the local workers */
 static gl_watchdog WD; /* --progress-timeout */
 static gl_reform R;    /* live re-formation of workers that can */
 static gl_hold H;      /* a preemption's stop, held while the workers start */
+static gl_warm W;      /* what the workers can do, told to the rendezvous; warm joins */
 
 /* ---- the failure report and the restart decision ---- */
 
@@ -111,6 +113,8 @@ static void maybe_finish_round(void) {
         return;
     if (L.exit_requested)
         finish(L.exit_code);
+    if (gl_warm_phase(&W) != GL_WARM_NONE)
+        return; /* a warm join's given-up workers are gone: the round takes the node in */
     if (!L.group_failed && !L.round_over) {
         /* local success: wait (bounded) for the rest of the job */
         if (!L.done_sent) {
@@ -195,15 +199,32 @@ static void on_reform_failed(gl_reform *r, const char *why) { reform_fall_back(w
 
 static void on_reform_taken(gl_reform *r, uint32_t round, double told_ms, double taken_ms) {
     L.round_over = 0;
-    fprintf(stderr,
-            "gpulaunch: round %u: %d workers re-formed in place (%.1f ms after the last round "
-            "ended, %.1f ms after this one was handed over)\n",
-            round, L.cfg.nproc, told_ms, taken_ms);
+    gl_group_ranks(&G, L.a.base_rank);
+    if (r->first)
+        fprintf(stderr,
+                "gpulaunch: round %u: the %d workers started before it took it (%.1f ms after "
+                "they were started, %.1f ms after it was handed over)\n",
+                round, L.cfg.nproc, told_ms, taken_ms);
+    else
+        fprintf(stderr,
+                "gpulaunch: round %u: %d workers re-formed in place (%.1f ms after the last "
+                "round ended, %.1f ms after this one was handed over)\n",
+                round, L.cfg.nproc, told_ms, taken_ms);
     gl_watchdog_round(&WD);
 }
 
+static void warm_give_up(const char *why);
+
 static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     int failed = status != 0 || sig != 0;
+    if (gl_warm_phase(&W) != GL_WARM_NONE && !L.assigned && !g->stopping) {
+        char why[160];
+        snprintf(why, sizeof why, "local rank %d %s before it had a round", w->local_rank,
+                 failed ? "failed" : "exited");
+        warm_give_up(why);
+        maybe_finish_round();
+        return;
+    }
     if (gl_reform_state(&R) != GL_REFORM_NONE && !g->stopping) {
         char why[160];
         snprintf(why, sizeof why, "rank %d (local rank %d) %s while re-forming", w->rank,
@@ -327,6 +348,7 @@ static void choose_ifname(const char *master) {
 static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     L.a = *a;
     L.assigned = 1;
+    gl_warm_assigned(&W);
     choose_ifname(a->master_addr);
     if (L.cloud == NULL && L.cfg.preemption_source != GL_CLOUD_NONE)
         uv_timer_start(&L.cloud_timer, on_cloud_timer, 1000, 0);
@@ -402,6 +424,64 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
         gl_group_stop(&G, 0);
     else
         maybe_finish_round();
+}
+
+/* ---- the warm join (gl_warm.h) ---- */
+
+static int warm_live(gl_warm *w) {
+    return L.assigned && gl_reform_state(&R) == GL_REFORM_NONE && workers_go_on();
+}
+
+static int warm_gone(gl_warm *w) { return gl_group_idle(&G); }
+
+static void on_warm_ready(gl_warm *w, double ready_ms) {
+    fprintf(stderr,
+            "gpulaunch: the %d workers started in %.0f ms and wait for their first round: the "
+            "job's round ends to take this node in\n",
+            L.cfg.nproc, ready_ms);
+}
+
+/* Workers started before their round that will not get there: stopped; the
+ * node is taken in as a new one and starts them once it has its round. */
+static void warm_give_up(const char *why) {
+    fprintf(stderr,
+            "gpulaunch: the workers started before this node's round are given up (%s); it "
+            "joins as a new node and starts them once it has its round\n",
+            why);
+    GB_WARN("warm join given up: %s", why);
+    gl_warm_give_up(&W);
+    gl_reform_abort(&R, why);
+    L.group_failed = 0;
+    gl_group_stop(&G, 0);
+}
+
+static void on_warm_timeout(gl_warm *w) {
+    char why[200];
+    snprintf(why, sizeof why,
+             "not every one said within %d s that it re-forms in place: does the program make "
+             "its communicator, or gpulaunch.Elastic, at its start?",
+             GL_WARM_START_MS / 1000);
+    warm_give_up(why);
+}
+
+/* The rendezvous holds this node's join: every node of the running round
+ * re-forms in place. The workers start now, before this node has a round. */
+static void on_warm(rdzv_client *c, uint32_t waiting, uint32_t members) {
+    if (gl_warm_phase(&W) != GL_WARM_NONE || L.assigned || !gl_group_idle(&G) || L.exit_requested)
+        return;
+    fprintf(stderr,
+            "gpulaunch: job %s runs %u node(s) that re-form in place: starting the %d workers "
+            "before this node joins (they wait for their first round)\n",
+            L.run_id, members, L.cfg.nproc);
+    gl_reform_first(&R);
+    gl_warm_start(&W);
+    gl_hold_spawned(&H);
+    if (gl_group_spawn(&G, NULL, L.restarts, "") > 0) {
+        warm_give_up("a worker could not be started");
+        return;
+    }
+    gl_gpumon_round();
+    gl_progress_start_stats(L.loop, L.cfg.stats_interval_s, stats_due, send_stats, NULL);
 }
 
 static void on_progress(rdzv_client *c, uint32_t joined, uint32_t expected, uint32_t waited,
@@ -746,6 +826,10 @@ int main(int argc, char **argv) {
         .join_timeout_ms = L.cfg.join_timeout_ms,
         .heartbeat_interval_ms = L.cfg.hb_timeout_ms / 5 ? L.cfg.hb_timeout_ms / 5 : 1,
         .heartbeat_timeout_ms = L.cfg.hb_timeout_ms,
+        /* a new node of an elastic job may start its workers before it has a
+         * round when they get the round block (gl_warm.h) */
+        .warm = L.cfg.mode == GL_MODE_DYNAMIC && L.cfg.min_nodes < L.cfg.max_nodes &&
+                gl_group_channel(&L.cfg),
     };
     rdzv_client_callbacks cb = {.on_assigned = on_assigned,
                                 .on_round_over = on_round_over,
@@ -753,7 +837,8 @@ int main(int argc, char **argv) {
                                 .on_progress = on_progress,
                                 .on_job_done = on_job_done,
                                 .on_event = on_event,
-                                .on_error = on_rdzv_error};
+                                .on_error = on_rdzv_error,
+                                .on_warm = on_warm};
     uv_timer_init(L.loop, &L.done_timer);
     uv_timer_init(L.loop, &L.cloud_timer);
     for (int i = 0; i < L.cfg.nsignals; i++) { /* --signals-to-handle */
@@ -780,6 +865,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_RDZV;
     }
+    gl_warm_callbacks wcb = {.live = warm_live,
+                             .gone = warm_gone,
+                             .on_ready = on_warm_ready,
+                             .on_timeout = on_warm_timeout};
+    if (jp.warm) /* only an elastic job takes in new nodes */
+        gl_warm_init(&W, L.loop, L.cli, L.cfg.nproc, &wcb);
     uv_run(L.loop, UV_RUN_DEFAULT);
     return L.exit_code;
 }

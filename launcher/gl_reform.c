@@ -27,6 +27,13 @@ void gl_reform_begin(gl_reform *r, const char *why) {
     gl_progress_publish(GB_ROUND_OVER, NULL, 0, why);
 }
 
+void gl_reform_first(gl_reform *r) {
+    uv_timer_stop(&r->tick);
+    r->state = GL_REFORM_WAITING;
+    r->first = 1;
+    r->told_ns = gb_now_ns();
+}
+
 static void on_tick(uv_timer_t *t) {
     gl_reform *r = t->data;
     if (r->state != GL_REFORM_HANDED)
@@ -38,13 +45,15 @@ static void on_tick(uv_timer_t *t) {
         r->state = GL_REFORM_NONE;
         r->cb.on_taken(r, r->round, (double)(now - r->told_ns) / 1e6,
                        (double)(now - r->handed_ns) / 1e6);
+        r->first = 0;
         return;
     }
-    if (now - r->handed_ns > (uint64_t)GL_REFORM_TAKE_MS * 1000000u) {
+    int limit_ms = r->first ? GL_REFORM_FIRST_TAKE_MS : GL_REFORM_TAKE_MS;
+    if (now - r->handed_ns > (uint64_t)limit_ms * 1000000u) {
         char why[200];
         snprintf(why, sizeof why,
                  "%d of %d local workers did not take round %u within %d s of being handed it",
-                 r->nproc - acked, r->nproc, r->round, GL_REFORM_TAKE_MS / 1000);
+                 r->nproc - acked, r->nproc, r->round, limit_ms / 1000);
         r->cb.on_failed(r, why);
     }
 }
@@ -62,5 +71,6 @@ void gl_reform_abort(gl_reform *r, const char *why) {
         return;
     uv_timer_stop(&r->tick);
     r->state = GL_REFORM_NONE;
+    r->first = 0;
     gl_progress_publish(GB_ROUND_RESTART, NULL, 0, why);
 }

@@ -19,6 +19,9 @@
 
 #define GL_REFORM_TAKE_MS 30000 /* from the next round handed to every worker having taken it */
 #define GL_REFORM_TICK_MS 5     /* how often the workers' acknowledgements are looked at */
+#define GL_REFORM_FIRST_TAKE_MS                                                                    \
+    120000 /* the same for workers started before their first                                      \
+              round (a warm join): they may still be starting */
 
 enum gl_reform_state {
     GL_REFORM_NONE = 0,    /* no re-formation under way */
@@ -30,7 +33,8 @@ typedef struct gl_reform gl_reform;
 
 typedef struct gl_reform_callbacks {
     /* Every local worker runs in `round`: told_ms after the last round's end
-     * was published, taken_ms after the new one was. */
+     * was published (r->first: after they were started before it), taken_ms
+     * after the new one was. */
     void (*on_taken)(gl_reform *r, uint32_t round, double told_ms, double taken_ms);
     /* A worker did not take the round in time: fall back to restarting. */
     void (*on_failed)(gl_reform *r, const char *why);
@@ -41,6 +45,7 @@ struct gl_reform {
     /* private */
     uv_loop_t *loop;
     int nproc, inited;
+    int first; /* the workers were started before their first round */
     enum gl_reform_state state;
     uint32_t round;
     uint64_t told_ns, handed_ns;
@@ -53,6 +58,9 @@ void gl_reform_init(gl_reform *r, uv_loop_t *loop, int nproc, const gl_reform_ca
 int gl_reform_possible(const gl_reform *r);
 /* The round is over (why): the workers hear it and wait. */
 void gl_reform_begin(gl_reform *r, const char *why);
+/* The workers were started before their first round (a warm join): they
+ * wait for it as kept workers do (GL_REFORM_WAITING, nothing published). */
+void gl_reform_first(gl_reform *r);
 /* Hands the workers the next round a (restarts: their restart count). */
 void gl_reform_hand(gl_reform *r, const rdzv_assignment *a, int restarts);
 /* No re-formation (why): the workers are told to exit; they are restarted. */

@@ -162,6 +162,7 @@ static const char *const managed[] = {"RANK",
                                       "GPULAUNCH_PROGRESS_SHM",
                                       "GPULAUNCH_PROGRESS_FD",
                                       "GPULAUNCH_STACK_SIGNAL",
+                                      "GPULAUNCH_ROUND_PENDING",
                                       NULL};
 
 /* The i-th device this node exposes, for --bind-gpus: the i-th entry of
@@ -222,20 +223,28 @@ static char **build_env(const gl_group *g, const worker *w, const rdzv_assignmen
         env[n++] = strdup(*e);
     }
     const char *role = cfg->val[GL_ROLE];
-    n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+    /* a worker started before its round (a warm join: a == NULL) has no
+     * global rank, world or master yet: it takes them from the round block */
+    if (a == NULL)
+        n = env_add(env, n, max, "GPULAUNCH_ROUND_PENDING", "1");
+    else {
+        n = env_add(env, n, max, "RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+        n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
+        n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
+        n = env_add(env, n, max, "WORLD_SIZE", "%u", a->world_size);
+        n = env_add(env, n, max, "GROUP_WORLD_SIZE", "%u", a->nnodes);
+        n = env_add(env, n, max, "ROLE_WORLD_SIZE", "%u", a->world_size);
+        n = env_add(env, n, max, "MASTER_ADDR", "%s", a->master_addr);
+        n = env_add(env, n, max, "MASTER_PORT", "%u", a->master_port);
+        n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
+        n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
+    }
     /* --virtual-local-rank: every worker is local rank 0 of its one GPU;
      * libgpulaunch still needs the true one */
     n = env_add(env, n, max, "LOCAL_RANK", "%d", cfg->virtual_local_rank ? 0 : w->local_rank);
     n = env_add(env, n, max, "GPULAUNCH_LOCAL_RANK", "%d", w->local_rank);
-    n = env_add(env, n, max, "GROUP_RANK", "%u", a->node_rank);
-    n = env_add(env, n, max, "ROLE_RANK", "%u", a->base_rank + (uint32_t)w->local_rank);
     n = env_add(env, n, max, "ROLE_NAME", "%s", role);
-    n = env_add(env, n, max, "WORLD_SIZE", "%u", a->world_size);
     n = env_add(env, n, max, "LOCAL_WORLD_SIZE", "%d", cfg->nproc);
-    n = env_add(env, n, max, "GROUP_WORLD_SIZE", "%u", a->nnodes);
-    n = env_add(env, n, max, "ROLE_WORLD_SIZE", "%u", a->world_size);
-    n = env_add(env, n, max, "MASTER_ADDR", "%s", a->master_addr);
-    n = env_add(env, n, max, "MASTER_PORT", "%u", a->master_port);
     n = env_add(env, n, max, "TORCHELASTIC_RESTART_COUNT", "%d", restarts);
     n = env_add(env, n, max, "TORCHELASTIC_MAX_RESTARTS", "%d", cfg->max_restarts);
     n = env_add(env, n, max, "TORCHELASTIC_RUN_ID", "%s", job->run_id);
@@ -253,8 +262,6 @@ static char **build_env(const gl_group *g, const worker *w, const rdzv_assignmen
         n = env_add(env, n, max, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
     n = env_add(env, n, max, "GPULAUNCH_RDZV_ENDPOINT", "%s", job->rdzv_ep);
     n = env_add(env, n, max, "GPULAUNCH_RUN_ID", "%s", job->run_id);
-    n = env_add(env, n, max, "GPULAUNCH_ROUND", "%u", a->round);
-    n = env_add(env, n, max, "GPULAUNCH_NODE_RANK", "%u", a->node_rank);
     n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", job->hostname);
     n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", job->addr);
     n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", cfg->shutdown_timeout_s);
@@ -489,14 +496,14 @@ int gl_group_spawn(gl_group *g, const rdzv_assignment *a, int restarts, const ch
                 np);
     }
     /* the channel, unless nothing reads it (--progress-timeout 0 --stats-interval 0) */
-    if (cfg->progress_timeout_s > 0 || cfg->progress_auto || cfg->stats_interval_s > 0)
+    if (gl_group_channel(cfg))
         gl_progress_round(np);
     int failed = 0;
     for (int i = 0; i < np; i++) {
         worker *w = &g->w[i];
         memset(w, 0, sizeof *w);
         w->local_rank = i;
-        w->rank = (int)a->base_rank + i;
+        w->rank = a ? (int)a->base_rank + i : -1; /* pending: gl_group_ranks() */
         w->log_fd = -1;
         gl_output_open(&g->out, w, restarts);
         uv_pipe_init(g->loop, &w->out, 0);
@@ -540,6 +547,17 @@ int gl_group_spawn(gl_group *g, const rdzv_assignment *a, int restarts, const ch
     }
     free(argv);
     return failed;
+}
+
+int gl_group_channel(const gl_config *cfg) {
+    return cfg->progress_timeout_s > 0 || cfg->progress_auto || cfg->stats_interval_s > 0;
+}
+
+void gl_group_ranks(gl_group *g, uint32_t base_rank) {
+    for (int i = 0; g->w && i < g->cfg->nproc; i++) {
+        g->w[i].rank = (int)base_rank + i;
+        gl_progress_holder(i, g->w[i].rank, g->w[i].gpu);
+    }
 }
 
 /* ---- supervision ---- */

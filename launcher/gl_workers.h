@@ -77,8 +77,15 @@ void gl_group_error_file(const gl_group *g, const worker *w, char *out, size_t l
 int gl_group_check_program(const gl_config *cfg, char *err, size_t errlen);
 /* Starts a round's workers with their environment and output (restarts:
  * TORCHELASTIC_RESTART_COUNT and the log attempt; nccl_ifname: "" to leave
- * NCCL_SOCKET_IFNAME alone). Returns how many could not start. */
+ * NCCL_SOCKET_IFNAME alone); a NULL: before their round (a warm join), with
+ * GPULAUNCH_ROUND_PENDING=1 for RANK & co. Returns how many could not start. */
 int gl_group_spawn(gl_group *g, const rdzv_assignment *a, int restarts, const char *nccl_ifname);
+/* Whether the workers get the progress channel (and its round block),
+ * unless nothing reads it (--progress-timeout 0 --stats-interval 0). */
+int gl_group_channel(const gl_config *cfg);
+/* The workers' global ranks from base_rank on (a round taken in place; the
+ * ranks of workers started before their round, a == NULL above). */
+void gl_group_ranks(gl_group *g, uint32_t base_rank);
 /* Whether every worker is reaped and every pipe closed. */
 int gl_group_idle(const gl_group *g);
 /* Local rank i's record, NULL before the first round. */

@@ -52,7 +52,9 @@ struct rdzv_client {
     int closing, handles;
     int failed;
     int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
+    int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
     int stats_warned;
+    uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
 };
 
 static void start_connect(rdzv_client *c);
@@ -216,16 +218,22 @@ static void send_join(rdzv_client *c) {
         m.u.join.base_rank = c->a.base_rank;
         m.u.join.world_size = c->a.world_size;
         m.u.join.nnodes = c->a.nnodes;
-    }
+    } else if (c->jp.warm && c->server_warm)
+        m.flags = RDZV_JOIN_WARM;
     c->join_req = m.req_id;
     c->want_join = 0;
     send_msg(c, &m);
+    if (c->node_flags && c->server_warm) { /* a new connection's member knows nothing yet */
+        rdzv_msg n = {.type = RDZV_NODE, .flags = c->node_flags, .req_id = ++c->next_req};
+        send_msg(c, &n);
+    }
 }
 
 static void handle(rdzv_client *c, const rdzv_msg *m) {
     switch (m->type) {
     case RDZV_CHALLENGE: {
         c->server_health = (m->flags & RDZV_CHALLENGE_HEALTH) != 0;
+        c->server_warm = (m->flags & RDZV_CHALLENGE_WARM) != 0;
         rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
         h.u.hello.magic = RDZV_MAGIC;
         h.u.hello.version = RDZV_VERSION;
@@ -287,6 +295,11 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
                                 m->u.round_over.message);
         return;
     case RDZV_WAITING:
+        if (m->flags & RDZV_WAITING_WARM) {
+            if (c->cb.on_warm)
+                c->cb.on_warm(c, m->u.waiting.waiting, m->u.waiting.members);
+            return;
+        }
         if (c->cb.on_waiting)
             c->cb.on_waiting(c, m->u.waiting.waiting, m->u.waiting.members);
         return;
@@ -535,6 +548,18 @@ void rdzv_client_fail(rdzv_client *c, const char *message) {
     snprintf(m.u.fail.message, sizeof m.u.fail.message, "%s", message);
     send_msg(c, &m);
 }
+
+void rdzv_client_node(rdzv_client *c, uint16_t flags) {
+    if (flags == c->node_flags)
+        return;
+    c->node_flags = flags;
+    if (c->state != CS_READY || !c->server_warm)
+        return; /* said on the next JOIN's connection, or never to an older server */
+    rdzv_msg m = {.type = RDZV_NODE, .flags = flags, .req_id = ++c->next_req};
+    send_msg(c, &m);
+}
+
+int rdzv_client_warm(const rdzv_client *c) { return c->jp.warm && c->server_warm; }
 
 void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message) {
     rdzv_msg m = {.type = RDZV_FAIL, .req_id = ++c->next_req};

@@ -349,6 +349,7 @@ static void msg_fields(codec *c, rdzv_msg *m) {
     case RDZV_HEARTBEAT:
     case RDZV_DONE:
     case RDZV_JOB_DONE:
+    case RDZV_NODE:
         break;
     case RDZV_ERROR:
         u32(c, &m->u.error.code);

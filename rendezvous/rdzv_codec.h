@@ -51,7 +51,8 @@
     X(RDZV_JOB_DONE, 25)                                                                           \
     X(RDZV_FAIL, 26)                                                                               \
     X(RDZV_PROGRESS, 27)                                                                           \
-    X(RDZV_STATS, 28)
+    X(RDZV_STATS, 28)                                                                              \
+    X(RDZV_NODE, 29)
 
 enum rdzv_type {
 #define RDZV_TYPE_ENUM_(n, v) n = v,
@@ -76,10 +77,25 @@ typedef struct rdzv_bytes {
 
 /* Flags on RDZV_JOIN. */
 #define RDZV_JOIN_RESUME 1u /* re-register an existing assignment after a server restart */
+#define RDZV_JOIN_WARM                                                                             \
+    2u /* a new node that can start its workers before a running round                             \
+        * takes it in (they wait for their first round): the round is not                          \
+        * ended for it until it says RDZV_NODE_READY, when every node of                           \
+        * the round said RDZV_NODE_LIVE; it hears RDZV_WAITING_WARM */
 
 /* Flags on RDZV_CHALLENGE: what this server takes besides version 2's
  * messages (an older server sends 0; its clients never send these). */
 #define RDZV_CHALLENGE_HEALTH 1u /* STATS and FAIL with RDZV_FAIL_HANG */
+#define RDZV_CHALLENGE_WARM 2u   /* NODE and JOIN with RDZV_JOIN_WARM */
+
+/* Flags on RDZV_NODE (a request without a body; answered OK): what a node's
+ * workers can do now. */
+/* RDZV_NODE_LIVE and RDZV_NODE_READY: gpulaunch/rdzv.h (rdzv_client_node). */
+
+/* Flags on RDZV_WAITING. */
+#define RDZV_WAITING_WARM                                                                          \
+    1u /* to a warm joiner alone: every node of the running round                                  \
+        * re-forms in place; start the workers, then say READY */
 
 /* Flags on RDZV_FAIL. */
 #define RDZV_FAIL_HANG 1u /* a rank hung: its global rank follows the message */

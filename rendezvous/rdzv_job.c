@@ -220,6 +220,13 @@ static void apply(job *j, rdzv_round_out *out) {
         case RDZV_DO_JOB_DONE:
             do_job_done(j, d);
             break;
+        case RDZV_DO_WARM: {
+            rdzv_msg w = {.type = RDZV_WAITING, .flags = RDZV_WAITING_WARM};
+            w.u.waiting.waiting = d->count;
+            w.u.waiting.members = d->total;
+            rdzv__send_msg(c, &w);
+            break;
+        }
         }
     }
     rdzv_round_out_reset(out);
@@ -453,6 +460,18 @@ static void handle_done(conn *c, const rdzv_msg *msg) {
     rdzv__send_simple(c, RDZV_OK, msg->req_id);
 }
 
+static void handle_node(conn *c, const rdzv_msg *msg) {
+    member *m = c->m;
+    if (m && m->rm.r) {
+        job *j = job_of(m->rm.r);
+        rdzv_round_out out = {0};
+        rdzv_round_node(&m->rm, msg->flags, gb_now_ms(), &out);
+        apply(j, &out);
+        rdzv_round_out_free(&out);
+    }
+    rdzv__send_simple(c, RDZV_OK, msg->req_id);
+}
+
 void rdzv__job_request(conn *c, const rdzv_msg *msg) {
     switch (msg->type) {
     case RDZV_JOIN:
@@ -472,6 +491,9 @@ void rdzv__job_request(conn *c, const rdzv_msg *msg) {
         return;
     case RDZV_DONE:
         handle_done(c, msg);
+        return;
+    case RDZV_NODE:
+        handle_node(c, msg);
         return;
     default: /* the key-value requests */
         handle_kv(c, msg);

@@ -179,7 +179,8 @@ static void end_round(rdzv_round *r, rdzv_rmember *culprit, uint32_t reason, uin
      * they all have, without the last call (a late node comes in by scale-up).
      * The culprit is no survivor unless only its workers failed. A scale-up,
      * or survivors fewer than the minimum, gather as a first round does. */
-    int reform = reason != RDZV_REASON_SCALE_UP;
+    int reform = reason != RDZV_REASON_SCALE_UP || r->warm_end;
+    r->warm_end = 0;
     uint32_t survivors = 0;
     for (uint32_t i = 0; i < r->nranks; i++) {
         rdzv_rmember *x = r->ranks[i];
@@ -276,6 +277,7 @@ static void complete_round(rdzv_round *r, rdzv_round_out *out) {
         member_unpend(m);
         m->active = 1;
         m->done = 0;
+        m->warm = 0;
         m->node_rank = i;
         m->base_rank = base;
         base += m->nproc;
@@ -459,6 +461,48 @@ static gpl_result_t join_resume(rdzv_round *r, rdzv_rmember *m, const rdzv_msg *
     return GPL_OK;
 }
 
+/* The running round may take in a waiting node by ending (scale-up). */
+static int may_grow(const rdzv_round *r) {
+    return r->state == RDZV_R_RUNNING && !r->is_static && r->nranks < r->max_nodes && r->ndone == 0;
+}
+
+/* Every node of the running round said its workers re-form in place. */
+static int all_live(const rdzv_round *r) {
+    for (uint32_t i = 0; i < r->nranks; i++)
+        if (r->ranks[i] && !r->ranks[i]->done && !r->ranks[i]->live)
+            return 0;
+    return r->nactive > 0;
+}
+
+void rdzv_round_node(rdzv_rmember *m, uint32_t flags, uint64_t now, rdzv_round_out *out) {
+    rdzv_round *r = m->r;
+    m->live = (flags & RDZV_NODE_LIVE) != 0;
+    if (r == NULL)
+        return;
+    if ((flags & RDZV_NODE_READY) && m->pending && m->warm == 1)
+        m->warm = 2;
+    if (!may_grow(r))
+        return;
+    rdzv_rmember *x, *ready = NULL;
+    uint32_t starting = 0;
+    LIST_FOREACH(x, &r->pending, plink) {
+        starting += x->warm == 1;
+        if (x->warm == 2)
+            ready = x;
+    }
+    if (starting == 0 && ready) {
+        r->warm_end = 1;
+        end_round(r, NULL, RDZV_REASON_SCALE_UP, now, out,
+                  "node %s (%s) started its workers, and job %s has room for %u more node(s): "
+                  "its nodes re-form in place to take it in",
+                  ready->hostname, ready->addr, r->run_id, r->max_nodes - r->nranks);
+    } else if (starting && !all_live(r))
+        end_round(r, NULL, RDZV_REASON_SCALE_UP, now, out,
+                  "node %s (%s) no longer re-forms in place, and %u node(s) wait to join job %s: "
+                  "re-rendezvous to take them in",
+                  m->hostname, m->addr, r->npending, r->run_id);
+}
+
 gpl_result_t rdzv_round_join(rdzv_round *r, rdzv_rmember *m, const rdzv_msg *msg, uint64_t now,
                              rdzv_round_out *out, char *err, size_t errlen) {
     const __typeof__(msg->u.join) *jn = &msg->u.join;
@@ -520,12 +564,28 @@ gpl_result_t rdzv_round_join(rdzv_round *r, rdzv_rmember *m, const rdzv_msg *msg
         /* An elastic job grows as torchelastic's do: a node waiting while the
          * round has room ends the round, and the next one takes it in (the
          * workers resume from their last checkpoint). Not once nodes have
-         * started to finish, and never in static mode (its ranks are fixed). */
-        if (!r->is_static && r->nranks < r->max_nodes && r->ndone == 0)
-            end_round(r, NULL, RDZV_REASON_SCALE_UP, now, out,
-                      "node %s (%s) is waiting and job %s has room for %u more node(s): "
-                      "re-rendezvous to take it in",
-                      m->hostname, m->addr, r->run_id, r->max_nodes - r->nranks);
+         * started to finish, and never in static mode (its ranks are fixed).
+         * A warm joiner, when every node of the round re-forms in place, is
+         * held instead: it starts its workers first, and the round ends when
+         * they wait (rdzv_round_node), so the others stop only to re-form. */
+        if (may_grow(r)) {
+            if ((msg->flags & RDZV_JOIN_WARM) && all_live(r)) {
+                m->warm = 1;
+                rdzv_decision *w = out_add(out, RDZV_DO_WARM);
+                if (w) {
+                    w->m = m;
+                    w->count = r->npending;
+                    w->total = r->nranks;
+                }
+                GB_INFO("job %s: %s (%s) is held while it starts its workers: every node of round "
+                        "%u re-forms in place",
+                        r->run_id, m->hostname, m->addr, r->round);
+            } else
+                end_round(r, NULL, RDZV_REASON_SCALE_UP, now, out,
+                          "node %s (%s) is waiting and job %s has room for %u more node(s): "
+                          "re-rendezvous to take it in",
+                          m->hostname, m->addr, r->run_id, r->max_nodes - r->nranks);
+        }
         return GPL_OK;
     }
     maybe_complete(r, now, out);

@@ -41,6 +41,9 @@ struct rdzv_rmember {
     uint32_t base_rank;     /* its first global rank in the current round */
     int64_t prev_rank;      /* node rank in the last round it was in, -1 none */
     uint32_t awaited_round; /* a survivor of this failed round, not re-joined yet (0: none) */
+    int live;               /* its workers re-form in place (RDZV_NODE_LIVE) */
+    int warm;               /* a warm joiner held while a round runs: 1 its workers start,
+                               2 they wait for their round (RDZV_NODE_READY); 0 none */
 };
 
 struct rdzv_round {
@@ -64,6 +67,8 @@ struct rdzv_round {
     uint32_t reform_round, reform_left;
     uint64_t reform_deadline_ms;
     char reform_why[RDZV_MAX_STR + 1]; /* the node whose failure ended that round */
+    int warm_end; /* the round ends to take in warm joiners: its nodes re-form without the
+                     last call (the joiners wait already) */
     /* running */
     rdzv_rmember **ranks; /* nranks entries by node rank; NULL: gone */
     uint32_t nranks, nactive, ndone;
@@ -83,6 +88,9 @@ typedef enum rdzv_decision_kind {
                          * (text: what was missing); m waits no more */
     RDZV_DO_JOB_DONE,   /* every node of round `round` finished: tell members and the
                          * nodes still waiting (pending) */
+    RDZV_DO_WARM,       /* the waiting m is held: every node of the running round re-forms
+                         * in place; m starts its workers and says when they wait (count
+                         * nodes wait beside the total of the round) */
 } rdzv_decision_kind;
 
 typedef struct rdzv_decision {
@@ -132,6 +140,10 @@ void rdzv_round_fail(rdzv_rmember *m, int hung, uint32_t rank, const char *messa
 /* m's heartbeats stopped for silent_ms while it is in the running round */
 void rdzv_round_heartbeat_lost(rdzv_rmember *m, uint64_t silent_ms, uint64_t now,
                                rdzv_round_out *out);
+/* what m's workers can do now (RDZV_NODE_* flags): a held warm joiner's
+ * readiness ends the round to take it in (once every held one is ready), as
+ * does a node of the round whose workers no longer re-form in place */
+void rdzv_round_node(rdzv_rmember *m, uint32_t flags, uint64_t now, rdzv_round_out *out);
 /* every worker of m's node finished the round */
 void rdzv_round_done(rdzv_rmember *m, rdzv_round_out *out);
 /* the time is now: last calls, re-formation deadlines, join timeouts,

@@ -213,6 +213,7 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
     case RDZV_FAIL:
     case RDZV_STATS:
     case RDZV_DONE:
+    case RDZV_NODE:
         rdzv__job_request(c, msg);
         return;
     default:
@@ -460,7 +461,7 @@ static void accept_one(uv_stream_t *ls, int status) {
     memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
-    ch.flags = RDZV_CHALLENGE_HEALTH;
+    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM;
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }

@@ -64,6 +64,13 @@ gpl_result_t gpl_init(const gpl_options *o, gpl_comm_t *out) {
     gpl_result_t rc = GPL_OK;
     /* joins the launcher's progress channel; waiting for the peers is a collective */
     gb_progress_attach();
+    /* a worker started before its round waits for it here (a warm join) */
+    rc = gpl_await_round(0, NULL);
+    if (rc != GPL_OK)
+        return gb_seterr(&c->err, rc,
+                         "this worker was started before its round and did not get one (the "
+                         "reason is above); it is started again once its node has a round");
+    c->round_seq = gpl__first_round_seq();
     gb_progress_coll_begin();
     c->rank = o->rank >= 0 ? o->rank : env_int("RANK", 0);
     c->world = o->world_size >= 0 ? o->world_size : env_int("WORLD_SIZE", 1);

@@ -82,6 +82,9 @@ struct gpl_comm {
  * the node ring, NCCL) from the communicator's rank, world and round, and its
  * teardown (abort: NCCL's communicator aborted, not finalized). */
 gpl_result_t gpl_comm_connect(gpl_comm_t c);
+/* The round block's seq of the first round a worker started before it took
+ * (gpl_await_round); 0 for a worker started in its round. */
+uint32_t gpl__first_round_seq(void);
 void gpl_comm_disconnect(gpl_comm_t c, int abort);
 /* kernels (gpl_reduce.c) */
 void gpl_reduce_into(void *acc, const void *in, size_t count, gpl_dtype_t t, gpl_op_t op);

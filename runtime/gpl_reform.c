@@ -43,6 +43,80 @@ gpl_result_t gpl_round_wait(uint32_t seq, uint32_t timeout_ms, gpl_round_info *i
 
 void gpl_round_ack(int round) { gb_progress_round_ack((uint32_t)round); }
 
+/* The round block's seq when this worker took its first round before it had
+ * one (gpl_await_round); 0: it was started in its round. */
+static uint32_t first_round_seq;
+
+uint32_t gpl__first_round_seq(void) { return first_round_seq; }
+
+static void setenv_int(const char *name, int v) {
+    char b[16];
+    snprintf(b, sizeof b, "%d", v);
+    setenv(name, b, 1);
+}
+
+gpl_result_t gpl_await_round(uint32_t timeout_ms, gpl_round_info *info) {
+    gpl_round_info tmp;
+    if (info == NULL)
+        info = &tmp;
+    memset(info, 0, sizeof *info);
+    info->round = -1;
+    const char *p = getenv("GPULAUNCH_ROUND_PENDING");
+    if (p == NULL || strcmp(p, "1") != 0)
+        return GPL_OK;
+    const char *lr = getenv("GPULAUNCH_LOCAL_RANK");
+    if (gb_progress_set_reform_ok(1) != 0) {
+        fprintf(stderr,
+                "gpulaunch: local rank %s was started before its round, but no round block "
+                "hands it one (GPULAUNCH_PROGRESS_SHM is missing or malformed)\n",
+                lr ? lr : "?");
+        return GPL_ERR_UNSUPPORTED;
+    }
+    uint64_t deadline = timeout_ms ? gb_now_ms() + timeout_ms : UINT64_MAX;
+    uint32_t seen = 0;
+    for (;;) {
+        uint64_t now = gb_now_ms();
+        if (now >= deadline) {
+            fprintf(stderr,
+                    "gpulaunch: local rank %s: no first round within %.0f s of waiting for it\n",
+                    lr ? lr : "?", timeout_ms / 1000.0);
+            return GPL_ERR_TIMEOUT;
+        }
+        uint64_t left = deadline - now;
+        gpl_result_t rc = gpl_round_wait(seen, left > 1000 ? 1000 : (uint32_t)left, info);
+        if (rc == GPL_ERR_TIMEOUT)
+            continue;
+        if (rc != GPL_OK)
+            return rc;
+        seen = info->seq;
+        if (info->state == GPL_ROUND_RESTART) {
+            fprintf(stderr,
+                    "gpulaunch: local rank %s: the launcher gave up this worker before its first "
+                    "round (%s); it is started again once its node has a round\n",
+                    lr ? lr : "?", info->why);
+            return GPL_ERR_ROUND_OVER;
+        }
+        if (info->state == GPL_ROUND_NEW)
+            break;
+    }
+    int local = lr ? atoi(lr) : 0;
+    setenv_int("RANK", info->base_rank + local);
+    setenv_int("ROLE_RANK", info->base_rank + local);
+    setenv_int("GROUP_RANK", info->node_rank);
+    setenv_int("WORLD_SIZE", info->world_size);
+    setenv_int("ROLE_WORLD_SIZE", info->world_size);
+    setenv_int("GROUP_WORLD_SIZE", info->nnodes);
+    setenv("MASTER_ADDR", info->master_addr, 1);
+    setenv_int("MASTER_PORT", info->master_port);
+    setenv_int("GPULAUNCH_ROUND", info->round);
+    setenv_int("GPULAUNCH_NODE_RANK", info->node_rank);
+    setenv_int("TORCHELASTIC_RESTART_COUNT", info->restarts);
+    unsetenv("GPULAUNCH_ROUND_PENDING");
+    first_round_seq = info->seq;
+    gb_progress_round_ack((uint32_t)info->round);
+    return GPL_OK;
+}
+
 int gpl_round(gpl_comm_t c) { return c ? c->round : -1; }
 
 /* Errors after which the next round may still come: the round (or the one

@@ -13,9 +13,12 @@ progress(step) reports a step to the launcher's hang watchdog without
 checkpoints; allreduce_hook is a DDP communication hook that tells it who
 waits for whom (stragglers). Elastic keeps a DDP program's processes when a
 node is lost or added: it re-makes the process group and DDP for the next
-round and copies the state to the ranks without it (gpulaunch.elastic).
+round and copies the state to the ranks without it (gpulaunch.elastic);
+await_round() is where a worker started before its node had a round (a
+warm join) waits for it: Elastic and Comm call it.
 """
 
+from ._firstround import await_round
 from ._native import GPL_EXIT_PREEMPTED as EXIT_PREEMPTED
 from ._native import Error
 from .checkpoint import Checkpointer, CheckpointReader, CheckpointWriter
@@ -38,5 +41,6 @@ __all__ = [
     "CheckpointReader",
     "progress",
     "allreduce_hook",
+    "await_round",
     "__version__",
 ]

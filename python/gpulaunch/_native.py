@@ -178,6 +178,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_reform_enable": (c_result, []),
     "gpl_round_wait": (c_result, [ctypes.c_uint32, ctypes.c_uint32, ctypes.POINTER(RoundInfo)]),
     "gpl_round_ack": (None, [ctypes.c_int]),
+    "gpl_await_round": (c_result, [ctypes.c_uint32, ctypes.POINTER(RoundInfo)]),
     "gpl_reform": (c_result, [_P, ctypes.c_uint32]),
     "gpl_round": (ctypes.c_int, [_P]),
 }

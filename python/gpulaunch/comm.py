@@ -8,6 +8,7 @@ import sys
 from typing import Any, Callable, Optional
 
 from . import _native as N
+from ._firstround import await_round
 from ._native import Error
 
 # memoryview formats (byte order '@', '=' or '<' stripped) to reduction dtypes
@@ -113,6 +114,7 @@ class Comm:
     def __init__(self, backend: str = "auto") -> None:
         if backend not in N.BACKENDS:
             raise ValueError(f"Comm: backend {backend!r} is not one of auto, cpu, nccl")
+        await_round()  # a worker started before its round: RANK & co. in os.environ first
         self._prepare()
         opts = N.Options.init(N.BACKENDS[backend])
         h = ctypes.c_void_p()

@@ -73,6 +73,7 @@ from typing import Any, Callable, Optional
 from . import _native as N
 from . import _procfs
 from . import _statecopy as _sc
+from ._firstround import await_round
 from ._native import Error
 from .progress import _wait_fns, progress
 
@@ -199,6 +200,7 @@ class Elastic:
         self._round_end_wait_s = round_end_wait_s
         self._stuck_exit_s = stuck_exit_s
         self.ddp: Any = None
+        await_round()  # a worker started before its round (a warm join) takes it first
         self.rank = _env_int("RANK", 0)
         self.world_size = _env_int("WORLD_SIZE", 1)
         self.local_rank = _env_int("GPULAUNCH_LOCAL_RANK", _env_int("LOCAL_RANK", 0))

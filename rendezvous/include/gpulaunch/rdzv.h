@@ -106,6 +106,8 @@ typedef struct rdzv_join_params {
     int32_t static_rank; /* -1 in elastic mode */
     uint32_t min_nodes, max_nodes;
     uint32_t last_call_ms, join_timeout_ms, heartbeat_interval_ms, heartbeat_timeout_ms;
+    int warm; /* this node can start its workers before a running round takes it in (they
+                 wait for their first round): joins say so (docs/protocol.md, warm join) */
 } rdzv_join_params;
 
 typedef struct rdzv_client_callbacks {
@@ -123,6 +125,10 @@ typedef struct rdzv_client_callbacks {
     /* A fatal error (join refused or timed out, auth refused, server gone
      * past the retry budget). The client stays usable only for close. */
     void (*on_error)(rdzv_client *c, gpl_result_t code, const char *message);
+    /* A warm join is held: every node of the running round re-forms in
+     * place. Start the workers (they wait for their first round), then say
+     * rdzv_client_node(RDZV_NODE_READY): the round ends to take this node in. */
+    void (*on_warm)(rdzv_client *c, uint32_t waiting, uint32_t members);
 } rdzv_client_callbacks;
 
 typedef struct rdzv_client_options {
@@ -172,6 +178,15 @@ void rdzv_client_stats(rdzv_client *c, uint32_t window_ms, const rdzv_rank_stats
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
  * hang of that rank (a server that predates hangs gets a plain FAIL). */
 void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message);
+/* What this node's workers can do now, RDZV_NODE_LIVE (its running workers
+ * re-form in place) and RDZV_NODE_READY (a held warm joiner's workers wait
+ * for their round): sent when it changes, and again after a reconnect;
+ * never to a server that predates it. */
+#define RDZV_NODE_LIVE 1u
+#define RDZV_NODE_READY 2u
+void rdzv_client_node(rdzv_client *c, uint16_t flags);
+/* Whether this node's joins are warm (asked for, and the server takes them). */
+int rdzv_client_warm(const rdzv_client *c);
 /* Whether the client holds a connection to the server now (not reconnecting). */
 int rdzv_client_connected(const rdzv_client *c);
 void rdzv_client_close(rdzv_client *c);

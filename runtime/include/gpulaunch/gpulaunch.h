@@ -291,6 +291,21 @@ GPL_API gpl_result_t gpl_round_wait(uint32_t seq, uint32_t timeout_ms, gpl_round
 /* Tells the launcher this worker runs in round `round` now (gpl_reform does
  * it; a program re-forming its own framework calls it). */
 GPL_API void gpl_round_ack(int round);
+/* A worker started before its node had a round (a warm join: a new node of a
+ * job whose nodes all re-form in place starts its workers first, with
+ * GPULAUNCH_ROUND_PENDING=1 and no RANK, WORLD_SIZE, MASTER_ADDR, ...): says
+ * it re-forms in place, waits for its first round (at most timeout_ms; 0: as
+ * long as its launcher takes), takes it, and sets RANK, ROLE_RANK,
+ * GROUP_RANK, WORLD_SIZE, ROLE_WORLD_SIZE, GROUP_WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT, GPULAUNCH_ROUND, GPULAUNCH_NODE_RANK and
+ * TORCHELASTIC_RESTART_COUNT in the environment as a worker started in that
+ * round has them; *info (may be NULL) says the round. Any other worker:
+ * GPL_OK at once, info->round -1. gpl_init calls it first; a program that
+ * reads RANK & co. before gpl_init calls it itself (gpulaunch.Elastic does).
+ * GPL_ERR_ROUND_OVER when the launcher gives the worker up (exit then: it is
+ * started again once its node has a round), GPL_ERR_TIMEOUT,
+ * GPL_ERR_UNSUPPORTED without the launcher's round block. */
+GPL_API gpl_result_t gpl_await_round(uint32_t timeout_ms, gpl_round_info *info);
 /* After a collective of an ended round failed: waits (at most timeout_ms) for
  * the next round and re-makes comm for it in place: the rendezvous
  * attachment, shared memory, the node ring and NCCL (ncclCommAbort, then a

@@ -1,0 +1,72 @@
+/* What this node's workers can do, and the warm join (see gl_warm.h). */
+#include <string.h>
+
+#include "gb_time.h"
+#include "gl_progress.h"
+#include "gl_warm.h"
+
+static void say(gl_warm *w) {
+    uint16_t f = 0;
+    if (w->phase == GL_WARM_NONE && w->cb.live(w))
+        f |= RDZV_NODE_LIVE;
+    if (w->phase == GL_WARM_READY)
+        f |= RDZV_NODE_READY;
+    if (f != w->said) {
+        w->said = f;
+        rdzv_client_node(w->cli, f);
+    }
+}
+
+static void on_tick(uv_timer_t *t) {
+    gl_warm *w = t->data;
+    if (w->phase == GL_WARM_STARTING) {
+        uint64_t now = gb_now_ns();
+        if (gl_progress_reform_ok(w->nproc)) {
+            w->phase = GL_WARM_READY;
+            w->cb.on_ready(w, (double)(now - w->start_ns) / 1e6);
+        } else if (now - w->start_ns > (uint64_t)GL_WARM_START_MS * 1000000u) {
+            w->phase = GL_WARM_GIVEN_UP;
+            w->cb.on_timeout(w);
+        }
+    }
+    if (w->phase == GL_WARM_GIVEN_UP && w->cb.gone(w))
+        w->phase = GL_WARM_READY; /* taken in as a cold node: started once assigned */
+    say(w);
+}
+
+void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
+                  const gl_warm_callbacks *cb) {
+    void *data = w->data;
+    memset(w, 0, sizeof *w);
+    w->data = data;
+    w->loop = loop;
+    w->cli = cli;
+    w->nproc = nproc;
+    w->cb = *cb;
+    uv_timer_init(loop, &w->tick);
+    w->tick.data = w;
+    uv_timer_start(&w->tick, on_tick, GL_WARM_TICK_MS, GL_WARM_TICK_MS);
+    w->inited = 1;
+}
+
+void gl_warm_start(gl_warm *w) {
+    w->phase = GL_WARM_STARTING;
+    w->start_ns = gb_now_ns();
+}
+
+void gl_warm_give_up(gl_warm *w) {
+    if (w->phase == GL_WARM_STARTING || w->phase == GL_WARM_READY)
+        w->phase = GL_WARM_GIVEN_UP;
+}
+
+void gl_warm_assigned(gl_warm *w) { w->phase = GL_WARM_NONE; }
+
+enum gl_warm_phase gl_warm_phase(const gl_warm *w) { return w->phase; }
+
+void gl_warm_close(gl_warm *w) {
+    if (!w->inited)
+        return;
+    uv_timer_stop(&w->tick);
+    uv_close((uv_handle_t *)&w->tick, NULL);
+    w->inited = 0;
+}

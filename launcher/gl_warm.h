@@ -1,0 +1,69 @@
+/* What this node's workers can do, told to the rendezvous (RDZV_NODE), and
+ * the warm join that it makes possible. A node whose running workers all
+ * said they re-form in place is LIVE. A new node that joins a running job
+ * whose nodes are all LIVE is held instead of ending the round at once: its
+ * launcher starts the workers before it has a round (they wait for their
+ * first one in the round block, GPULAUNCH_ROUND_PENDING=1), and says READY
+ * once every one of them said it re-forms in place (reform_ok). Only then
+ * does the round end to take the node in: the others stop for the
+ * re-formation and the state copy alone, not for the new workers' start
+ * (importing PyTorch, setting up CUDA). Workers that do not get there within
+ * GL_WARM_START_MS, or exit, are given up (the owner stops them), and READY
+ * follows once they are gone: the node is taken in and started as today. */
+#ifndef GPULAUNCH_GL_WARM_H
+#define GPULAUNCH_GL_WARM_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "gpulaunch/rdzv.h"
+
+#define GL_WARM_TICK_MS 20      /* how often the workers' reform_ok is looked at */
+#define GL_WARM_START_MS 120000 /* from a warm join's start to every worker waiting */
+
+enum gl_warm_phase {
+    GL_WARM_NONE = 0,     /* no warm start under way */
+    GL_WARM_STARTING = 1, /* the workers start; READY once each said reform_ok */
+    GL_WARM_READY = 2,    /* READY said: the next round takes this node in */
+    GL_WARM_GIVEN_UP = 3  /* the workers did not get there: READY once they are gone */
+};
+
+typedef struct gl_warm gl_warm;
+
+typedef struct gl_warm_callbacks {
+    /* Whether this node's running workers go on through a round's end. */
+    int (*live)(gl_warm *w);
+    /* Whether the workers given up are all gone (reaped, pipes closed). */
+    int (*gone)(gl_warm *w);
+    /* Every worker waits for its first round, ready_ms after the start. */
+    void (*on_ready)(gl_warm *w, double ready_ms);
+    /* They did not within GL_WARM_START_MS: the owner stops them. */
+    void (*on_timeout)(gl_warm *w);
+} gl_warm_callbacks;
+
+struct gl_warm {
+    void *data; /* the owner's */
+    /* private */
+    uv_loop_t *loop;
+    rdzv_client *cli;
+    int nproc, inited;
+    enum gl_warm_phase phase;
+    uint64_t start_ns;
+    uint16_t said;
+    uv_timer_t tick;
+    gl_warm_callbacks cb;
+};
+
+/* Looks at the workers every GL_WARM_TICK_MS and tells cli what they can do. */
+void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
+                  const gl_warm_callbacks *cb);
+/* The workers were started before their round (a held warm join). */
+void gl_warm_start(gl_warm *w);
+/* They are given up (one exited, or the timeout): READY once cb.gone. */
+void gl_warm_give_up(gl_warm *w);
+/* A round took this node in: the warm start is over. */
+void gl_warm_assigned(gl_warm *w);
+enum gl_warm_phase gl_warm_phase(const gl_warm *w);
+void gl_warm_close(gl_warm *w);
+
+#endif
