@@ -595,3 +595,99 @@ Test(round, a_leaving_member_is_not_among_those_told) {
     memset(&M[1], 0xee, sizeof M[1].hostname);
     cr_assert_str_eq(d->host, "n1");
 }
+
+/* ---- warm joins (a new node starts its workers before the round takes it) ---- */
+
+static gpl_result_t join_warm(int i, uint64_t now) {
+    rdzv_round_out_reset(&O);
+    rdzv_msg m = jmsg("job", i);
+    m.flags = RDZV_JOIN_WARM;
+    char err[RDZV_MAX_MSG + 1] = "";
+    return rdzv_round_join(&R, &M[i], &m, now, &O, err, sizeof err);
+}
+
+static void node(int i, uint32_t flags, uint64_t now) {
+    rdzv_round_out_reset(&O);
+    rdzv_round_node(&M[i], flags, now, &O);
+}
+
+/* Every node of the round live: a warm joiner is held (told alone, the round
+ * goes on) until it is ready; then the round ends and the old nodes re-form
+ * without the last call: the round starts once they are all back. */
+Test(round, a_warm_joiner_is_held_until_ready_then_taken_in_without_the_last_call) {
+    job(2, 4, LC, 0);
+    uint64_t t = round_one(2);
+    node(0, RDZV_NODE_LIVE, t);
+    node(1, RDZV_NODE_LIVE, t);
+    cr_assert_eq(O.n, 0, "saying live decides nothing");
+    cr_assert_eq(join_warm(2, t + 1), GPL_OK);
+    const rdzv_decision *w = find(RDZV_DO_WARM);
+    cr_assert(w != NULL && w->m == &M[2], "the joiner is told to start its workers");
+    cr_assert_eq(w->total, 2);
+    cr_assert_eq(count(RDZV_DO_ROUND_OVER), 0, "the round goes on while it starts");
+    cr_assert_eq(R.state, RDZV_R_RUNNING);
+    tick(t + 30000); /* no deadline ends a hold: the joiner's launcher bounds it */
+    cr_assert_eq(count(RDZV_DO_ROUND_OVER), 0);
+    cr_assert_eq(count(RDZV_DO_TIMEOUT), 0);
+    node(2, RDZV_NODE_READY, t + 30001);
+    const rdzv_decision *o = find(RDZV_DO_ROUND_OVER);
+    cr_assert(o != NULL && o->reason == RDZV_REASON_SCALE_UP, "ready: the round ends");
+    cr_assert(strstr(o->text, "n2") && strstr(o->text, "re-form in place"), "%s", o->text);
+    join(0, t + 30002);
+    cr_assert_eq(count(RDZV_DO_ASSIGN), 0);
+    join(1, t + 30003); /* every old node back: no last call */
+    check_assign(2, 3, "the old nodes and the warm joiner");
+    cr_assert(M[0].node_rank == 0 && M[1].node_rank == 1 && M[2].node_rank == 2);
+    cr_assert_eq(M[2].warm, 0);
+    cr_assert(M[0].live && M[1].live, "live is kept across rounds");
+}
+
+/* A node of the round that does not re-form in place: a warm join ends the
+ * round at once, as any join does (and the last call applies). */
+Test(round, a_warm_join_ends_the_round_at_once_unless_every_node_is_live) {
+    job(2, 4, 1000, 0);
+    uint64_t t = round_one(2);
+    node(0, RDZV_NODE_LIVE, t);
+    cr_assert_eq(join_warm(2, t + 1), GPL_OK);
+    cr_assert_eq(count(RDZV_DO_WARM), 0);
+    cr_assert_eq(find(RDZV_DO_ROUND_OVER)->reason, RDZV_REASON_SCALE_UP);
+    join(0, t + 2);
+    join(1, t + 3);
+    cr_assert_eq(count(RDZV_DO_ASSIGN), 0, "a cold scale-up keeps the last call");
+    tick(t + 3 + 1000);
+    check_assign(2, 3, "after the last call");
+}
+
+/* A held joiner's wait ends when a node of the round stops being live (its
+ * workers were restarted): the round ends to take the joiner in then; and
+ * with two held joiners the round ends once both are ready. */
+Test(round, a_hold_ends_when_a_node_is_no_longer_live_or_every_joiner_is_ready) {
+    job(2, 4, LC, 0);
+    uint64_t t = round_one(2);
+    node(0, RDZV_NODE_LIVE, t);
+    node(1, RDZV_NODE_LIVE, t);
+    join_warm(2, t + 1);
+    join_warm(3, t + 2);
+    cr_assert_eq(count(RDZV_DO_WARM), 1);
+    node(2, RDZV_NODE_READY, t + 3);
+    cr_assert_eq(count(RDZV_DO_ROUND_OVER), 0, "n3 still starts its workers");
+    node(1, 0, t + 4);
+    const rdzv_decision *o = find(RDZV_DO_ROUND_OVER);
+    cr_assert(o != NULL && strstr(o->text, "no longer re-forms in place"), "%s",
+              o ? o->text : "no round end");
+    join(0, t + 5);
+    join(1, t + 6);
+    check_assign(2, 4, "every waiting node taken in");
+
+    /* again with both joiners ready, no one leaving live */
+    job(2, 4, LC, 0);
+    t = round_one(2);
+    node(0, RDZV_NODE_LIVE, t);
+    node(1, RDZV_NODE_LIVE, t);
+    join_warm(2, t + 1);
+    join_warm(3, t + 2);
+    node(3, RDZV_NODE_READY, t + 3);
+    cr_assert_eq(count(RDZV_DO_ROUND_OVER), 0, "n2 still starts its workers");
+    node(2, RDZV_NODE_READY, t + 4);
+    cr_assert_eq(count(RDZV_DO_ROUND_OVER), 1, "both ready: the round ends");
+}

@@ -307,9 +307,18 @@ def test_node_vanishes_then_a_new_node_copies_the_state(job: Job) -> None:
     samples = {m[1] for p in survivors + [late] for _, m in p.find(r"^rank \d+ samples_seen (\d+)$")}
     assert len(samples) == 1, f"the copied extra state differs: {samples}\n{job.dump()}"
     grown = first_step_after(job, survivors + [late], 6, t_late)
+    # a warm join: the new node started its workers before the round took it
+    # in, so the survivors stopped only to re-form and copy, not for its start
+    assert late.find(r"starting the 2 workers before this node joins"), job.dump()
+    (t_ready, _), = late.find(r"the 2 workers started in \d+ ms and wait for their first round")
+    t_over = min(t for p in survivors for t, _ in p.find(r"round \d+ is over: node .* started its workers"))
+    assert t_over >= t_ready, f"the survivors stopped before the new workers waited:\n{job.dump()}"
+    paused = first_step_after(job, survivors + [late], 6, t_over)
+    assert "restarting workers" not in late.text(), job.dump()
     report(f"node vanished: freed {max(freed):.0f} ms after the launchers heard of it, first step in "
            f"the 4-rank world {took:.2f} s after SIGSTOP (heartbeat timeout 3 s); new node: first step "
-           f"in the 6-rank world {grown:.2f} s after its launcher started")
+           f"in the 6-rank world {grown:.2f} s after its launcher started, {paused:.2f} s after the "
+           f"survivors' round ended (its workers started {t_ready - t_late:.2f} s before)")
 
 
 def test_rank_that_cannot_reform_is_restarted(job: Job) -> None:
@@ -398,6 +407,8 @@ def test_a_rank_alone_re_forms_when_a_node_comes_and_goes(job: Job, program: str
     worker that never makes the group (sleep), so the lone rank re-forms into
     a world of 2 that cannot form; that node is killed, and the rank gives up
     the group being made and re-forms alone, in place, losing no step."""
+    if program == "dp_train" and os.environ.get("GPULAUNCH_TEST_SECOND_TORCH"):
+        pytest.skip("torch-independent (dp_train): run under the first interpreter only")
     prog = ([str(BUILD / "examples" / "dp_train"), "--steps", "2000", "--step-sleep-ms", "5"]
             if program == "dp_train" else [PY, str(TRAIN), "--steps", "300", "--step-sleep-ms", "20"])
     common = [str(LAUNCHER), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "gpulaunch",
@@ -406,7 +417,10 @@ def test_a_rank_alone_re_forms_when_a_node_comes_and_goes(job: Job, program: str
     alone = job.start("alone", [*common, "--no-python", *prog, "--reform"])
     wait_for(job, [alone], r"^first step in a world of 1: step \d+$", 1, 120)
     pid = pids(alone)
-    other = job.start("other", [*common, "--no-python", "sleep", "600"])
+    # without the progress channel the node joins cold (no warm join: its
+    # round starts before its worker would say it waits)
+    other = job.start("other", [*common, "--progress-timeout", "0", "--stats-interval", "0", "--no-python",
+                                "sleep", "600"])
     wait_for(job, [alone], r"round 2: node rank \d of 2", 1, 30)
     time.sleep(1.0)
     other.signal(signal.SIGKILL)
@@ -418,3 +432,35 @@ def test_a_rank_alone_re_forms_when_a_node_comes_and_goes(job: Job, program: str
     assert [m.groups() for _, m in got] == [("3", "1", "0")], job.dump()
     if program != "dp_train":  # it prints no pid
         assert pid and pids(alone) == pid, job.dump()
+
+
+@pytest.mark.skipif(bool(os.environ.get("GPULAUNCH_TEST_SECOND_TORCH")),
+                    reason="torch-independent (dp_train): run under the first interpreter only")
+def test_a_new_node_whose_workers_cannot_wait_for_a_round_joins_as_before(job: Job) -> None:
+    """(h) a warm join given up: the new node's workers exit when started
+    before their round (a program that cannot wait for it); its launcher
+    stops waiting for them, is taken in as a new node and starts them in
+    their round (no restart counted); the running rank re-forms in place and
+    the new one copies its state."""
+    dp = str(BUILD / "examples" / "dp_train")
+    common = [str(LAUNCHER), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "gpulaunch",
+              "--rdzv-endpoint", f"127.0.0.1:{job.port}", "--rdzv-id", "cold",
+              "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "0"]
+    prog = [dp, "--reform", "--steps", "1500", "--step-sleep-ms", "5"]
+    first = job.start("first", [*common, *prog])
+    wait_for(job, [first], r"^first step in a world of 1: step \d+$", 1, 120)
+    cant = ('[ -z "$GPULAUNCH_ROUND_PENDING" ] || { echo "cannot wait for a round"; exit 3; }; '
+            'exec "$@"')
+    new = job.start("new", [*common, "--no-python", "sh", "-c", cant, "sh", *prog])
+    for p in (first, new):
+        assert p.wait(120) == 0, job.dump()
+    out = new.text()
+    assert "starting the 1 workers before this node joins" in out, job.dump()
+    assert "cannot wait for a round" in out and "are given up (local rank 0 failed before it had a round)" in out, \
+        job.dump()
+    assert "restarting workers" not in out and "restarting workers" not in first.text(), job.dump()
+    assert new.find(r"^rank 1: joined round \d+ with 1 ranks that kept their state: parameters of step \d+ "
+                    r"copied from rank 0"), job.dump()
+    assert first.find(r"^rank 0 \(was 0\): round 2 re-formed in place, world 2"), job.dump()
+    sha = shas([first, new])
+    assert sorted(sha) == [0, 1] and len(set(sha.values())) == 1, job.dump()
