@@ -73,6 +73,7 @@ enum gb_round_state {
 
 #define GB_ROUND_ADDR_MAX 256
 #define GB_ROUND_WHY_MAX 256
+#define GB_ROUND_IFNAME_MAX 64
 #define GB_PROGRESS_ROUND_BYTES 1024
 
 typedef struct gb_progress_round {
@@ -85,7 +86,10 @@ typedef struct gb_progress_round {
                           every rank and go on (the launcher keeps them) */
     char master_addr[GB_ROUND_ADDR_MAX];
     char why[GB_ROUND_WHY_MAX]; /* why the round ended (GB_ROUND_OVER, GB_ROUND_RESTART) */
-    char reserved[GB_PROGRESS_ROUND_BYTES - 10 * 4 - GB_ROUND_ADDR_MAX - GB_ROUND_WHY_MAX];
+    char nccl_ifname[GB_ROUND_IFNAME_MAX]; /* NCCL_SOCKET_IFNAME the launcher chose for the
+                                              round ("": none), for workers started before it */
+    char reserved[GB_PROGRESS_ROUND_BYTES - 10 * 4 - GB_ROUND_ADDR_MAX - GB_ROUND_WHY_MAX -
+                  GB_ROUND_IFNAME_MAX];
 } gb_progress_round;
 
 _Static_assert(sizeof(gb_progress_round) == GB_PROGRESS_ROUND_BYTES, "round block size is the ABI");

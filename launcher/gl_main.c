@@ -362,7 +362,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
             L.cfg.nproc, ms);
     if (gl_reform_state(&R) == GL_REFORM_WAITING) {
         /* the kept workers take this round in place (gl_reform.c) */
-        gl_reform_hand(&R, &L.a, L.restarts);
+        gl_reform_hand(&R, &L.a, L.nccl_ifname, L.restarts);
         return;
     }
     if (!gl_group_idle(&G)) {

@@ -272,8 +272,8 @@ void gl_progress_set_go_on(int on) {
         P.round->go_on = P.go_on;
 }
 
-void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, int restarts,
-                         const char *why) {
+void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, const char *ifname,
+                         int restarts, const char *why) {
     if (P.fd < 0)
         return;
     gb_progress_round *b = P.round;
@@ -285,6 +285,7 @@ void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, in
         b->world_size = a->world_size;
         b->master_port = a->master_port;
         snprintf(b->master_addr, sizeof b->master_addr, "%s", a->master_addr);
+        snprintf(b->nccl_ifname, sizeof b->nccl_ifname, "%s", ifname ? ifname : "");
     }
     b->restarts = (uint32_t)restarts;
     snprintf(b->why, sizeof b->why, "%s", why ? why : "");

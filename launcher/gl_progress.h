@@ -43,9 +43,10 @@ int gl_progress_acked(int nproc, uint32_t round);
  * preemption (the round block's go_on), for this and every later round. */
 void gl_progress_set_go_on(int on);
 /* Writes the round block and wakes the workers waiting on it: the round is
- * over (a NULL), or here is the next one (a), or they are to be restarted. */
-void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, int restarts,
-                         const char *why);
+ * over (a NULL), or here is the next one (a, with the NCCL_SOCKET_IFNAME
+ * chosen for it, "" or NULL: none), or they are to be restarted. */
+void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, const char *ifname,
+                         int restarts, const char *why);
 /* Whether the workers run, not stopping: a summary is due (else the window
  * goes on). */
 typedef int (*gl_progress_active_cb)(void *data);

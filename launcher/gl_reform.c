@@ -24,7 +24,7 @@ void gl_reform_begin(gl_reform *r, const char *why) {
     uv_timer_stop(&r->tick);
     r->state = GL_REFORM_WAITING;
     r->told_ns = gb_now_ns();
-    gl_progress_publish(GB_ROUND_OVER, NULL, 0, why);
+    gl_progress_publish(GB_ROUND_OVER, NULL, NULL, 0, why);
 }
 
 void gl_reform_first(gl_reform *r) {
@@ -58,11 +58,11 @@ static void on_tick(uv_timer_t *t) {
     }
 }
 
-void gl_reform_hand(gl_reform *r, const rdzv_assignment *a, int restarts) {
+void gl_reform_hand(gl_reform *r, const rdzv_assignment *a, const char *ifname, int restarts) {
     r->state = GL_REFORM_HANDED;
     r->round = a->round;
     r->handed_ns = gb_now_ns();
-    gl_progress_publish(GB_ROUND_NEW, a, restarts, "");
+    gl_progress_publish(GB_ROUND_NEW, a, ifname, restarts, "");
     uv_timer_start(&r->tick, on_tick, GL_REFORM_TICK_MS, GL_REFORM_TICK_MS);
 }
 
@@ -72,5 +72,5 @@ void gl_reform_abort(gl_reform *r, const char *why) {
     uv_timer_stop(&r->tick);
     r->state = GL_REFORM_NONE;
     r->first = 0;
-    gl_progress_publish(GB_ROUND_RESTART, NULL, 0, why);
+    gl_progress_publish(GB_ROUND_RESTART, NULL, NULL, 0, why);
 }

@@ -61,8 +61,9 @@ void gl_reform_begin(gl_reform *r, const char *why);
 /* The workers were started before their first round (a warm join): they
  * wait for it as kept workers do (GL_REFORM_WAITING, nothing published). */
 void gl_reform_first(gl_reform *r);
-/* Hands the workers the next round a (restarts: their restart count). */
-void gl_reform_hand(gl_reform *r, const rdzv_assignment *a, int restarts);
+/* Hands the workers the next round a (ifname: the NCCL_SOCKET_IFNAME chosen
+ * for it, "" for none; restarts: their restart count). */
+void gl_reform_hand(gl_reform *r, const rdzv_assignment *a, const char *ifname, int restarts);
 /* No re-formation (why): the workers are told to exit; they are restarted. */
 void gl_reform_abort(gl_reform *r, const char *why);
 enum gl_reform_state gl_reform_state(const gl_reform *r);

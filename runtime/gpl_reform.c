@@ -111,6 +111,13 @@ gpl_result_t gpl_await_round(uint32_t timeout_ms, gpl_round_info *info) {
     setenv_int("GPULAUNCH_ROUND", info->round);
     setenv_int("GPULAUNCH_NODE_RANK", info->node_rank);
     setenv_int("TORCHELASTIC_RESTART_COUNT", info->restarts);
+    const gb_progress_round *b = gb_progress_round_block();
+    if (b && b->nccl_ifname[0] && getenv("NCCL_SOCKET_IFNAME") == NULL) {
+        char ifn[GB_ROUND_IFNAME_MAX];
+        memcpy(ifn, b->nccl_ifname, sizeof ifn); /* stable while the round is NEW */
+        ifn[sizeof ifn - 1] = '\0';
+        setenv("NCCL_SOCKET_IFNAME", ifn, 1);
+    }
     unsetenv("GPULAUNCH_ROUND_PENDING");
     first_round_seq = info->seq;
     gb_progress_round_ack((uint32_t)info->round);

@@ -50,5 +50,12 @@ def await_round(timeout_s: float = 0.0) -> Optional[int]:
     env["MASTER_PORT"] = str(info.master_port)
     env["GPULAUNCH_ROUND"] = str(info.round)
     env["TORCHELASTIC_RESTART_COUNT"] = str(info.restarts)
+    # the interface the launcher pinned NCCL to for the round (the library
+    # set it in the C environment when the round block names one)
+    ifname = ctypes.CDLL(None).getenv
+    ifname.restype = ctypes.c_char_p
+    got = ifname(b"NCCL_SOCKET_IFNAME")
+    if got and "NCCL_SOCKET_IFNAME" not in env:
+        env["NCCL_SOCKET_IFNAME"] = got.decode(errors="replace")
     env.pop("GPULAUNCH_ROUND_PENDING", None)
     return int(info.round)
