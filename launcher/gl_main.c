@@ -22,7 +22,6 @@
 
 #include "gb_log.h"
 #include "gb_time.h"
-#include "gl_cloud.h"
 #include "gl_endpoint.h"
 #include "gl_errfile.h"
 #include "gl_report.h"
@@ -34,6 +33,7 @@
 #include "gl_preflight.h"
 #include "gl_progress.h"
 #include "gl_reform.h"
+#include "gl_notice.h"
 #include "gl_warm.h"
 #include "gl_watchdog.h"
 #include "gl_workers.h"
@@ -62,9 +62,7 @@ static struct launcher {
     int exit_requested; /* a signal to us: exit once workers are gone */
     int exit_code;
     int done_sent;
-    uv_timer_t done_timer, cloud_timer;
-    gl_cloud *cloud;
-    uv_signal_t sigs[GL_MAX_SIGNALS]; /* --signals-to-handle */
+    uv_timer_t done_timer;
     char hostname[256], addr[256], run_id[256], instance[64];
     char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
     char *token;
@@ -104,7 +102,6 @@ static void finish(int code) {
 }
 
 static void on_done_timeout(uv_timer_t *t);
-static void on_cloud_timer(uv_timer_t *t);
 
 /* Everything local is gone (the group also ended its stop): decide between
  * done, restart and exit. Called whenever a worker exits or its pipes close. */
@@ -213,15 +210,13 @@ static void on_reform_taken(gl_reform *r, uint32_t round, double told_ms, double
     gl_watchdog_round(&WD);
 }
 
-static void warm_give_up(const char *why);
-
 static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     int failed = status != 0 || sig != 0;
     if (gl_warm_phase(&W) != GL_WARM_NONE && !L.assigned && !g->stopping) {
         char why[160];
         snprintf(why, sizeof why, "local rank %d %s before it had a round", w->local_rank,
                  failed ? "failed" : "exited");
-        warm_give_up(why);
+        gl_warm_give_up(&W, why);
         maybe_finish_round();
         return;
     }
@@ -350,8 +345,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     L.assigned = 1;
     gl_warm_assigned(&W);
     choose_ifname(a->master_addr);
-    if (L.cloud == NULL && L.cfg.preemption_source != GL_CLOUD_NONE)
-        uv_timer_start(&L.cloud_timer, on_cloud_timer, 1000, 0);
+    gl_notice_workers_started();
     /* the same in every round: from this node's JOIN (connecting included) to its rank */
     double ms = (double)(gb_now_ns() - L.t_join_ns) / 1e6;
     fprintf(stderr,
@@ -434,34 +428,12 @@ static int warm_live(gl_warm *w) {
 
 static int warm_gone(gl_warm *w) { return gl_group_idle(&G); }
 
-static void on_warm_ready(gl_warm *w, double ready_ms) {
-    fprintf(stderr,
-            "gpulaunch: the %d workers started in %.0f ms and wait for their first round: the "
-            "job's round ends to take this node in\n",
-            L.cfg.nproc, ready_ms);
-}
-
-/* Workers started before their round that will not get there: stopped; the
- * node is taken in as a new one and starts them once it has its round. */
-static void warm_give_up(const char *why) {
-    fprintf(stderr,
-            "gpulaunch: the workers started before this node's round are given up (%s); it "
-            "joins as a new node and starts them once it has its round\n",
-            why);
-    GB_WARN("warm join given up: %s", why);
-    gl_warm_give_up(&W);
+/* Workers started before their round that will not get there (gl_warm said
+ * why): stopped; the node is taken in as a new one and starts them then. */
+static void warm_stop(gl_warm *w, const char *why) {
     gl_reform_abort(&R, why);
     L.group_failed = 0;
     gl_group_stop(&G, 0);
-}
-
-static void on_warm_timeout(gl_warm *w) {
-    char why[200];
-    snprintf(why, sizeof why,
-             "not every one said within %d s that it re-forms in place: does the program make "
-             "its communicator, or gpulaunch.Elastic, at its start?",
-             GL_WARM_START_MS / 1000);
-    warm_give_up(why);
 }
 
 /* The rendezvous holds this node's join: every node of the running round
@@ -469,17 +441,14 @@ static void on_warm_timeout(gl_warm *w) {
 static void on_warm(rdzv_client *c, uint32_t waiting, uint32_t members) {
     if (gl_warm_phase(&W) != GL_WARM_NONE || L.assigned || !gl_group_idle(&G) || L.exit_requested)
         return;
-    fprintf(stderr,
-            "gpulaunch: job %s runs %u node(s) that re-form in place: starting the %d workers "
-            "before this node joins (they wait for their first round)\n",
-            L.run_id, members, L.cfg.nproc);
+    gl_warm_start(&W, L.run_id, members);
     gl_reform_first(&R);
-    gl_warm_start(&W);
     gl_hold_spawned(&H);
     if (gl_group_spawn(&G, NULL, L.restarts, "") > 0) {
-        warm_give_up("a worker could not be started");
+        gl_warm_give_up(&W, "a worker could not be started");
         return;
     }
+    gl_notice_workers_started();
     gl_gpumon_round();
     gl_progress_start_stats(L.loop, L.cfg.stats_interval_s, stats_due, send_stats, NULL);
 }
@@ -569,74 +538,11 @@ static void on_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms, c
     preempt(deadline_unix_ms, why);
 }
 
-/* A cloud notice on this node: tell every node, then stop like SIGTERM. */
-static void on_cloud_notice(void *data, uint64_t deadline_unix_ms, const char *why) {
-    char msg[600];
-    snprintf(msg, sizeof msg, "%s on %s", why, L.hostname);
-    if (!L.exit_requested && L.cli)
-        rdzv_client_event(L.cli, RDZV_EVENT_CHECKPOINT, deadline_unix_ms, msg);
-    preempt(deadline_unix_ms, msg);
-}
+static int stopping(void) { return L.exit_requested; }
 
-/* Polling starts a second after the workers: short jobs never pay for it. */
-static void on_cloud_timer(uv_timer_t *t) {
-    if (L.cloud == NULL)
-        L.cloud = gl_cloud_start(L.loop, L.cfg.preemption_source, L.cfg.val[GL_PREEMPTION_ENDPOINT],
-                                 L.cfg.preemption_poll_s, on_cloud_notice, NULL);
-}
-
-/* ---- Slurm's preemption signals ---- */
-
-/* Inside a Slurm job (--slurm auto), SIGUSR1 and SIGUSR2 are preemption
- * notices (sbatch --signal=USR1@90, scancel --signal=USR1): like SIGTERM, one
- * checkpoint of the same step on every node, then exit 143, which the batch
- * script requeues (docs/slurm.md). They are not forwarded as
- * --signals-to-handle would: a program that dies of SIGUSR1 would lose the
- * step. 1 when sig was such a notice. */
-static int slurm_notice(int sig) {
-    if (!L.cfg.slurm || (sig != SIGUSR1 && sig != SIGUSR2))
-        return 0;
-    if (L.exit_requested)
-        return 1;
-    uint64_t deadline = (uint64_t)((gb_wall_s() + L.cfg.shutdown_timeout_s) * 1000.0);
-    char why[320];
-    snprintf(why, sizeof why, "Slurm's %s on %s", gl_signame(sig), L.hostname);
-    if (L.cli)
-        rdzv_client_event(L.cli, RDZV_EVENT_CHECKPOINT, deadline, why);
-    preempt(deadline, why);
-    return 1;
-}
-
-static void on_slurm_signal(uv_signal_t *h, int sig) { slurm_notice(sig); }
-
-/* Handles for the notices that --signals-to-handle does not already route
- * through on_signal. */
-static void slurm_signals_start(void) {
-    static uv_signal_t hs[2];
-    static const int sigs[2] = {SIGUSR1, SIGUSR2};
-    for (int i = 0; i < 2 && L.cfg.slurm; i++) {
-        int routed = 0;
-        for (int k = 0; k < L.cfg.nsignals; k++)
-            routed |= L.cfg.signals[k] == sigs[i];
-        if (routed)
-            continue;
-        uv_signal_init(L.loop, &hs[i]);
-        uv_signal_start(&hs[i], on_slurm_signal, sigs[i]);
-    }
-}
-
-static void on_signal(uv_signal_t *h, int sig) {
-    if (slurm_notice(sig))
-        return;
-    if (sig == SIGTERM && !L.exit_requested && L.cli) {
-        /* tell every node first, so that all ranks save the same step */
-        uint64_t deadline = (uint64_t)((gb_wall_s() + L.cfg.shutdown_timeout_s) * 1000.0);
-        char why[300];
-        snprintf(why, sizeof why, "SIGTERM on %s", L.hostname);
-        rdzv_client_event(L.cli, RDZV_EVENT_CHECKPOINT, deadline, why);
-        preempt(deadline, why);
-        return;
-    }
+/* A --signals-to-handle signal that is no preemption notice: forwarded to
+ * the workers, which are stopped (SIGKILL after the grace period). */
+static void on_other_signal(int sig) {
     fprintf(stderr, "gpulaunch: got %s: stopping the workers\n", gl_signame(sig));
     L.exit_requested = 1;
     L.exit_code = 128 + sig;
@@ -840,12 +746,9 @@ int main(int argc, char **argv) {
                                 .on_error = on_rdzv_error,
                                 .on_warm = on_warm};
     uv_timer_init(L.loop, &L.done_timer);
-    uv_timer_init(L.loop, &L.cloud_timer);
-    for (int i = 0; i < L.cfg.nsignals; i++) { /* --signals-to-handle */
-        uv_signal_init(L.loop, &L.sigs[i]);
-        uv_signal_start(&L.sigs[i], on_signal, L.cfg.signals[i]);
-    }
-    slurm_signals_start();
+    gl_notice_callbacks ncb = {
+        .preempt = preempt, .on_signal = on_other_signal, .stopping = stopping};
+    gl_notice_start(L.loop, &L.cfg, L.hostname, &ncb);
     gl_group_job job = {.run_id = L.run_id,
                         .hostname = L.hostname,
                         .addr = L.addr,
@@ -865,10 +768,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_RDZV;
     }
-    gl_warm_callbacks wcb = {.live = warm_live,
-                             .gone = warm_gone,
-                             .on_ready = on_warm_ready,
-                             .on_timeout = on_warm_timeout};
+    gl_notice_client(L.cli);
+    gl_warm_callbacks wcb = {.live = warm_live, .gone = warm_gone, .stop = warm_stop};
     if (jp.warm) /* only an elastic job takes in new nodes */
         gl_warm_init(&W, L.loop, L.cli, L.cfg.nproc, &wcb);
     uv_run(L.loop, UV_RUN_DEFAULT);

@@ -1,6 +1,9 @@
 /* What this node's workers can do, and the warm join (see gl_warm.h). */
+#include <stdio.h>
 #include <string.h>
 
+#define GB_COMPONENT "launcher"
+#include "gb_log.h"
 #include "gb_time.h"
 #include "gl_progress.h"
 #include "gl_warm.h"
@@ -23,10 +26,17 @@ static void on_tick(uv_timer_t *t) {
         uint64_t now = gb_now_ns();
         if (gl_progress_reform_ok(w->nproc)) {
             w->phase = GL_WARM_READY;
-            w->cb.on_ready(w, (double)(now - w->start_ns) / 1e6);
+            fprintf(stderr,
+                    "gpulaunch: the %d workers started in %.0f ms and wait for their first round: "
+                    "the job's round ends to take this node in\n",
+                    w->nproc, (double)(now - w->start_ns) / 1e6);
         } else if (now - w->start_ns > (uint64_t)GL_WARM_START_MS * 1000000u) {
-            w->phase = GL_WARM_GIVEN_UP;
-            w->cb.on_timeout(w);
+            char why[200];
+            snprintf(why, sizeof why,
+                     "not every one said within %d s that it re-forms in place: does the program "
+                     "make its communicator, or gpulaunch.Elastic, at its start?",
+                     GL_WARM_START_MS / 1000);
+            gl_warm_give_up(w, why);
         }
     }
     if (w->phase == GL_WARM_GIVEN_UP && w->cb.gone(w))
@@ -49,14 +59,25 @@ void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
     w->inited = 1;
 }
 
-void gl_warm_start(gl_warm *w) {
+void gl_warm_start(gl_warm *w, const char *run_id, uint32_t members) {
+    fprintf(stderr,
+            "gpulaunch: job %s runs %u node(s) that re-form in place: starting the %d workers "
+            "before this node joins (they wait for their first round)\n",
+            run_id, members, w->nproc);
     w->phase = GL_WARM_STARTING;
     w->start_ns = gb_now_ns();
 }
 
-void gl_warm_give_up(gl_warm *w) {
-    if (w->phase == GL_WARM_STARTING || w->phase == GL_WARM_READY)
-        w->phase = GL_WARM_GIVEN_UP;
+void gl_warm_give_up(gl_warm *w, const char *why) {
+    if (w->phase != GL_WARM_STARTING && w->phase != GL_WARM_READY)
+        return;
+    fprintf(stderr,
+            "gpulaunch: the workers started before this node's round are given up (%s); it "
+            "joins as a new node and starts them once it has its round\n",
+            why);
+    GB_WARN("warm join given up: %s", why);
+    w->phase = GL_WARM_GIVEN_UP;
+    w->cb.stop(w, why);
 }
 
 void gl_warm_assigned(gl_warm *w) { w->phase = GL_WARM_NONE; }

@@ -35,10 +35,8 @@ typedef struct gl_warm_callbacks {
     int (*live)(gl_warm *w);
     /* Whether the workers given up are all gone (reaped, pipes closed). */
     int (*gone)(gl_warm *w);
-    /* Every worker waits for its first round, ready_ms after the start. */
-    void (*on_ready)(gl_warm *w, double ready_ms);
-    /* They did not within GL_WARM_START_MS: the owner stops them. */
-    void (*on_timeout)(gl_warm *w);
+    /* Stop the workers started before their round (why: said already). */
+    void (*stop)(gl_warm *w, const char *why);
 } gl_warm_callbacks;
 
 struct gl_warm {
@@ -57,10 +55,12 @@ struct gl_warm {
 /* Looks at the workers every GL_WARM_TICK_MS and tells cli what they can do. */
 void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
                   const gl_warm_callbacks *cb);
-/* The workers were started before their round (a held warm join). */
-void gl_warm_start(gl_warm *w);
-/* They are given up (one exited, or the timeout): READY once cb.gone. */
-void gl_warm_give_up(gl_warm *w);
+/* The workers are started before their round (job run_id's join is held:
+ * its `members` nodes re-form in place). */
+void gl_warm_start(gl_warm *w, const char *run_id, uint32_t members);
+/* They are given up (why: one exited, or could not start): said, cb.stop,
+ * and READY once cb.gone. Also after GL_WARM_START_MS without them all. */
+void gl_warm_give_up(gl_warm *w, const char *why);
 /* A round took this node in: the warm start is over. */
 void gl_warm_assigned(gl_warm *w);
 enum gl_warm_phase gl_warm_phase(const gl_warm *w);
