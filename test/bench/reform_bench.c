@@ -33,11 +33,14 @@
  * minus the checkpoint step it resumed from; live: the most steps a rank
  * redid, the one whose all-reduce completed where another's failed); the
  * bytes every rank read from the checkpoint; for a live join the state
- * copy's rate, against one loopback TCP stream measured in the same run (C:
- * the copy alone; PyTorch: the newcomer's whole Elastic.start(), making the
- * process group included). --ways and --faults take comma lists (live,
+ * copy's rate (C: from the agreement's end to gpl_copy_state's return, the
+ * needers' allgather and connections included; PyTorch: the newcomer's whole
+ * Elastic.start(), making the process group included), against one loopback
+ * TCP stream and one stream from host 1 to host 3 over the bed's links, both
+ * measured on that join's bed just before it starts. --ways and --faults take comma lists (live,
  * restart, torchrun; kill, vanish, join). Per-run logs in
  * <build>/test/reform-logs/. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -83,6 +86,7 @@ typedef struct result {
     long lost;              /* steps */
     double read_mb;         /* from the checkpoint, every rank */
     double copy_mbs;        /* a live join's copy rate */
+    double lo_mbs, bed_mbs; /* ... and one loopback stream, one over the bed, before it */
     char why[160];
 } result;
 
@@ -240,6 +244,9 @@ static double copy_rate(enum prog prog, const size_t *mark) {
     return n ? mbs / n : 0;
 }
 
+static double loopback_mbs(void);
+static double bed_stream_mbs(void);
+
 static void run_one(result *r, const job *j) {
     memset(r, 0, sizeof *r);
     r->told_s = r->first_s = r->fault_s = -1; /* not seen */
@@ -254,6 +261,10 @@ static void run_one(result *r, const job *j) {
     if (netbed_up(&bed, NODES + 1, 0, 0, LOGDIR) != 0) {
         snprintf(r->why, sizeof r->why, "the test bed could not be built");
         return;
+    }
+    if (j->way == W_LIVE && f == F_JOIN) { /* the yardsticks, on the idle bed */
+        r->lo_mbs = loopback_mbs();
+        r->bed_mbs = bed_stream_mbs();
     }
     char listen[64];
     netbed_addr(0, listen, sizeof listen);
@@ -376,13 +387,23 @@ out:
     if (system(cmd) != 0)
         fprintf(stderr, "reform_bench: cannot remove %s\n", ckdir);
 }
-/* ---- one loopback TCP stream, the copy's yardstick ---- */
+/* ---- one TCP stream, the copy's yardstick ----
+ *
+ * The issue's yardstick is one loopback stream (write and read of the same
+ * 4 MiB buffer, on an idle machine). The copy crosses the bed's virtual
+ * links instead (veth, bridge, veth, MTU 1500), where one stream moves about
+ * half of what it moves over loopback here; so a live join also measures one
+ * stream from host 1 to host 3 on its fresh bed (this program again, as
+ * --stream-sink and --stream-to in the hosts), and the copy is given
+ * against both. */
 
 #define STREAM_BYTES (1ull << 30)
 #define STREAM_CHUNK (4u << 20)
+#define STREAM_PORT 29411
 
-static void *stream_sink(void *arg) {
-    int fd = accept(*(int *)arg, NULL, NULL);
+/* Reads one connection of ls to its end; 0 when all STREAM_BYTES came. */
+static int stream_take(int ls) {
+    int fd = accept(ls, NULL, NULL);
     char *buf = malloc(STREAM_CHUNK);
     uint64_t got = 0;
     ssize_t n;
@@ -391,7 +412,32 @@ static void *stream_sink(void *arg) {
     free(buf);
     if (fd >= 0)
         close(fd);
+    return got == STREAM_BYTES ? 0 : -1;
+}
+
+static void *stream_sink(void *arg) {
+    stream_take(*(int *)arg);
     return NULL;
+}
+
+/* STREAM_BYTES through the connected fd, until the reader has them all
+ * (it closes): MB/s, 0 when the stream broke. */
+static double stream_give(int fd) {
+    char *buf = calloc(1, STREAM_CHUNK);
+    uint64_t t0 = now_ms(), sent = 0;
+    while (buf && sent < STREAM_BYTES) {
+        ssize_t n = write(fd, buf, STREAM_CHUNK);
+        if (n <= 0)
+            break;
+        sent += (uint64_t)n;
+    }
+    shutdown(fd, SHUT_WR);
+    char c;
+    while (read(fd, &c, 1) > 0)
+        ;
+    uint64_t ms = now_ms() - t0;
+    free(buf);
+    return sent == STREAM_BYTES && ms ? (double)sent / (double)ms / 1e3 : 0;
 }
 
 static double loopback_mbs(void) {
@@ -399,35 +445,79 @@ static double loopback_mbs(void) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
     pthread_t t;
-    char *buf = calloc(1, STREAM_CHUNK);
     double mbs = 0;
-    if (ls < 0 || fd < 0 || buf == NULL || bind(ls, (struct sockaddr *)&a, sizeof a) != 0 ||
-        listen(ls, 1) != 0 || getsockname(ls, (struct sockaddr *)&a, &al) != 0 ||
+    if (ls < 0 || fd < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) != 0 || listen(ls, 1) != 0 ||
+        getsockname(ls, (struct sockaddr *)&a, &al) != 0 ||
         pthread_create(&t, NULL, stream_sink, &ls) != 0)
         goto out;
     if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-        uint64_t t0 = now_ms(), sent = 0;
-        while (sent < STREAM_BYTES) {
-            ssize_t n = write(fd, buf, STREAM_CHUNK);
-            if (n <= 0)
-                break;
-            sent += (uint64_t)n;
-        }
+        mbs = stream_give(fd);
         close(fd);
         fd = -1;
         pthread_join(t, NULL);
-        uint64_t ms = now_ms() - t0;
-        mbs = ms ? (double)sent / (double)ms / 1e3 : 0;
     } else {
         pthread_cancel(t);
         pthread_join(t, NULL);
     }
 out:
-    free(buf);
     if (fd >= 0)
         close(fd);
     if (ls >= 0)
         close(ls);
+    return mbs;
+}
+
+/* --stream-sink: in a host of the bed, takes one stream on STREAM_PORT. */
+static int stream_sink_main(void) {
+    int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(STREAM_PORT)};
+    if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(ls, (struct sockaddr *)&a, sizeof a) != 0 || listen(ls, 1) != 0) {
+        printf("stream sink: %s\n", strerror(errno));
+        return 1;
+    }
+    printf("stream sink ready\n");
+    fflush(stdout);
+    int rc = stream_take(ls);
+    close(ls);
+    return rc ? 1 : 0;
+}
+
+/* --stream-to ADDR: in a host of the bed, one stream to ADDR's sink. */
+static int stream_to_main(const char *addr) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(STREAM_PORT)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || inet_pton(AF_INET, addr, &a.sin_addr) != 1 ||
+        connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        printf("stream to %s: %s\n", addr, strerror(errno));
+        return 1;
+    }
+    printf("stream: %.0f MB/s\n", stream_give(fd));
+    close(fd);
+    return 0;
+}
+
+/* One stream from host 1 to host 3 of the bed that is up: MB/s, 0 when it
+ * could not be measured. */
+static double bed_stream_mbs(void) {
+    char self[256], to[32];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return 0;
+    self[n] = '\0';
+    netbed_addr(3, to, sizeof to);
+    char *sargv[] = {self, "--stream-sink", NULL}, *cargv[] = {self, "--stream-to", to, NULL};
+    proc sink = {0}, src = {0};
+    double mbs = 0;
+    if (netbed_spawn(&bed, 3, &sink, sargv) == 0 && proc_expect(&sink, "stream sink ready", 5000) &&
+        netbed_spawn(&bed, 1, &src, cargv) == 0 && proc_expect(&src, " MB/s", 20000)) {
+        const char *s = strstr(src.out, "stream: ");
+        mbs = s ? strtod(s + 8, NULL) : 0;
+    }
+    if (src.pid > 0)
+        proc_wait(&src, 5000);
+    if (sink.pid > 0)
+        proc_wait(&sink, 5000);
     return mbs;
 }
 
@@ -485,7 +575,7 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                 job j = {prog, (enum way)w, sizes[s], (enum fault)f};
                 result r;
                 run_one(&r, &j);
-                char st[24], told[24], fs[24], ff[24], lost[24], rd[24], cp[48];
+                char st[24], told[24], fs[24], ff[24], lost[24], rd[24], cp[96];
                 snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
                 snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
                 snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
@@ -495,9 +585,14 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                     snprintf(rd, sizeof rd, "%.1f kB", r.read_mb * 1e3);
                 else
                     snprintf(rd, sizeof rd, "%.1f", r.read_mb);
-                if (r.copy_mbs > 0)
-                    snprintf(cp, sizeof cp, "%.0f (%.0f%% of the stream)", r.copy_mbs,
-                             lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);
+                if (r.copy_mbs > 0 && r.lo_mbs > 0 && r.bed_mbs > 0)
+                    snprintf(cp, sizeof cp,
+                             "%.0f (%.0f%% of loopback %.0f, %.0f%% of the bed %.0f)", r.copy_mbs,
+                             100.0 * r.copy_mbs / r.lo_mbs, r.lo_mbs,
+                             100.0 * r.copy_mbs / r.bed_mbs, r.bed_mbs);
+                else if (r.copy_mbs > 0)
+                    snprintf(cp, sizeof cp, "%.0f (%.0f%% of the first loopback stream)",
+                             r.copy_mbs, lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);
                 else
                     snprintf(cp, sizeof cp, "-");
                 printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10s %s\n", way_name[w],
@@ -514,6 +609,11 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
 int main(int argc, char **argv) {
     int skip[2] = {0, 0}, skip_prog[2] = {0, 0};
     const char *ways = NULL, *faults = NULL;
+    /* this program again, in a host of the bed: one end of a stream */
+    if (argc == 2 && strcmp(argv[1], "--stream-sink") == 0)
+        return stream_sink_main();
+    if (argc == 3 && strcmp(argv[1], "--stream-to") == 0)
+        return stream_to_main(argv[2]);
     for (int i = 1; i < argc; i++) {
         char *end;
         if (strcmp(argv[i], "--skip-small") == 0)
