@@ -99,9 +99,11 @@ gpl_result_t gpl_await_round(uint32_t timeout_ms, gpl_round_info *info) {
         if (info->state == GPL_ROUND_NEW)
             break;
     }
-    int local = lr ? atoi(lr) : 0;
-    setenv_int("RANK", info->base_rank + local);
-    setenv_int("ROLE_RANK", info->base_rank + local);
+    long local = lr ? strtol(lr, NULL, 10) : 0;
+    if (local < 0 || local >= info->world_size)
+        local = 0; /* the launcher's own variable: never so */
+    setenv_int("RANK", info->base_rank + (int)local);
+    setenv_int("ROLE_RANK", info->base_rank + (int)local);
     setenv_int("GROUP_RANK", info->node_rank);
     setenv_int("WORLD_SIZE", info->world_size);
     setenv_int("ROLE_WORLD_SIZE", info->world_size);
