@@ -1,8 +1,11 @@
 /* Point-to-point TCP between chosen ranks (gpl_ring.c), for the state copy
  * of a re-formed round (gpl_copy_state): the rank that has the state feeds
  * the first rank that needs it, which forwards each byte to the next as soon
- * as it has it, and so on (a pipelined chain). Only the ranks in the chain
- * take part; the node ring and shared memory are not used. A rank on the
+ * as it has it, and so on (a pipelined chain). Each link is CHAIN_FLOWS TCP
+ * connections (for states of CHAIN_FLOW_MIN or more), each with its own
+ * thread and its share of the state: one connection is bound by the one
+ * core that runs its sender. Only the ranks in the chain take part; the
+ * node ring and shared memory are not used. A rank on the
  * same node as the one that feeds it reads the state from that rank's
  * memory (one copy instead of a socket's two) where the kernel allows. */
 #ifndef GPULAUNCH_GPL_RING_H

@@ -342,7 +342,8 @@ GPL_API gpl_result_t gpl_reform_agree(gpl_comm_t comm, int64_t step, gpl_reform_
  * once over TCP to the first of them (in rank order), which passes each byte
  * on to the next as soon as it has it, and so on; every other rank returns
  * after one small allgather (the needers' addresses). So the copy runs at
- * about one link's bandwidth, whatever the number of ranks that need it.
+ * about one link's bandwidth (each link is two TCP connections from 16 MiB
+ * on), whatever the number of ranks that need it.
  * Device buffers on the NCCL backend go by ncclBroadcast, and every buffer on
  * a gpl_init_external communicator by the framework's broadcast: their sizes
  * must be multiples of 2 bytes (else GPL_ERR_INVALID_ARG). Limits: worlds of
