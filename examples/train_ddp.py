@@ -307,13 +307,10 @@ def main(argv: list[str]) -> int:
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
 
-    if a.reform and os.environ.get("GPULAUNCH_ROUND_PENDING"):
-        # started before this node had a round (a warm join): torch is
-        # imported already; the round's RANK, WORLD_SIZE & co. come now
-        import gpulaunch as glr
-
-        glr.await_round()
-    rank = int(os.environ.get("RANK", "0"))
+    # started before this node had a round (a warm join): RANK, WORLD_SIZE &
+    # co. come once torch is imported and the model made (below)
+    pending = a.reform and os.environ.get("GPULAUNCH_ROUND_PENDING") == "1"
+    rank = int(os.environ.get("RANK", "0")) if not pending else -1
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(a.local_rank or 0)))
     backend = a.backend
@@ -330,10 +327,11 @@ def main(argv: list[str]) -> int:
         device = torch.device("cuda", dev_index)
     else:
         device = torch.device("cpu")
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    if not pending:
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(world))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
     pg_kwargs: dict[str, Any] = {}
     if a.pg_timeout_s is not None:
         pg_kwargs["timeout"] = datetime.timedelta(seconds=a.pg_timeout_s)
@@ -362,6 +360,13 @@ def main(argv: list[str]) -> int:
         DDP._set_params_and_buffers_to_ignore_for_model(model, ["ballast"])
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     succ = successor_table(a.seed, size.vocab)
+    if pending:
+        import gpulaunch as glr
+
+        if a.state_mib:  # its pages, as a real model's initialised state has them
+            model.ballast.zero_()
+        glr.await_round()
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
     # What a checkpoint must match to be resumed from (the world size may
     # change: the state is replicated, only the batches then differ).

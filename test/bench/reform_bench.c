@@ -82,6 +82,8 @@ typedef struct job {
 typedef struct result {
     int ok;
     double told_s, first_s; /* from the fault; join: told = host 3's start */
+    double paused_s;        /* from the survivors' round end to the first step (a join: what
+                               the survivors stopped for; else first_s) */
     double fault_s;         /* the first step, from the fault */
     long lost;              /* steps */
     double read_mb;         /* from the checkpoint, every rank */
@@ -249,7 +251,7 @@ static double bed_stream_mbs(void);
 
 static void run_one(result *r, const job *j) {
     memset(r, 0, sizeof *r);
-    r->told_s = r->first_s = r->fault_s = -1; /* not seen */
+    r->told_s = r->first_s = r->fault_s = r->paused_s = -1; /* not seen */
     memset(&server, 0, sizeof server);
     memset(nodes, 0, sizeof nodes);
     enum fault f = j->fault;
@@ -319,10 +321,13 @@ static void run_one(result *r, const job *j) {
         proc_wait(&nodes[3], 5000);
     }
     const char *told = j->way == W_TORCHRUN ? "failed (exitcode" : "round 1 is over";
+    uint64_t t_over = 0; /* both survivors' round ended (a join: not at host 3's start) */
     while (now_ms() - t_fault < HEAL_MS) {
         drain();
-        if (!t_told && strstr(nodes[1].out + mark[1], told) && strstr(nodes[2].out + mark[2], told))
-            t_told = now_ms();
+        if (!t_over && strstr(nodes[1].out + mark[1], told) && strstr(nodes[2].out + mark[2], told))
+            t_over = now_ms();
+        if (!t_told)
+            t_told = t_over;
         if (host_with(in_new, mark))
             break;
     }
@@ -338,6 +343,7 @@ static void run_one(result *r, const job *j) {
         drain();
     r->ok = 1;
     r->first_s = t_told ? (double)(t_first - t_told) / 1e3 : -1;
+    r->paused_s = t_over ? (double)(t_first - t_over) / 1e3 : -1;
     r->fault_s = (double)(t_first - t_fault) / 1e3;
     r->read_mb = scan_after("read ", " bytes from the checkpoint", mark, 0) / 1e6;
     int h = host_with("resumed from the checkpoint of step ", mark);
@@ -564,8 +570,8 @@ static void usage(void) {
 static int run_table(enum prog prog, const long *sizes, const int *size_on, const char *ways,
                      const char *faults, double lo) {
     int rc = 0;
-    printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10s %s\n", "way", "fault", "state", "told",
-           "first step", "from fault", "lost", "read (MB)", "copy (MB/s)");
+    printf("%-9s %-7s %-9s %-8s %-11s %-8s %-11s %-5s %-10s %s\n", "way", "fault", "state", "told",
+           "first step", "paused", "from fault", "lost", "read (MB)", "copy (MB/s)");
     fflush(stdout);
     for (int s = 0; s < 2; s++)
         for (int f = F_KILL; f <= F_JOIN && size_on[s]; f++)
@@ -575,10 +581,11 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                 job j = {prog, (enum way)w, sizes[s], (enum fault)f};
                 result r;
                 run_one(&r, &j);
-                char st[24], told[24], fs[24], ff[24], lost[24], rd[24], cp[96];
+                char st[24], told[24], fs[24], ps[24], ff[24], lost[24], rd[24], cp[96];
                 snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
                 snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
                 snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
+                snprintf(ps, sizeof ps, r.ok && r.paused_s >= 0 ? "%.2f s" : "-", r.paused_s);
                 snprintf(ff, sizeof ff, r.fault_s >= 0 ? "%.2f s" : "-", r.fault_s);
                 snprintf(lost, sizeof lost, r.ok && r.lost >= 0 ? "%ld" : "-", r.lost);
                 if (r.read_mb > 0 && r.read_mb < 0.1)
@@ -595,8 +602,8 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                              r.copy_mbs, lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);
                 else
                     snprintf(cp, sizeof cp, "-");
-                printf("%-9s %-7s %-9s %-8s %-11s %-11s %-5s %-10s %s\n", way_name[w],
-                       fault_name[f], st, told, fs, ff, lost, rd, cp);
+                printf("%-9s %-7s %-9s %-8s %-11s %-8s %-11s %-5s %-10s %s\n", way_name[w],
+                       fault_name[f], st, told, fs, ps, ff, lost, rd, cp);
                 if (!r.ok) {
                     printf("          (%s; logs in %s)\n", r.why, LOGDIR);
                     rc = 1;
@@ -720,7 +727,8 @@ int main(int argc, char **argv) {
     }
     printf("\ntold: both survivors' `round 1 is over` (torchrun: `failed (exitcode`) after the "
            "fault; join: host 3's start;\nfirst step: rank 0's first step in the new world after "
-           "being told; from fault: the same step, from the fault\n");
+           "being told; paused: from both survivors' round end to that step (for a join, what the\n"
+           "survivors stopped for); from fault: the same step, from the fault\n");
     tmpdir_remove(dir);
     return rc;
 }
