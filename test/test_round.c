@@ -691,3 +691,33 @@ Test(round, a_hold_ends_when_a_node_is_no_longer_live_or_every_joiner_is_ready) 
     node(2, RDZV_NODE_READY, t + 4);
     cr_assert_eq(count(RDZV_DO_ROUND_OVER), 1, "both ready: the round ends");
 }
+
+/* A node of the round lost while a warm joiner is held: the round ends for
+ * the loss; the survivors' re-formed round takes the joiner in (its workers
+ * take that round once they wait), and a held joiner that leaves ends nothing. */
+Test(round, a_loss_while_a_joiner_is_held_takes_it_into_the_re_formed_round) {
+    job(2, 4, LC, 0);
+    uint64_t t = round_one(3);
+    for (int i = 0; i < 3; i++)
+        node(i, RDZV_NODE_LIVE, t);
+    join_warm(3, t + 1);
+    cr_assert_eq(count(RDZV_DO_WARM), 1);
+    fail(2, F_LEAVE, t + 2);
+    cr_assert_eq(find(RDZV_DO_ROUND_OVER)->reason, RDZV_REASON_DISCONNECT);
+    join(0, t + 3);
+    join(1, t + 4); /* every survivor back: no last call; the held joiner is in */
+    check_assign(2, 3, "the survivors and the held joiner");
+    cr_assert(M[3].active && M[3].node_rank == 2 && M[3].warm == 0);
+
+    /* a held joiner that goes away: the round goes on */
+    job(2, 4, LC, 0);
+    t = round_one(2);
+    node(0, RDZV_NODE_LIVE, t);
+    node(1, RDZV_NODE_LIVE, t);
+    join_warm(2, t + 1);
+    rdzv_round_out_reset(&O);
+    rdzv_round_leave(&M[2], "closed", t + 2, &O);
+    cr_assert_eq(count(RDZV_DO_ROUND_OVER), 0);
+    cr_assert_eq(R.state, RDZV_R_RUNNING);
+    cr_assert_eq(R.npending, 0);
+}
