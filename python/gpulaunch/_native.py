@@ -140,6 +140,19 @@ class RoundInfo(ctypes.Structure):
     ]
 
 
+class ReformInfo(ctypes.Structure):
+    """gpl_reform_info: where the job goes on from (gpl_reform_agree), what
+    gpl_copy_state takes."""
+
+    _fields_ = [
+        ("step", ctypes.c_int64),
+        ("root", ctypes.c_int),
+        ("survivors", ctypes.c_int),
+        ("copy", ctypes.c_int),
+        ("mine", ctypes.c_int),
+    ]
+
+
 SAVE_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p)
 LOAD_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
 
@@ -181,6 +194,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_await_round": (c_result, [ctypes.c_uint32, ctypes.POINTER(RoundInfo)]),
     "gpl_reform": (c_result, [_P, ctypes.c_uint32]),
     "gpl_round": (ctypes.c_int, [_P]),
+    "gpl_reform_agree": (c_result, [_P, ctypes.c_int64, ctypes.POINTER(ReformInfo)]),
+    "gpl_copy_state": (
+        c_result,
+        [_P, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t), ctypes.c_int, ctypes.POINTER(ReformInfo)],
+    ),
 }
 
 _lock = threading.Lock()

@@ -6,10 +6,14 @@ structure and its tensors."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import random
 import sys
 from typing import Any, Optional
+
+from . import _native as N
+from ._native import Error
 
 # tensors of at most this many bytes travel together in one flat buffer
 _BUCKET_BYTES = 32 << 20
@@ -21,8 +25,10 @@ _CHAIN_PIECE_BYTES = 4 << 20
 class Agreement:
     """Where the job goes on from: the step (-1: no rank has state), the
     lowest rank at it, how many ranks have state, whether some rank's state
-    must be replaced, whether this one's is, and the copy's chain (the root,
-    then the ranks that need the state, in rank order; empty without a copy)."""
+    must be replaced, whether this one's is, the copy's chain (the root,
+    then the ranks that need the state, in rank order; empty without a copy)
+    and whether every rank has a libgpulaunch communicator of this world to
+    copy host tensors with (native)."""
 
     step: int
     root: int
@@ -30,22 +36,67 @@ class Agreement:
     copy: bool
     mine: bool
     chain: list[int]
+    native: bool = False
+
+    def info(self) -> N.ReformInfo:
+        """As gpl_reform_agree would have said it (gpl_copy_state's argument)."""
+        return N.ReformInfo(self.step, self.root, self.survivors, int(self.copy), int(self.mine))
 
 
-def agree(t: Any, dist: Any, rank: int, world: int, done: int, device: Any) -> Agreement:
-    """Every rank says the steps its state holds (done; -1: none): one allgather."""
+def agree(t: Any, dist: Any, rank: int, world: int, done: int, device: Any, native: bool = False) -> Agreement:
+    """Every rank says the steps its state holds (done; -1: none) and whether
+    it has a libgpulaunch communicator (native): one allgather."""
     mine_step = done if done >= 0 else -1
     if world == 1:
-        return Agreement(mine_step, 0 if mine_step >= 0 else -1, int(mine_step >= 0), False, False, [])
-    parts = [t.zeros(1, dtype=t.int64, device=device) for _ in range(world)]
-    dist.all_gather(parts, t.tensor([mine_step], dtype=t.int64, device=device))
-    steps = [int(p.item()) for p in parts]
+        return Agreement(mine_step, 0 if mine_step >= 0 else -1, int(mine_step >= 0), False, False, [], native)
+    parts = [t.zeros(2, dtype=t.int64, device=device) for _ in range(world)]
+    dist.all_gather(parts, t.tensor([mine_step, int(native)], dtype=t.int64, device=device))
+    said = [p.tolist() for p in parts]
+    steps = [int(p[0]) for p in said]
     have = [s for s in steps if s >= 0]
     step = min(have) if have else -1
     root = steps.index(step) if have else -1
     copy = step >= 0 and any(s != step for s in steps)
     chain = [root] + [r for r, s in enumerate(steps) if s != step] if copy else []
-    return Agreement(step, root, len(have), copy, copy and mine_step != step, chain)
+    return Agreement(step, root, len(have), copy, copy and mine_step != step, chain,
+                     all(int(p[1]) for p in said))
+
+
+def copy_native(t: Any, h: int, rank: int, a: Agreement, tensors: list[Any]) -> int:
+    """The root's host tensors into those of the ranks that need them, in
+    place, by libgpulaunch's gpl_copy_state on communicator h (a chain of TCP
+    links root -> needers; the other ranks take part in one small allgather).
+    Every rank passes tensors of the same sizes in the same order; a
+    non-contiguous one travels through a contiguous copy. Returns the bytes
+    copied; raises ConnectionError (the round ended or a peer of the chain
+    failed: its cause is the library's Error) or Error."""
+    me = rank == a.root
+    bufs: list[Any] = []  # what the C side reads or writes: kept alive until it returns
+    back: list[tuple[Any, Any]] = []  # (tensor, staging) to copy into after the copy
+    for x in tensors:
+        if x.numel() == 0:
+            continue
+        if x.is_contiguous():
+            bufs.append(x.detach())
+            continue
+        stage = x.detach().contiguous() if me else t.empty(x.shape, dtype=x.dtype)
+        bufs.append(stage)
+        if a.mine:
+            back.append((x, stage))
+    n = len(bufs)
+    ptrs = (ctypes.c_void_p * max(1, n))(*[b.data_ptr() for b in bufs])
+    sizes = (ctypes.c_size_t * max(1, n))(*[b.numel() * b.element_size() for b in bufs])
+    info = a.info()
+    rc = N.fn("gpl_copy_state")(h, ptrs, sizes, n, ctypes.byref(info))
+    if rc != N.GPL_OK:
+        err = Error(rc, N.last_error(h, rc))
+        if rc in (N.GPL_ERR_ROUND_OVER, N.GPL_ERR_PEER_FAILED, N.GPL_ERR_TIMEOUT, N.GPL_ERR_SYSTEM):
+            raise ConnectionError(str(err)) from err
+        raise err
+    with t.no_grad():
+        for x, stage in back:
+            x.copy_(stage)
+    return sum(sizes[i] for i in range(n)) if n else 0
 
 
 def pass_on(t: Any, dist: Any, rank: int, chain: list[int], flat: Any) -> None:

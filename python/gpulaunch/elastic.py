@@ -35,7 +35,11 @@ copies as start() does and makes a new DDP. el.last says what happened
 (in place), the optimizer's state_dict (every tensor, step counters included;
 a newcomer's empty optimizer is filled), the RNG states (torch, CUDA, random,
 NumPy when imported) and get_extra()'s picklable value (a data position),
-handed to set_extra on the ranks whose state is replaced.
+handed to set_extra on the ranks whose state is replaced. CPU tensors go by
+libgpulaunch's gpl_copy_state (a TCP chain of the root and the ranks that
+need them) when every rank has a libgpulaunch communicator in this round:
+the Checkpointer's, else one made here under gpulaunch; CUDA tensors, and
+all of them without one, go along a chain of the process group.
 
 A blocked collective is freed when the round ends: a watcher thread waits on
 the launcher's round block (gpl_round_wait) and, the moment the launcher says
@@ -99,6 +103,7 @@ class Reformed:
     seconds: float  # from the call to its return
     freed_s: float  # from the launcher's word that the round ended to reform(); 0 if none
     why: str  # why the round before ended
+    via: str = ""  # how the host tensors were copied: "gpulaunch" (gpl_copy_state), "gloo" or "nccl"; "": none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +221,9 @@ class Elastic:
         self._before: dict[int, int] = {}  # sockets before the group was made
         self._owned: Optional[dict[int, int]] = None  # the group's TCP sockets, once made
         self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
-        self._chain: list[int] = []  # the last agreement's copy: its root, then the ranks that need it
+        self._agreement: Optional[_sc.Agreement] = None  # the last agreement (its copy's chain, ...)
+        self._own_comm: Any = None  # a gpulaunch.Comm made here when no Checkpointer brings one
+        self._via = ""  # how the last copy moved the host tensors
         self._broken_at = 0.0  # when the watcher broke this group (0: not)
         self._handled = True  # the training thread has left the broken group behind
         self._still_since = 0.0  # since when the training thread has not run
@@ -388,9 +395,48 @@ class Elastic:
         env["GPULAUNCH_ROUND"] = str(r.round)
         env["TORCHELASTIC_RESTART_COUNT"] = str(r.restarts)
 
-    def _reform_comm(self, r: _Round, deadline: float) -> None:
-        """The Checkpointer's libgpulaunch communicator into round r."""
+    def _comm(self) -> Any:
+        """The libgpulaunch communicator this Elastic re-forms: the
+        Checkpointer's, else the one made here (None: neither)."""
         comm = getattr(self._ckpt, "comm", None)
+        return comm if comm is not None else self._own_comm
+
+    def _make_comm(self) -> None:
+        """Under gpulaunch with re-formation, a rank whose Checkpointer brings
+        no communicator makes one (CPU backend) to copy the state with: its
+        host tensors then go by gpl_copy_state rather than Gloo. A failure
+        leaves it without: the agreement then says to copy by the process
+        group."""
+        if not self.enabled or self._comm() is not None:
+            return
+        from .comm import Comm
+
+        try:
+            self._own_comm = Comm("cpu")
+        except Error as e:
+            sys.stderr.write(f"gpulaunch: rank {self.rank}: no libgpulaunch communicator for the state "
+                             f"copy ({e}); it goes by the process group\n")
+
+    def _native_handle(self) -> Optional[int]:
+        """The communicator's handle when it can copy host tensors for this
+        group: libgpulaunch's own transport (not a framework's), in this
+        round, with this rank and world."""
+        comm = self._comm()
+        h = getattr(comm, "_h", None)
+        if not h:
+            return None
+        L = N.lib()
+        if getattr(L, "gpl_copy_state", None) is None or L.gpl_backend(h) not in (1, 2):
+            return None
+        if L.gpl_rank(h) != self.rank or L.gpl_world_size(h) != self.world_size:
+            return None
+        if self.enabled and N.fn("gpl_round")(h) != self.round:
+            return None
+        return int(h)
+
+    def _reform_comm(self, r: _Round, deadline: float) -> None:
+        """The Checkpointer's (or Elastic's own) libgpulaunch communicator into round r."""
+        comm = self._comm()
         h = getattr(comm, "_h", None)
         if comm is None or not h or N.fn("gpl_round")(h) >= r.round:
             return
@@ -526,21 +572,42 @@ class Elastic:
 
     def _agree(self, done: int) -> tuple[int, int, int, bool, bool]:
         """(step, root, survivors, copy, mine) as gpl_reform_agree decides."""
-        a = _sc.agree(self._torch, self._dist, self.rank, self.world_size, done, self._device())
-        self._chain = a.chain
+        a = _sc.agree(self._torch, self._dist, self.rank, self.world_size, done, self._device(),
+                      self._native_handle() is not None)
+        self._agreement = a
         return a.step, a.root, a.survivors, a.copy, a.mine
 
     def _broadcast(self, tensors: list[Any], root: int) -> None:
-        _sc.send_tensors(self._torch, self._dist, self.rank, self._chain, root, tensors, self._device())
+        """Root's tensors into every rank's, in place: host tensors by
+        libgpulaunch's gpl_copy_state when every rank has its communicator,
+        the rest (CUDA tensors; all of them without it) along a chain of the
+        process group's send/recv."""
+        a = self._agreement
+        assert a is not None
+        h = self._native_handle() if a.native else None
+        if a.native and h is None:
+            raise ConnectionError(f"gpulaunch: rank {self.rank}: the libgpulaunch communicator left "
+                                  f"round {self.round} during the copy")
+        host = [x for x in tensors if h is not None and x.device.type == "cpu"]
+        rest = [x for x in tensors if h is None or x.device.type != "cpu"]
+        if rest:
+            _sc.send_tensors(self._torch, self._dist, self.rank, a.chain, root, rest, self._device())
+        if h is not None:
+            _sc.copy_native(self._torch, h, self.rank, a, host)
+        if host:
+            self._via = "gpulaunch"
+        elif rest and not self._via:
+            self._via = self.backend
 
     def _copy(self, root: int, mine: bool) -> None:
-        """Root's state to every rank: parameters and buffers in place, then
-        the optimizer's tensors (in place where this rank has the same ones,
-        else into new tensors its optimizer loads), RNG and extra on the
-        ranks whose state is replaced."""
+        """Root's state to every rank: the optimizer's structure, RNG and
+        extra first (one object broadcast), then parameters, buffers and the
+        optimizer's tensors in one copy (in place where this rank has the
+        same ones, else into new tensors its optimizer loads), RNG and extra
+        set on the ranks whose state is replaced."""
         t, dist = self._torch, self._dist
+        self._via = ""
         model_tensors = [p.data for p in self.model.parameters()] + list(self.model.buffers())
-        self._broadcast(model_tensors, root)
         me = self.rank == root
         skel: Any = None
         mine_tensors: list[Any] = []
@@ -554,6 +621,8 @@ class Elastic:
         dist.broadcast_object_list(head, src=root, device=self._device() if self.backend == "nccl" else None)
         got = head[0]
         assert isinstance(got, dict)
+        into: list[Any] = []
+        load = False
         if got["optimizer"] is not None and self.optimizer is not None:
             same = not mine and skel == got["optimizer"]
             if me or same:
@@ -561,9 +630,10 @@ class Elastic:
             else:
                 into = [t.empty(s.shape, dtype=s.dtype, device=self._device() if s.cuda else "cpu")
                         for s in _sc.slots(got["optimizer"])]
-            self._broadcast(into, root)
-            if not me and not same:
-                self.optimizer.load_state_dict(_sc.join(got["optimizer"], into))
+                load = True
+        self._broadcast(model_tensors + into, root)
+        if load:
+            self.optimizer.load_state_dict(_sc.join(got["optimizer"], into))
         if mine:
             _sc.set_rng_state(self._torch, got["rng"])
             if self._set_extra is not None:
@@ -597,6 +667,7 @@ class Elastic:
                         raise Error(N.GPL_ERR_STATE, "gpulaunch: Elastic makes the process group itself "
                                     "(it must know its connections): create none before start()",
                                     "GPL_ERR_STATE")
+                    self._make_comm()
                     self._make_group(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 29500))
                 else:
                     self._join(r, deadline)
@@ -612,7 +683,8 @@ class Elastic:
                     done = got if got is not None else 0
                 self._make_ddp(sync=not copy)
                 self.last = Reformed(self.round, self.rank, -1, self.world_size, done, 0, root if copy else -1,
-                                     survivors, copy, mine, time.monotonic() - t0, 0.0, "")
+                                     survivors, copy, mine, time.monotonic() - t0, 0.0, "",
+                                     self._via if copy else "")
                 if self.enabled:
                     progress(done)
                 return done
@@ -665,7 +737,7 @@ class Elastic:
                 self._make_ddp(sync=False)
                 self.last = Reformed(self.round, self.rank, was, self.world_size, agreed, max(0, step - agreed),
                                      root if copy else -1, survivors, copy, mine, time.monotonic() - t0,
-                                     freed, why)
+                                     freed, why, self._via if copy else "")
                 progress(agreed)
                 return agreed
             except self.round_errors as e:
@@ -698,6 +770,7 @@ class Elastic:
         self.round = r.round
         self._adopt_env(r)
         self._reform_comm(r, deadline)
+        self._make_comm()
         self._make_group(r.master_addr, r.master_port)
         _beat()  # the watchdog judges this worker again once every local one took the round
         N.fn("gpl_round_ack")(r.round)
@@ -723,6 +796,9 @@ class Elastic:
         if self._own_group and self._dist.is_initialized():
             self._dist.destroy_process_group()
         self._own_group = False
+        if self._own_comm is not None:
+            self._own_comm.close()
+            self._own_comm = None
 
     def __enter__(self) -> "Elastic":
         return self
