@@ -94,9 +94,10 @@ the state at its start `rank R: joined round N with K ranks that kept their
 state: step S copied from rank Q, nothing read from the checkpoint`; at the
 end `rank R samples_seen N` (sequences of every rank, the extra state copied).
 A rank that copied the state at its start also prints `rank R: joined in X
-ms, N bytes of state copied` (X: from Elastic.start() to its return, making
-the process group included; N: the parameters', buffers' and optimizer's
-bytes).
+ms, N bytes of state copied (via V)` (X: from Elastic.start() to its return,
+making the process group included; N: the parameters', buffers' and
+optimizer's bytes; V: gpulaunch when libgpulaunch's copy moved the host
+tensors, else the process group's backend).
 Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
 per process, saying `rank R holding before step S`, until it is killed or its
@@ -468,8 +469,8 @@ def main(argv: list[str]) -> int:
             nbytes = sum(x.numel() * x.element_size() for x in [*model.parameters(), *model.buffers()])
             nbytes += sum(x.numel() * x.element_size() for st in opt.state.values()
                           for x in st.values() if torch.is_tensor(x))
-            print(f"rank {rank}: joined in {1000.0 * j.seconds:.1f} ms, {nbytes} bytes of state copied",
-                  flush=True)
+            print(f"rank {rank}: joined in {1000.0 * j.seconds:.1f} ms, {nbytes} bytes of state copied "
+                  f"(via {j.via})", flush=True)
     else:
         ddp = DDP(model, **ddp_kwargs)
         if hook is not None:

@@ -302,6 +302,9 @@ def test_node_vanishes_then_a_new_node_copies_the_state(job: Job) -> None:
     joined = late.find(rf"^rank (\d+): joined round \d+ with 4 ranks that kept their state: step {2 * HOLD} "
                        r"copied from rank (\d+), nothing read from the checkpoint$")
     assert len(joined) == 2, job.dump()
+    # the host tensors went through libgpulaunch's copy (its own communicator: no Checkpointer here)
+    assert len(late.find(r"^rank \d+: joined in [\d.]+ ms, \d+ bytes of state copied \(via gpulaunch\)$")) == 2, \
+        job.dump()
     sha = shas(survivors + [late])
     assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()
     samples = {m[1] for p in survivors + [late] for _, m in p.find(r"^rank \d+ samples_seen (\d+)$")}
