@@ -273,27 +273,47 @@ static void slow_down(const struct timespec *t0, long sleep_ms, double factor, l
         ;
 }
 
-/* --reform: waits for the next round and re-makes the communicator in it;
- * every rank then agrees on the step the job goes on from, and ranks whose
- * parameters are not that step's (a new node's, or one further on) get them
- * from a rank that has them. *step: the step to run next. -1 when this
- * process cannot go on (its launcher restarts it). */
+static double ms_since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
 #define DP_REFORM_TIMEOUT_MS 300000
 
+static double copy_ms; /* how long this rank's last state copy took */
+
 /* The parameters and --state-mib's state from ri->root to the ranks that
- * lack them; the other ranks are not held up. */
+ * lack them; the other ranks are not held up. A rank that lacks them says so
+ * before the copy begins (the fault matrix fails the copy's root then). */
 static gpl_result_t copy_state(gpl_comm_t comm, float *const params[5], const size_t counts[5],
                                const gpl_reform_info *ri) {
     size_t bytes[5];
     for (int i = 0; i < 5; i++)
         bytes[i] = counts[i] * sizeof(float);
-    return gpl_copy_state(comm, (void *const *)params, bytes, 5, ri);
+    if (ri->copy && ri->mine) {
+        printf("rank %d: copying the state of step %lld from rank %d in round %d\n", gpl_rank(comm),
+               (long long)ri->step, ri->root, gpl_round(comm));
+        fflush(stdout);
+    }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    gpl_result_t rc = gpl_copy_state(comm, (void *const *)params, bytes, 5, ri);
+    copy_ms = ms_since(&t0);
+    return rc;
 }
 
+/* --reform: waits for the next round and re-makes the communicator in it;
+ * every rank then agrees on the step the job goes on from, and ranks whose
+ * parameters are not that step's (a new node's, or one further on) get them
+ * from a rank that has them. done: the last step this rank completed, -1 for
+ * none (a new node's rank whose first copy failed). 0 with *ri saying where
+ * the job goes on from, or -1 when this process cannot go on (its launcher
+ * restarts it). */
 static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t counts[5],
-                           long *step, long done) {
+                           long done, gpl_reform_info *ri) {
     int old_rank = gpl_rank(comm);
-    struct timespec t0, t1;
+    struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     const char *ex = getenv("DP_TRAIN_EXIT_IN_REFORM"); /* tests: ranks that cannot re-form */
     if (ex && strcmp(ex, "1") == 0) {
@@ -302,16 +322,16 @@ static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t
                 old_rank);
         return -1;
     }
-    gpl_reform_info ri;
     for (;;) {
         /* a round that ends again during the agreement or the copy (a second
-         * node lost, or the new one) is re-formed again */
+         * node lost, the copy's root among them, or the new one) is re-formed
+         * again */
         if (gpl_reform(comm, DP_REFORM_TIMEOUT_MS) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: %s\n", old_rank, gpl_last_error(comm));
             return -1;
         }
-        gpl_result_t rc = gpl_reform_agree(comm, done, &ri);
-        if (rc == GPL_OK && ri.step < 0) {
+        gpl_result_t rc = gpl_reform_agree(comm, done, ri);
+        if (rc == GPL_OK && ri->step < 0) {
             /* every rank that held the state lost it (a copy cut short after
              * its root's node went away): the checkpoint has it */
             fprintf(stderr,
@@ -321,33 +341,31 @@ static int reform_in_place(gpl_comm_t comm, float *const params[5], const size_t
             return -1;
         }
         if (rc == GPL_OK)
-            rc = copy_state(comm, params, counts, &ri);
+            rc = copy_state(comm, params, counts, ri);
         if (rc == GPL_OK)
             break;
         fprintf(stderr, "dp_train rank %d: re-forming round %d: %s\n", gpl_rank(comm),
                 gpl_round(comm), gpl_last_error(comm));
-        if (ri.copy && ri.mine)
+        if (ri->copy && ri->mine)
             done = -1; /* a half-copied state is no state */
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    /* ri.step is the last step every rank completed: none of those is lost; a
-     * rank whose last collective completed where another's failed redoes one */
+    /* ri->step is the last step every rank completed: none of those is lost;
+     * a rank whose last collective completed where another's failed redoes
+     * one */
     printf("rank %d (was %d): round %d re-formed in place, world %d, going on after step %lld "
            "(0 lost, %lld redone here)%s in %.1f ms\n",
-           gpl_rank(comm), old_rank, gpl_round(comm), gpl_world_size(comm), (long long)ri.step,
-           (long long)(done < 0 ? 0 : done - ri.step), ri.copy ? ", parameters copied" : "",
-           (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+           gpl_rank(comm), old_rank, gpl_round(comm), gpl_world_size(comm), (long long)ri->step,
+           (long long)(done < 0 ? 0 : done - ri->step), ri->copy ? ", parameters copied" : "",
+           ms_since(&t0));
     fflush(stdout);
-    *step = (long)ri.step;
     return 0;
 }
 
 /* reform_in_place, then this rank's share of the global batch in the new
- * world; *step is set for the loop's increment to run the agreed next step. */
+ * world. */
 static int go_on_in_next_round(gpl_comm_t comm, float *const params[5], const size_t counts[5],
-                               long batch, long done, long *step, int *local, int **idx) {
-    long next;
-    if (reform_in_place(comm, params, counts, &next, done) != 0)
+                               long batch, long done, gpl_reform_info *ri, int *local, int **idx) {
+    if (reform_in_place(comm, params, counts, done, ri) != 0)
         return -1;
     int world = gpl_world_size(comm);
     if (batch % world != 0) {
@@ -361,7 +379,6 @@ static int go_on_in_next_round(gpl_comm_t comm, float *const params[5], const si
     free(*idx);
     if ((*idx = malloc(sizeof(int) * (size_t)*local)) == NULL)
         return -1;
-    *step = next - 1;
     return 0;
 }
 
@@ -528,35 +545,35 @@ int main(int argc, char **argv) {
      * state (a new node's) copies it from them instead of reading the
      * checkpoint; when every rank is new, the job starts as without */
     gpl_reform_info ri = {.step = -1};
-    if (reform && gpl_reform_agree(comm, -1, &ri) != GPL_OK) {
+    gpl_result_t jrc = reform ? gpl_reform_agree(comm, -1, &ri) : GPL_OK;
+    if (jrc == GPL_OK && ri.copy)
+        jrc = copy_state(comm, params, counts, &ri);
+    if (jrc != GPL_OK) {
         fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
-        goto out;
+        /* the round ended during the agreement or the copy (the copy's root,
+         * or a rank of its chain, lost): this rank re-forms in place as a
+         * survivor does, without state, and copies it from a survivor of the
+         * next round (or exits when none holds it any more) */
+        if (go_on_in_next_round(comm, params, counts, batch, -1, &ri, &local, &idx) != 0)
+            goto out;
+        rank = gpl_rank(comm);
     }
     /* the same start everywhere, whatever the seed handling of each rank */
-    int from = ri.copy ? ri.root : 0;
-    struct timespec c0, c1;
-    clock_gettime(CLOCK_MONOTONIC, &c0);
-    if (ri.copy && copy_state(comm, params, counts, &ri) != GPL_OK) {
-        fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
-        goto out;
-    }
     for (int i = 0; !ri.copy && i < 4; i++)
         if (counts[i] &&
-            gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, from, NULL) != GPL_OK) {
+            gpl_broadcast(comm, params[i], counts[i], GPL_FLOAT32, 0, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
             goto out;
         }
-    clock_gettime(CLOCK_MONOTONIC, &c1);
     if (ri.copy) {
-        double ms = (double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6;
         size_t bytes = 0;
         for (int i = 0; i < 5; i++)
             bytes += counts[i] * sizeof(float);
         printf("rank %d: joined round %d with %d ranks that kept their state: parameters of "
                "step %lld copied from rank %d, nothing read from the checkpoint (%zu bytes in "
                "%.1f ms: %.0f MB/s)\n",
-               rank, gpl_round(comm), ri.survivors, (long long)ri.step, ri.root, bytes, ms,
-               ms > 0 ? (double)bytes / ms / 1e3 : 0.0);
+               rank, gpl_round(comm), ri.survivors, (long long)ri.step, ri.root, bytes, copy_ms,
+               copy_ms > 0 ? (double)bytes / copy_ms / 1e3 : 0.0);
         fflush(stdout);
     }
     if (gpl_dp_create(comm, NULL, &dp) != GPL_OK) {
@@ -633,8 +650,9 @@ int main(int argc, char **argv) {
             gpl_allreduce(comm, &loss, &loss, 1, GPL_FLOAT32, GPL_AVG, NULL) != GPL_OK) {
             fprintf(stderr, "dp_train rank %d: step %ld: %s\n", rank, step, gpl_last_error(comm));
             if (!reform ||
-                go_on_in_next_round(comm, params, counts, batch, done, &step, &local, &idx) != 0)
+                go_on_in_next_round(comm, params, counts, batch, done, &ri, &local, &idx) != 0)
                 goto out;
+            step = (long)ri.step - 1; /* the loop's increment: the agreed next step */
             rank = gpl_rank(comm);
             first_in_world = 1;
             continue;
@@ -673,9 +691,10 @@ int main(int argc, char **argv) {
             }
             if (rc2 != GPL_OK) {
                 fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
-                if (!reform || go_on_in_next_round(comm, params, counts, batch, done, &step, &local,
-                                                   &idx) != 0)
+                if (!reform ||
+                    go_on_in_next_round(comm, params, counts, batch, done, &ri, &local, &idx) != 0)
                     goto out;
+                step = (long)ri.step - 1;
                 rank = gpl_rank(comm);
                 first_in_world = 1;
                 continue;

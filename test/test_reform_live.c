@@ -246,6 +246,26 @@ static uint64_t survivors_go_on(const int surv[NODES - 1], uint64_t t_fault, con
     return max_ms(back, NODES - 1);
 }
 
+/* Waits until `want` of the listed nodes wrote needle after mark[i], their
+ * output's length before the event (earlier rounds said the same; NULL:
+ * from the start); ms[i] is when, after t0 (0: not seen). Returns how many
+ * did. */
+static int wait_after(const int *hosts, int n, const size_t *mark, const char *needle, int want,
+                      uint64_t t0, int timeout_ms, uint64_t *ms) {
+    int seen = 0;
+    for (int i = 0; i < n; i++)
+        ms[i] = 0;
+    while (seen < want && now_ms() - t0 < (uint64_t)timeout_ms) {
+        drain_all();
+        for (int i = 0; i < n; i++)
+            if (ms[i] == 0 && strstr(nodes[hosts[i]].out + (mark ? mark[i] : 0), needle)) {
+                ms[i] = now_ms() - t0;
+                seen++;
+            }
+    }
+    return seen;
+}
+
 /* L1. kill -9 of a node (its sockets close): the three others re-form in
  * place within a second, lose no step, and end as a run restarted from a
  * checkpoint of that step into the same 3-node world does: bit for bit. */
@@ -313,15 +333,10 @@ Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
     cr_assert(netbed_kill_host(&bed, 3) >= 3, "host3 had no launcher and workers");
     proc_wait(&nodes[4], 5000);
     proc_wait(&nodes[3], 5000);
-    int on = 0; /* rank 0 says it, on either survivor */
-    while (on == 0 && now_ms() - t_fault < 20000) {
-        drain_all();
-        for (int i = 0; i < 2 && on == 0; i++)
-            if (strstr(nodes[surv[i]].out, "first step in a world of 4") != NULL)
-                on = surv[i];
-    }
-    uint64_t in4 = now_ms() - t_fault;
-    cr_assert_neq(on, 0, "the two survivors did not train on: %s", nodes[1].out);
+    uint64_t ms[3]; /* rank 0 says it, on either survivor */
+    cr_assert_geq(wait_after(surv, 2, NULL, "first step in a world of 4", 1, t_fault, 20000, ms), 1,
+                  "the two survivors did not train on: %s", nodes[1].out);
+    uint64_t in4 = max_ms(ms, 2);
     /* the replacement: host 3 again, a fresh launcher */
     netbed_save_log(&bed, "run-host3-killed", &nodes[3]);
     /* the 6-rank world may have trained between the two kills: only what
@@ -330,15 +345,9 @@ Test(reform_live, two_failures_then_a_new_node_copies_the_state) {
     uint64_t t_join = now_ms();
     start_node(3, &ja);
     static const int three[3] = {1, 2, 3};
-    on = 0;
-    while (on == 0 && now_ms() - t_join < 30000) {
-        drain_all();
-        for (int i = 0; i < 3 && on == 0; i++)
-            if (strstr(nodes[three[i]].out + mark[i], "first step in a world of 6") != NULL)
-                on = three[i];
-    }
-    uint64_t in6 = now_ms() - t_join;
-    cr_assert_neq(on, 0, "no step in the 6-rank world: %s", nodes[1].out);
+    cr_assert_geq(wait_after(three, 3, mark, "first step in a world of 6", 1, t_join, 30000, ms), 1,
+                  "no step in the 6-rank world: %s", nodes[1].out);
+    uint64_t in6 = max_ms(ms, 3);
     expect_exit(three, 3, 0, 90000);
     save_logs("run");
     expect_in_place(surv, 2);
@@ -447,4 +456,234 @@ Test(reform_live, preemption_saves_the_same_step_and_the_survivors_go_on) {
     cr_log_info("L5 (preemption, live): every rank saved step %ld; host4 exited 143; every "
                 "survivor in the 3-node round %llu ms after the SIGTERM, going on after step %ld",
                 step, (unsigned long long)worst, after);
+}
+
+/* Runs a tc command line on host; its output. */
+static const char *tc_on(int host, const char *cmd) {
+    char *argv[] = {"/bin/sh", "-c", (char *)cmd, NULL};
+    static proc p;
+    cr_assert_eq(netbed_spawn(&bed, host, &p, argv), 0);
+    int st = proc_wait(&p, 5000);
+    cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "host%d: %s: %s", host, cmd,
+              p.out);
+    return p.out;
+}
+
+/* host's egress through a token bucket of rate ("20mbit"), or back to the
+ * default queue (NULL): a state copy from that host then lasts seconds,
+ * while the training's small all-reduces stay below the rate. */
+static void shape(int host, const char *rate) {
+    char cmd[160];
+    if (rate)
+        snprintf(cmd, sizeof cmd,
+                 "tc qdisc replace dev eth0 root tbf rate %s burst 32kb latency 20ms", rate);
+    else
+        snprintf(cmd, sizeof cmd, "tc qdisc del dev eth0 root");
+    tc_on(host, cmd);
+}
+
+/* The bytes host sent since shape() slowed its link: what a state copy from
+ * it has sent so far, beside the training's few KiB. */
+static long long shaped_bytes(int host) {
+    const char *out = tc_on(host, "tc -s qdisc show dev eth0");
+    const char *s = strstr(out, "Sent ");
+    long long n = -1;
+    cr_assert(s && sscanf(s, "Sent %lld bytes", &n) == 1, "host%d: %s", host, out);
+    return n;
+}
+
+/* A slow link needs tc (iproute2) and the kernel's tbf queue. */
+static void require_tc(void) {
+    if (system("command -v tc >/dev/null 2>&1") != 0)
+        cr_skip_test("no tc here: the scenario slows a link with it (iproute2)");
+}
+
+/* A new node's rank says the copy began: the step, the root and the round
+ * (the first such line). Then the host whose ranks hold the root in that
+ * round, from the launchers' "round N: node rank K of M, ranks A-B" lines. */
+static int copy_began(int newcomer, const int *hosts, int n, long *step, int *root, int *round) {
+    const char *s = strstr(nodes[newcomer].out, "copying the state of step ");
+    cr_assert_not_null(s, "host%d's ranks copied nothing: %s", newcomer, nodes[newcomer].out);
+    cr_assert_eq(
+        sscanf(s, "copying the state of step %ld from rank %d in round %d", step, root, round), 3,
+        "%.120s", s);
+    char pat[48];
+    snprintf(pat, sizeof pat, "round %d: node rank ", *round);
+    uint64_t t0 = now_ms();
+    while (now_ms() - t0 < 5000) {
+        drain_all();
+        for (int i = 0; i < n; i++) {
+            const char *a = strstr(nodes[hosts[i]].out, pat);
+            int lo, hi;
+            if (a && sscanf(a + strlen(pat), "%*u of %*u, ranks %d-%d", &lo, &hi) == 2 &&
+                lo <= *root && *root <= hi)
+                return hosts[i];
+        }
+    }
+    cr_assert_fail("no launcher of round %d holds rank %d", *round, *root);
+    return 0;
+}
+
+/* L6. A failure during the state copy: three nodes train (16 MiB of state
+ * beside the parameters: two connections a link of the chain; their links
+ * slowed to 20 Mbit/s so that a copy lasts seconds), a fourth joins, and the node holding the
+ * copy's root is killed while the copy is in flight. The two other survivors re-form again in
+ * place; the newcomer's ranks, their copy cut short, re-form with them and copy the state from one
+ * of them. 0 steps lost, and the same parameters as restarts from checkpoints into the same worlds.
+ */
+Test(reform_live, a_failure_during_the_state_copy_re_forms_again) {
+    require_tc();
+    setup_bed("L6-reform-failure-during-copy", NODES + 1, 0, 0);
+    trace_to("live");
+    start_server(0);
+    job_args ja = {.nnodes = "3:4",
+                   .steps = "250", /* rank 0 hashes 16 MiB a step (the trace) */
+                   .sleep_ms = "10",
+                   .ck_every = "100000",
+                   .reform = 1,
+                   .state_mib = "16"};
+    static const int first3[3] = {1, 2, 3};
+    for (int i = 0; i < 3; i++)
+        start_node(first3[i], &ja);
+    uint64_t ms[3];
+    cr_assert_eq(expect_all(first3, 3, "round 1: node rank", now_ms(), 30000, ms), 3,
+                 "round 1 did not form: %s", nodes[1].out);
+    usleep(500000);
+    for (int i = 0; i < 3; i++) /* from now on, what they send is mostly the copy */
+        shape(first3[i], "20mbit");
+    static const int newcomer[1] = {4};
+    start_node(4, &ja);
+    cr_assert_eq(expect_all(newcomer, 1, "copying the state of step ", now_ms(), 20000, ms), 1,
+                 "the new node did not start a copy: %s", nodes[4].out);
+    long step;
+    int root, round;
+    int victim = copy_began(4, first3, 3, &step, &root, &round);
+    int three[3], k = 0;
+    for (int i = 0; i < 3; i++)
+        if (first3[i] != victim) {
+            three[k++] = first3[i];
+            shape(first3[i], NULL); /* the next copy at full speed */
+        }
+    three[2] = 4;
+    usleep(300000); /* well inside the copy: 16 MiB take 6.7 s at 20 Mbit/s */
+    long long sent = shaped_bytes(victim);
+    size_t mark[3] = {nodes[three[0]].out_len, nodes[three[1]].out_len, nodes[4].out_len};
+    uint64_t t_fault = now_ms();
+    /* the kernel still sends what a killed process's sockets hold (most of
+     * the state, here): the victim's link stays slow until the end, or the
+     * rest of the copy could arrive before the round's end is known */
+    cr_assert(netbed_kill_host(&bed, victim) >= 3, "host%d had no launcher and workers", victim);
+    proc_wait(&nodes[victim], 5000);
+    uint64_t back[3], copied[1], first[3];
+    cr_assert_eq(wait_after(three, 3, mark, "workers re-formed in place", 3, t_fault, 20000, back),
+                 3, "not every node re-formed after the copy's root was lost: %s", nodes[4].out);
+    cr_assert_eq(wait_after(newcomer, 1, &mark[2], "nothing read from the checkpoint", 1, t_fault,
+                            20000, copied),
+                 1, "the new node did not copy the state again: %s", nodes[4].out);
+    cr_assert_geq(
+        wait_after(three, 3, mark, "first step in a world of 6", 1, t_fault, 20000, first), 1,
+        "no step in the new 6-rank world: %s", nodes[three[0]].out);
+    cr_expect_leq(max_ms(back, 2), 1000, "the survivors took the new round %llu ms after the kill",
+                  (unsigned long long)max_ms(back, 2));
+    long after;
+    char live[65];
+    survivors_go_on(three, t_fault, "live", &after, live);
+    /* the copy was cut: the newcomer's ranks said why and joined a later round */
+    int joined = 0;
+    const char *j = strstr(nodes[4].out, "joined round ");
+    cr_assert(j && sscanf(j, "joined round %d", &joined) == 1, "%s", nodes[4].out);
+    cr_expect_gt(joined, round, "the new node joined round %d, the one whose copy was cut", joined);
+    cr_expect_eq(after, step, "the job went on after step %ld, not after the cut copy's %ld", after,
+                 step);
+    cr_expect(sent >= 256 * 1024 && sent < 16 << 20,
+              "host%d had sent %lld bytes when it was killed: the copy was not in flight", victim,
+              sent);
+    shape(victim, NULL);
+    expect_restart_agrees("restart", 6, "250", "16", live);
+    cr_log_info(
+        "L6 (the copy's root killed mid-copy, host%d): the survivors in the new round "
+        "%llu ms after the kill (%.1f MiB of the copy sent), the newcomer's copy done after "
+        "%llu ms, first step in the 6-rank world after %llu ms; going on after step %ld, "
+        "0 lost",
+        victim, (unsigned long long)max_ms(back, 2), (double)sent / (1 << 20),
+        (unsigned long long)copied[0], (unsigned long long)max_ms(first, 3), after);
+}
+
+/* L6b. The copy's root was the only holder of the state: one node trains
+ * (1:4, its link slowed), a second joins, and the first is killed while the
+ * copy is in flight. In the next round no rank holds the state any more: the
+ * newcomer's ranks exit, its launcher restarts them, and they resume from the
+ * last checkpoint (the steps since it are redone: never worse than a
+ * restart). The parameters are those of a restart from that checkpoint into
+ * the same world. */
+Test(reform_live, the_copys_only_holder_lost_falls_back_to_the_checkpoint) {
+    require_tc();
+    setup_bed("L6b-reform-copy-holder-lost", NODES + 1, 0, 0);
+    start_server(0);
+    job_args ja = {.nnodes = "1:4",
+                   .steps = "300",
+                   .sleep_ms = "10",
+                   .ck_every = "20",
+                   .reform = 1,
+                   .state_mib = "8"};
+    static const int one[1] = {1}, newcomer[1] = {2};
+    start_node(1, &ja);
+    uint64_t ms[1];
+    cr_assert_eq(expect_all(one, 1, "round 1: node rank", now_ms(), 30000, ms), 1,
+                 "round 1 did not form: %s", nodes[1].out);
+    char path[160];
+    snprintf(path, sizeof path, "%s/ck/step-%012d/COMPLETE", dir, 20);
+    for (uint64_t t0 = now_ms(); access(path, F_OK) != 0 && now_ms() - t0 < 20000;)
+        drain_all();
+    cr_assert_eq(access(path, F_OK), 0, "no checkpoint of step 20: %s", nodes[1].out);
+    shape(1, "20mbit");
+    start_node(2, &ja);
+    cr_assert_eq(expect_all(newcomer, 1, "copying the state of step ", now_ms(), 20000, ms), 1,
+                 "the new node did not start a copy: %s", nodes[2].out);
+    long step;
+    int root, round;
+    cr_assert_eq(copy_began(2, one, 1, &step, &root, &round), 1);
+    usleep(300000); /* inside the copy, as in L6 */
+    long long sent = shaped_bytes(1);
+    uint64_t t_fault = now_ms();
+    /* host1's link stays slow: what its sockets hold must not arrive (L6) */
+    cr_assert(netbed_kill_host(&bed, 1) >= 3, "host1 had no launcher and workers");
+    proc_wait(&nodes[1], 5000);
+    uint64_t back[1];
+    cr_assert_eq(
+        expect_all(newcomer, 1, "resumed from the checkpoint of step ", t_fault, 30000, back), 1,
+        "host2 did not resume from the checkpoint: %s", nodes[2].out);
+    expect_exit(newcomer, 1, 0, 60000);
+    save_run_logs("live", 2);
+    const char *out = nodes[2].out;
+    cr_expect(strstr(out, "holds the state any more") != NULL, "host2: %s", out);
+    cr_expect(strstr(out, "restarting") != NULL, "host2 did not restart its workers: %s", out);
+    long from = resumed_step(2);
+    cr_expect(from >= 20 && from <= step, "resumed from step %ld; the cut copy was of step %ld",
+              from, step);
+    cr_expect(sent >= 256 * 1024 && sent < 8 << 20,
+              "host1 had sent %lld bytes when it was killed: the copy was not in flight", sent);
+    char live[65];
+    expect_same_params(newcomer, 1, 2, live);
+    /* the replay: one node to the checkpoint's step, then from it to the end */
+    shape(1, NULL);
+    netbed_save_log(&bed, "live-rdzv", &server);
+    proc_kill(&server, SIGKILL);
+    proc_wait(&server, 5000);
+    start_server(0);
+    char ck[128], at[24];
+    snprintf(ck, sizeof ck, "%s/ck-restart", dir);
+    snprintf(at, sizeof at, "%ld", from);
+    run_fixed(1, at, at, ck, "8");
+    save_run_logs("restart-1-world2", 1);
+    run_fixed(1, "300", "100000", ck, "8");
+    save_run_logs("restart-last-world2", 1);
+    cr_expect_eq(resumed_step(1), from, "the restart resumed from another step");
+    char restarted[65];
+    expect_same_params(one, 1, 2, restarted);
+    cr_expect_str_eq(live, restarted, "the fallback and a restart from step %ld differ", from);
+    cr_log_info("L6b (the only holder killed mid-copy, %.1f MiB sent): host2 resumed from the "
+                "checkpoint of step %ld %llu ms after the kill; %ld steps redone (the copy was of "
+                "step %ld)",
+                (double)sent / (1 << 20), from, (unsigned long long)back[0], step - from, step);
 }
