@@ -510,6 +510,17 @@ int main(int argc, char **argv) {
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
             ;
     }
+    /* the model, its state and the data before the communicator: a worker
+     * started before its round (a warm join) waits for it in gpl_init, and
+     * whatever it did before costs the ranks already training nothing */
+    x = malloc(sizeof(float) * SAMPLES * IN);
+    y = malloc(sizeof(float) * SAMPLES);
+    if (!x || !y || model_init(&m, (int)hidden, (uint64_t)seed) != 0 ||
+        extra_init(&m, state_mib) != 0) {
+        fprintf(stderr, "dp_train: out of memory\n");
+        goto out;
+    }
+    make_data((uint64_t)seed, x, y);
     if (gpl_init(NULL, &comm) != GPL_OK) {
         fprintf(stderr, "dp_train: %s\n", gpl_last_error(comm));
         goto out;
@@ -528,15 +539,11 @@ int main(int argc, char **argv) {
         goto out;
     }
     int local = (int)(batch / world);
-    x = malloc(sizeof(float) * SAMPLES * IN);
-    y = malloc(sizeof(float) * SAMPLES);
     idx = malloc(sizeof(int) * (size_t)local);
-    if (!x || !y || !idx || model_init(&m, (int)hidden, (uint64_t)seed) != 0 ||
-        extra_init(&m, state_mib) != 0) {
+    if (!idx) {
         fprintf(stderr, "dp_train: out of memory\n");
         goto out;
     }
-    make_data((uint64_t)seed, x, y);
     /* the parameters, and --state-mib's state: what a new rank gets */
     float *params[5] = {m.w1, m.b1, m.w2, m.b2, m.extra};
     float *grads[4] = {m.gw1, m.gb1, m.gw2, m.gb2};
