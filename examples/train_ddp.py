@@ -94,10 +94,11 @@ the state at its start `rank R: joined round N with K ranks that kept their
 state: step S copied from rank Q, nothing read from the checkpoint`; at the
 end `rank R samples_seen N` (sequences of every rank, the extra state copied).
 A rank that copied the state at its start also prints `rank R: joined in X
-ms, N bytes of state copied (via V)` (X: from Elastic.start() to its return,
-making the process group included; N: the parameters', buffers' and
-optimizer's bytes; V: gpulaunch when libgpulaunch's copy moved the host
-tensors, else the process group's backend).
+ms, N bytes of state copied (via V; the copy C ms)` (X: from Elastic.start()
+to its return, making the process group included; N: the parameters',
+buffers' and optimizer's bytes; V: gpulaunch when libgpulaunch's copy moved
+the host tensors, else the process group's backend; C: the copy alone, from
+the agreement's end).
 Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
 per process, saying `rank R holding before step S`, until it is killed or its
@@ -470,7 +471,7 @@ def main(argv: list[str]) -> int:
             nbytes += sum(x.numel() * x.element_size() for st in opt.state.values()
                           for x in st.values() if torch.is_tensor(x))
             print(f"rank {rank}: joined in {1000.0 * j.seconds:.1f} ms, {nbytes} bytes of state copied "
-                  f"(via {j.via})", flush=True)
+                  f"(via {j.via}; the copy {1000.0 * j.copy_s:.1f} ms)", flush=True)
     else:
         ddp = DDP(model, **ddp_kwargs)
         if hook is not None:

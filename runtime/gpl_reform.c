@@ -256,6 +256,39 @@ static int by_broadcast(gpl_comm_t c, const void *buf) {
            (c->backend == GPL_BACKEND_NCCL && gpl_nccl_is_device_ptr(buf));
 }
 
+/* The ranks outside the chain wait for its end asleep, in the round's store
+ * (the chain's tail sets the key once it has every byte): a collective's
+ * wait loop, or a framework's, would take the cores the copy runs on. Short
+ * slices: the watchdog hears that the rank waits, and a round that ends
+ * fails the wait (the server fails a round's waits at its end). */
+#define COPY_DONE_SLICE_MS 200
+
+static gpl_result_t copy_done_wait(gpl_comm_t c, const char *key) {
+    uint64_t deadline = gb_now_ms() + c->timeout_ms;
+    const char *k[1] = {key};
+    for (;;) {
+        gpl_result_t rc = rdzv_bclient_wait(c->rdzv, k, 1, COPY_DONE_SLICE_MS);
+        if (rc == GPL_OK) {
+            void *v = NULL;
+            size_t vn = 0;
+            rc = rdzv_bclient_get(c->rdzv, key, &v, &vn);
+            int ok = rc == GPL_OK && vn == 1 && ((const char *)v)[0] == '1';
+            free(v);
+            if (ok)
+                return GPL_OK;
+            return gb_seterr(&c->err, GPL_ERR_PEER_FAILED,
+                             "rank %d: the state copy failed on a rank of its chain (its own "
+                             "error says why)",
+                             c->rank);
+        }
+        if (rc != GPL_ERR_TIMEOUT)
+            return gb_seterr(&c->err, rc, "rank %d: the state copy did not end: %s", c->rank,
+                             rdzv_bclient_error(c->rdzv));
+        if ((rc = gpl_check_abort(c, deadline, "the state copy's end")) != GPL_OK)
+            return rc;
+    }
+}
+
 gpl_result_t gpl_copy_state(gpl_comm_t c, void *const bufs[], const size_t bytes[], int n,
                             const gpl_reform_info *ri) {
     if (c == NULL || ri == NULL || n < 0 || (n > 0 && (bufs == NULL || bytes == NULL)))
@@ -311,6 +344,10 @@ gpl_result_t gpl_copy_state(gpl_comm_t c, void *const bufs[], const size_t bytes
     rc = gpl_allgather(c, &me, all, sizeof me / sizeof(int32_t), GPL_INT32, NULL);
     c->seq++;
     c->coll = "state copy";
+    char done_key[64];
+    snprintf(done_key, sizeof done_key, "gpl/copy/%llu", (unsigned long long)c->seq);
+    if (rc == GPL_OK && c->rank != ri->root && !ri->mine && c->rdzv)
+        rc = copy_done_wait(c, done_key);
     if (rc != GPL_OK || (c->rank != ri->root && !ri->mine))
         goto out;
     int len = 0, pos = -1;
@@ -335,6 +372,15 @@ gpl_result_t gpl_copy_state(gpl_comm_t c, void *const bufs[], const size_t bytes
         all[chain[pos + 1]].addr[COPY_ADDR_MAX - 1] = '\0';
     }
     rc = gpl_chain_copy(c, &ch, gb_now_ms() + c->timeout_ms);
+    /* the tail says the copy ended; a chain rank that failed, that it did
+     * not (best effort: a rank that died is the round's end instead); the
+     * first word stays, so every waiting rank reads the same */
+    if (c->rdzv && rc != GPL_OK)
+        (void)rdzv_bclient_cas(c->rdzv, done_key, NULL, 0, "0", 1, NULL);
+    else if (c->rdzv && pos == len - 1 &&
+             (rc = rdzv_bclient_cas(c->rdzv, done_key, NULL, 0, "1", 1, NULL)) != GPL_OK)
+        rc = gb_seterr(&c->err, rc, "rank %d: cannot say the state copy ended: %s", c->rank,
+                       rdzv_bclient_error(c->rdzv));
 out:
     if (lfd >= 0)
         close(lfd);

@@ -104,6 +104,7 @@ class Reformed:
     freed_s: float  # from the launcher's word that the round ended to reform(); 0 if none
     why: str  # why the round before ended
     via: str = ""  # how the host tensors were copied: "gpulaunch" (gpl_copy_state), "gloo" or "nccl"; "": none
+    copy_s: float = 0.0  # the copy alone (from the agreement's end to the copy's return); 0: none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +225,7 @@ class Elastic:
         self._agreement: Optional[_sc.Agreement] = None  # the last agreement (its copy's chain, ...)
         self._own_comm: Any = None  # a gpulaunch.Comm made here when no Checkpointer brings one
         self._via = ""  # how the last copy moved the host tensors
+        self._copy_s = 0.0  # how long the last copy took
         self._broken_at = 0.0  # when the watcher broke this group (0: not)
         self._handled = True  # the training thread has left the broken group behind
         self._still_since = 0.0  # since when the training thread has not run
@@ -684,7 +686,7 @@ class Elastic:
                 self._make_ddp(sync=not copy)
                 self.last = Reformed(self.round, self.rank, -1, self.world_size, done, 0, root if copy else -1,
                                      survivors, copy, mine, time.monotonic() - t0, 0.0, "",
-                                     self._via if copy else "")
+                                     self._via if copy else "", self._copy_s if copy else 0.0)
                 if self.enabled:
                     progress(done)
                 return done
@@ -737,7 +739,7 @@ class Elastic:
                 self._make_ddp(sync=False)
                 self.last = Reformed(self.round, self.rank, was, self.world_size, agreed, max(0, step - agreed),
                                      root if copy else -1, survivors, copy, mine, time.monotonic() - t0,
-                                     freed, why, self._via if copy else "")
+                                     freed, why, self._via if copy else "", self._copy_s if copy else 0.0)
                 progress(agreed)
                 return agreed
             except self.round_errors as e:
@@ -778,9 +780,11 @@ class Elastic:
     def _copy_bracketed(self, root: int, mine: bool) -> None:
         begin, end = _wait_fns()  # a collective for the watchdog: waiting on peers
         begin()
+        t0 = time.monotonic()
         try:
             self._copy(root, mine)
         finally:
+            self._copy_s = time.monotonic() - t0
             end()
 
     def close(self) -> None:

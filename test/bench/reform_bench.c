@@ -33,9 +33,11 @@
  * minus the checkpoint step it resumed from; live: the most steps a rank
  * redid, the one whose all-reduce completed where another's failed); the
  * bytes every rank read from the checkpoint; for a live join the state
- * copy's rate (C: from the agreement's end to gpl_copy_state's return, the
- * needers' allgather and connections included; PyTorch: the newcomer's whole
- * Elastic.start(), making the process group included), against one loopback
+ * copy's rate (from the agreement's end to the copy's return: C's
+ * gpl_copy_state, the needers' allgather and connections included; PyTorch's
+ * Elastic copy, the pickled optimizer structure and gpl_copy_state; for
+ * PyTorch also over the newcomer's whole Elastic.start(), making the process
+ * group included), against one loopback
  * TCP stream and one stream from host 1 to host 3 over the bed's links, both
  * measured on that join's bed just before it starts. --ways and --faults take comma lists (live,
  * restart, torchrun; kill, vanish, join). Per-run logs in
@@ -87,7 +89,8 @@ typedef struct result {
     double fault_s;         /* the first step, from the fault */
     long lost;              /* steps */
     double read_mb;         /* from the checkpoint, every rank */
-    double copy_mbs;        /* a live join's copy rate */
+    double copy_mbs;        /* a live join's copy rate (the copy alone) */
+    double start_mbs;       /* PyTorch: the same over the new rank's whole Elastic.start() */
     double lo_mbs, bed_mbs; /* ... and one loopback stream, one over the bed, before it */
     char why[160];
 } result;
@@ -222,8 +225,9 @@ static double scan_after(const char *pre, const char *post, const size_t *mark, 
     return t;
 }
 
-/* A live join's copy rate in MB/s, the mean over the new ranks. */
-static double copy_rate(enum prog prog, const size_t *mark) {
+/* A live join's copy rate in MB/s, the mean over the new ranks: the copy
+ * alone (whole: PyTorch's whole Elastic.start(), making the group included). */
+static double copy_rate(enum prog prog, const size_t *mark, int whole) {
     double mbs = 0;
     int n = 0;
     for (int i = 1; i <= NODES; i++)
@@ -232,14 +236,21 @@ static double copy_rate(enum prog prog, const size_t *mark) {
                 mbs += strtod(s + 5, NULL);
                 n++;
             }
-        } else { /* "rank R: joined in X ms, B bytes of state copied" */
+        } else { /* "rank R: joined in X ms, B bytes of state copied (via V; the copy C ms)" */
             for (const char *s = nodes[i].out + mark[i]; (s = strstr(s, ": joined in ")) != NULL;
                  s++) {
                 char *end;
                 double ms = strtod(s + 12, &end);
                 if (strncmp(end, " ms, ", 5) != 0 || ms <= 0)
                     continue;
-                mbs += strtod(end + 5, NULL) / ms / 1e3;
+                double bytes = strtod(end + 5, &end);
+                const char *c = strstr(end, "; the copy ");
+                const char *eol = strchr(end, '\n');
+                if (!whole && c && (!eol || c < eol))
+                    ms = strtod(c + 11, NULL);
+                if (ms <= 0)
+                    continue;
+                mbs += bytes / ms / 1e3;
                 n++;
             }
         }
@@ -370,7 +381,8 @@ static void run_one(result *r, const job *j) {
         r->lost = -1;
     }
     if (j->way == W_LIVE && f == F_JOIN)
-        r->copy_mbs = copy_rate(j->prog, mark);
+        r->copy_mbs = copy_rate(j->prog, mark, 0);
+    r->start_mbs = j->prog == P_TORCH ? copy_rate(j->prog, mark, 1) : 0;
 out:
     drain();
     for (int i = 0; i <= NODES; i++) {
@@ -581,7 +593,8 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                 job j = {prog, (enum way)w, sizes[s], (enum fault)f};
                 result r;
                 run_one(&r, &j);
-                char st[24], told[24], fs[24], ps[24], ff[24], lost[24], rd[24], cp[96];
+                char st[24], told[24], fs[24], ps[24], ff[24], lost[24], rd[24], cp[160],
+                    whole[48] = "";
                 snprintf(st, sizeof st, sizes[s] ? "%ld MiB" : "model", sizes[s]);
                 snprintf(told, sizeof told, r.told_s >= 0 ? "%.2f s" : "-", r.told_s);
                 snprintf(fs, sizeof fs, r.ok && r.first_s >= 0 ? "%.2f s" : "-", r.first_s);
@@ -592,11 +605,13 @@ static int run_table(enum prog prog, const long *sizes, const int *size_on, cons
                     snprintf(rd, sizeof rd, "%.1f kB", r.read_mb * 1e3);
                 else
                     snprintf(rd, sizeof rd, "%.1f", r.read_mb);
+                if (r.start_mbs > 0)
+                    snprintf(whole, sizeof whole, "; over Elastic.start(): %.0f", r.start_mbs);
                 if (r.copy_mbs > 0 && r.lo_mbs > 0 && r.bed_mbs > 0)
                     snprintf(cp, sizeof cp,
-                             "%.0f (%.0f%% of loopback %.0f, %.0f%% of the bed %.0f)", r.copy_mbs,
+                             "%.0f (%.0f%% of loopback %.0f, %.0f%% of the bed %.0f%s)", r.copy_mbs,
                              100.0 * r.copy_mbs / r.lo_mbs, r.lo_mbs,
-                             100.0 * r.copy_mbs / r.bed_mbs, r.bed_mbs);
+                             100.0 * r.copy_mbs / r.bed_mbs, r.bed_mbs, whole);
                 else if (r.copy_mbs > 0)
                     snprintf(cp, sizeof cp, "%.0f (%.0f%% of the first loopback stream)",
                              r.copy_mbs, lo > 0 ? 100.0 * r.copy_mbs / lo : 0.0);

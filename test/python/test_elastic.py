@@ -303,7 +303,7 @@ def test_node_vanishes_then_a_new_node_copies_the_state(job: Job) -> None:
                        r"copied from rank (\d+), nothing read from the checkpoint$")
     assert len(joined) == 2, job.dump()
     # the host tensors went through libgpulaunch's copy (its own communicator: no Checkpointer here)
-    assert len(late.find(r"^rank \d+: joined in [\d.]+ ms, \d+ bytes of state copied \(via gpulaunch\)$")) == 2, \
+    assert len(late.find(r"^rank \d+: joined in [\d.]+ ms, \d+ bytes of state copied \(via gpulaunch; the copy [\d.]+ ms\)$")) == 2, \
         job.dump()
     sha = shas(survivors + [late])
     assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()

@@ -340,8 +340,10 @@ GPL_API gpl_result_t gpl_reform_agree(gpl_comm_t comm, int64_t step, gpl_reform_
  * communication. Host buffers go, on every backend, through a chain that only
  * the root and the ranks that need the state are in: the root sends the state
  * once over TCP to the first of them (in rank order), which passes each byte
- * on to the next as soon as it has it, and so on; every other rank returns
- * after one small allgather (the needers' addresses). So the copy runs at
+ * on to the next as soon as it has it, and so on; every other rank takes part
+ * in one small allgather (the needers' addresses), then waits for the copy's
+ * end asleep (in the rendezvous' store, not spinning on the cores the copy
+ * needs), as it would wait for those ranks anyway. So the copy runs at
  * about one link's bandwidth (each link is two TCP connections from 16 MiB
  * on), whatever the number of ranks that need it.
  * Device buffers on the NCCL backend go by ncclBroadcast, and every buffer on
