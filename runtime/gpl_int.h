@@ -110,6 +110,9 @@ gpl_result_t gpl_cma_allreduce(gpl_comm_t c, const void *s, void *r, size_t coun
 
 /* ring of node leaders (gpl_ring.c). Leaders publish their address; every
  * rank then loads the node table. */
+/* A connection to host:port, or -1 with why saying what failed (the name's
+ * lookup or the connection): the node ring's and the state copy's chain's. */
+int gpl_dial(const char *host, int port, char *why, size_t whylen);
 gpl_result_t gpl_ring_publish(gpl_comm_t c);
 gpl_result_t gpl_nodes_load(gpl_comm_t c);
 gpl_result_t gpl_ring_setup(gpl_comm_t c);

@@ -11,7 +11,7 @@
 #include "gb_progress.h"
 #include "gb_time.h"
 #include "gpl_int.h"
-#include "gpl_ring.h"
+#include "gpl_chain.h"
 
 gpl_result_t gpl_reform_enable(void) {
     return gb_progress_set_reform_ok(1) == 0 ? GPL_OK : GPL_ERR_UNSUPPORTED;
