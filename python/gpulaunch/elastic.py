@@ -78,6 +78,7 @@ from . import _native as N
 from . import _procfs
 from . import _statecopy as _sc
 from ._firstround import await_round
+from ._nativecomm import NativeComm
 from ._native import Error
 from .progress import _wait_fns, progress
 
@@ -199,7 +200,6 @@ class Elastic:
         self._timeout = timeout
         self._ddp_kwargs = dict(ddp_kwargs or {})
         self._comm_hook = comm_hook
-        self._ckpt = checkpointer
         self._get_extra = get_extra
         self._set_extra = set_extra
         self._reform_timeout_s = reform_timeout_s
@@ -223,7 +223,7 @@ class Elastic:
         self._owned: Optional[dict[int, int]] = None  # the group's TCP sockets, once made
         self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
         self._agreement: Optional[_sc.Agreement] = None  # the last agreement (its copy's chain, ...)
-        self._own_comm: Any = None  # a gpulaunch.Comm made here when no Checkpointer brings one
+        self._native = NativeComm(checkpointer)  # the communicator host tensors are copied by
         self._via = ""  # how the last copy moved the host tensors
         self._copy_s = 0.0  # how long the last copy took
         self._broken_at = 0.0  # when the watcher broke this group (0: not)
@@ -397,58 +397,6 @@ class Elastic:
         env["GPULAUNCH_ROUND"] = str(r.round)
         env["TORCHELASTIC_RESTART_COUNT"] = str(r.restarts)
 
-    def _comm(self) -> Any:
-        """The libgpulaunch communicator this Elastic re-forms: the
-        Checkpointer's, else the one made here (None: neither)."""
-        comm = getattr(self._ckpt, "comm", None)
-        return comm if comm is not None else self._own_comm
-
-    def _make_comm(self) -> None:
-        """Under gpulaunch with re-formation, a rank whose Checkpointer brings
-        no communicator makes one (CPU backend) to copy the state with: its
-        host tensors then go by gpl_copy_state rather than Gloo. A failure
-        leaves it without: the agreement then says to copy by the process
-        group."""
-        if not self.enabled or self._comm() is not None:
-            return
-        from .comm import Comm
-
-        try:
-            self._own_comm = Comm("cpu")
-        except Error as e:
-            sys.stderr.write(f"gpulaunch: rank {self.rank}: no libgpulaunch communicator for the state "
-                             f"copy ({e}); it goes by the process group\n")
-
-    def _native_handle(self) -> Optional[int]:
-        """The communicator's handle when it can copy host tensors for this
-        group: libgpulaunch's own transport (not a framework's), in this
-        round, with this rank and world."""
-        comm = self._comm()
-        h = getattr(comm, "_h", None)
-        if not h:
-            return None
-        L = N.lib()
-        if getattr(L, "gpl_copy_state", None) is None or L.gpl_backend(h) not in (1, 2):
-            return None
-        if L.gpl_rank(h) != self.rank or L.gpl_world_size(h) != self.world_size:
-            return None
-        if self.enabled and N.fn("gpl_round")(h) != self.round:
-            return None
-        return int(h)
-
-    def _reform_comm(self, r: _Round, deadline: float) -> None:
-        """The Checkpointer's (or Elastic's own) libgpulaunch communicator into round r."""
-        comm = self._comm()
-        h = getattr(comm, "_h", None)
-        if comm is None or not h or N.fn("gpl_round")(h) >= r.round:
-            return
-        ms = max(1, int((deadline - time.monotonic()) * 1000))
-        rc = N.fn("gpl_reform")(h, ms)
-        if rc != N.GPL_OK:
-            raise Error(rc, N.last_error(h, rc))
-        L = N.lib()
-        comm.rank, comm.world_size = L.gpl_rank(h), L.gpl_world_size(h)
-
     def _make_group(self, addr: str, port: int) -> None:
         dist = self._dist
         with self._lock:
@@ -572,10 +520,14 @@ class Elastic:
         t = self._torch
         return t.device("cuda", t.cuda.current_device()) if self.backend == "nccl" else t.device("cpu")
 
+    def _handle(self) -> Optional[int]:
+        """The libgpulaunch communicator's handle when it can copy this group's host tensors."""
+        return self._native.handle(self.rank, self.world_size, self.round if self.enabled else None)
+
     def _agree(self, done: int) -> tuple[int, int, int, bool, bool]:
         """(step, root, survivors, copy, mine) as gpl_reform_agree decides."""
         a = _sc.agree(self._torch, self._dist, self.rank, self.world_size, done, self._device(),
-                      self._native_handle() is not None)
+                      self._handle() is not None)
         self._agreement = a
         return a.step, a.root, a.survivors, a.copy, a.mine
 
@@ -586,7 +538,7 @@ class Elastic:
         process group's send/recv."""
         a = self._agreement
         assert a is not None
-        h = self._native_handle() if a.native else None
+        h = self._handle() if a.native else None
         if a.native and h is None:
             raise ConnectionError(f"gpulaunch: rank {self.rank}: the libgpulaunch communicator left "
                                   f"round {self.round} during the copy")
@@ -669,7 +621,7 @@ class Elastic:
                         raise Error(N.GPL_ERR_STATE, "gpulaunch: Elastic makes the process group itself "
                                     "(it must know its connections): create none before start()",
                                     "GPL_ERR_STATE")
-                    self._make_comm()
+                    self._native.make(self.rank)
                     self._make_group(os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 29500))
                 else:
                     self._join(r, deadline)
@@ -771,8 +723,8 @@ class Elastic:
             self._formed_seq = r.seq
         self.round = r.round
         self._adopt_env(r)
-        self._reform_comm(r, deadline)
-        self._make_comm()
+        self._native.reform(r.round, deadline)
+        self._native.make(self.rank)
         self._make_group(r.master_addr, r.master_port)
         _beat()  # the watchdog judges this worker again once every local one took the round
         N.fn("gpl_round_ack")(r.round)
@@ -800,9 +752,7 @@ class Elastic:
         if self._own_group and self._dist.is_initialized():
             self._dist.destroy_process_group()
         self._own_group = False
-        if self._own_comm is not None:
-            self._own_comm.close()
-            self._own_comm = None
+        self._native.close()
 
     def __enter__(self) -> "Elastic":
         return self
