@@ -735,7 +735,7 @@ int main(int argc, char **argv) {
         /* a new node of an elastic job may start its workers before it has a
          * round when they get the round block (gl_warm.h) */
         .warm = L.cfg.mode == GL_MODE_DYNAMIC && L.cfg.min_nodes < L.cfg.max_nodes &&
-                gl_group_channel(&L.cfg),
+                gl_group_channel(&L.cfg) && L.cfg.warm_start_s > 0,
     };
     rdzv_client_callbacks cb = {.on_assigned = on_assigned,
                                 .on_round_over = on_round_over,
@@ -771,7 +771,7 @@ int main(int argc, char **argv) {
     gl_notice_client(L.cli);
     gl_warm_callbacks wcb = {.live = warm_live, .gone = warm_gone, .stop = warm_stop};
     if (jp.warm) /* only an elastic job takes in new nodes */
-        gl_warm_init(&W, L.loop, L.cli, L.cfg.nproc, &wcb);
+        gl_warm_init(&W, L.loop, L.cli, L.cfg.nproc, (uint32_t)(L.cfg.warm_start_s * 1000), &wcb);
     uv_run(L.loop, UV_RUN_DEFAULT);
     return L.exit_code;
 }

@@ -85,6 +85,8 @@ static const gl_opt table[GL_OPT_COUNT] = {
                              "seconds, auto, auto:FLOOR_SECONDS or 0 (off)"},
     [GL_STATS_INTERVAL] = {GL_STATS_INTERVAL, "stats-interval", 0, 0, "5",
                            "seconds between per-rank summaries to the rendezvous (0: off)"},
+    [GL_WARM_START_TIMEOUT] = {GL_WARM_START_TIMEOUT, "warm-start-timeout", 0, 0, "120",
+                               "seconds, at most 3600 (0: no warm join)"},
     [GL_GPU_HEALTH] = {GL_GPU_HEALTH, "gpu-health", 0, 0, "refuse", "refuse, warn or off"},
     [GL_GPU_MONITOR_INTERVAL] = {GL_GPU_MONITOR_INTERVAL, "gpu-monitor-interval", 0, 0, "10",
                                  "seconds between GPU samples (0: none), at least 0.1"},
@@ -140,6 +142,9 @@ const char gl_usage[] =
     "                              restarts (auto, default: 10x the slowest step after 5\n"
     "                              steps, at least FLOOR = 300 s; docs/health.md)\n"
     "  --stats-interval S          per-rank step time summaries to the rendezvous (default 5)\n"
+    "  --warm-start-timeout S      a new node of an elastic job whose workers re-form in place\n"
+    "                              starts them before its round; given up after S s (default\n"
+    "                              120; 0: start them in their round, as torchrun does)\n"
     "  --gpu-health refuse|warn|off   NVML checks of each bound GPU before workers start\n"
     "                              (retired pages, row remapping, uncorrectable ECC, lost\n"
     "                              GPU, NVLink down, clock slowdowns, MIG layout); refuse\n"

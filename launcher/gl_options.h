@@ -64,6 +64,7 @@ enum gl_opt_id {
     GL_SLURM,
     GL_PROGRESS_TIMEOUT,
     GL_STATS_INTERVAL,
+    GL_WARM_START_TIMEOUT,
     GL_GPU_HEALTH,
     GL_GPU_MONITOR_INTERVAL,
     GL_GPU_IDLE_ALERT,
@@ -106,6 +107,7 @@ typedef struct gl_config {
     int progress_auto;         /* --progress-timeout auto[:FLOOR] */
     double progress_floor_s;   /* auto's floor */
     double stats_interval_s;   /* --stats-interval; 0: off */
+    double warm_start_s;       /* --warm-start-timeout; 0: no warm join (gl_warm.h) */
     /* GPU health (docs/gpu-health.md) */
     int gpu_health;        /* GL_GPU_HEALTH_* (gl_nvml.h) */
     double gpu_interval_s; /* --gpu-monitor-interval; 0: no sampling */

@@ -330,6 +330,10 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
     if (*end || end == c->val[GL_STATS_INTERVAL] || !(c->stats_interval_s >= 0) ||
         (c->stats_interval_s > 0 && c->stats_interval_s < 0.1) || c->stats_interval_s > 3600)
         return gl_opt_bad(err, errlen, GL_STATS_INTERVAL, c->val[GL_STATS_INTERVAL]);
+    c->warm_start_s = strtod(c->val[GL_WARM_START_TIMEOUT], &end);
+    if (*end || end == c->val[GL_WARM_START_TIMEOUT] || !(c->warm_start_s >= 0) ||
+        c->warm_start_s > 3600)
+        return gl_opt_bad(err, errlen, GL_WARM_START_TIMEOUT, c->val[GL_WARM_START_TIMEOUT]);
     int rg = resolve_gpu(c, err, errlen);
     if (rg)
         return rg;

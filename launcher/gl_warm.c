@@ -30,12 +30,13 @@ static void on_tick(uv_timer_t *t) {
                     "gpulaunch: the %d workers started in %.0f ms and wait for their first round: "
                     "the job's round ends to take this node in\n",
                     w->nproc, (double)(now - w->start_ns) / 1e6);
-        } else if (now - w->start_ns > (uint64_t)GL_WARM_START_MS * 1000000u) {
+        } else if (now - w->start_ns > (uint64_t)w->start_ms * 1000000u) {
             char why[200];
             snprintf(why, sizeof why,
-                     "not every one said within %d s that it re-forms in place: does the program "
-                     "make its communicator, or gpulaunch.Elastic, at its start?",
-                     GL_WARM_START_MS / 1000);
+                     "not every one said within %.0f s that it re-forms in place (--warm-start-"
+                     "timeout): does the program make its communicator, or gpulaunch.Elastic, at "
+                     "its start?",
+                     w->start_ms / 1000.0);
             gl_warm_give_up(w, why);
         }
     }
@@ -44,7 +45,7 @@ static void on_tick(uv_timer_t *t) {
     say(w);
 }
 
-void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
+void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc, uint32_t start_ms,
                   const gl_warm_callbacks *cb) {
     void *data = w->data;
     memset(w, 0, sizeof *w);
@@ -52,11 +53,11 @@ void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
     w->loop = loop;
     w->cli = cli;
     w->nproc = nproc;
+    w->start_ms = start_ms;
     w->cb = *cb;
     uv_timer_init(loop, &w->tick);
     w->tick.data = w;
     uv_timer_start(&w->tick, on_tick, GL_WARM_TICK_MS, GL_WARM_TICK_MS);
-    w->inited = 1;
 }
 
 void gl_warm_start(gl_warm *w, const char *run_id, uint32_t members) {
@@ -83,11 +84,3 @@ void gl_warm_give_up(gl_warm *w, const char *why) {
 void gl_warm_assigned(gl_warm *w) { w->phase = GL_WARM_NONE; }
 
 enum gl_warm_phase gl_warm_phase(const gl_warm *w) { return w->phase; }
-
-void gl_warm_close(gl_warm *w) {
-    if (!w->inited)
-        return;
-    uv_timer_stop(&w->tick);
-    uv_close((uv_handle_t *)&w->tick, NULL);
-    w->inited = 0;
-}

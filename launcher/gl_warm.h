@@ -8,7 +8,7 @@
  * does the round end to take the node in: the others stop for the
  * re-formation and the state copy alone, not for the new workers' start
  * (importing PyTorch, setting up CUDA). Workers that do not get there within
- * GL_WARM_START_MS, or exit, are given up (the owner stops them), and READY
+ * --warm-start-timeout (120 s), or exit, are given up (the owner stops them), and READY
  * follows once they are gone: the node is taken in and started as today. */
 #ifndef GPULAUNCH_GL_WARM_H
 #define GPULAUNCH_GL_WARM_H
@@ -18,8 +18,7 @@
 
 #include "gpulaunch/rdzv.h"
 
-#define GL_WARM_TICK_MS 20      /* how often the workers' reform_ok is looked at */
-#define GL_WARM_START_MS 120000 /* from a warm join's start to every worker waiting */
+#define GL_WARM_TICK_MS 20 /* how often the workers' reform_ok is looked at */
 
 enum gl_warm_phase {
     GL_WARM_NONE = 0,     /* no warm start under way */
@@ -44,7 +43,8 @@ struct gl_warm {
     /* private */
     uv_loop_t *loop;
     rdzv_client *cli;
-    int nproc, inited;
+    int nproc;
+    uint32_t start_ms; /* --warm-start-timeout: from the start to every worker waiting */
     enum gl_warm_phase phase;
     uint64_t start_ns;
     uint16_t said;
@@ -52,18 +52,18 @@ struct gl_warm {
     gl_warm_callbacks cb;
 };
 
-/* Looks at the workers every GL_WARM_TICK_MS and tells cli what they can do. */
-void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc,
+/* Looks at the workers every GL_WARM_TICK_MS and tells cli what they can do;
+ * workers started before their round get start_ms to all wait for it. */
+void gl_warm_init(gl_warm *w, uv_loop_t *loop, rdzv_client *cli, int nproc, uint32_t start_ms,
                   const gl_warm_callbacks *cb);
 /* The workers are started before their round (job run_id's join is held:
  * its `members` nodes re-form in place). */
 void gl_warm_start(gl_warm *w, const char *run_id, uint32_t members);
 /* They are given up (why: one exited, or could not start): said, cb.stop,
- * and READY once cb.gone. Also after GL_WARM_START_MS without them all. */
+ * and READY once cb.gone. Also after --warm-start-timeout (120 s) without them all. */
 void gl_warm_give_up(gl_warm *w, const char *why);
 /* A round took this node in: the warm start is over. */
 void gl_warm_assigned(gl_warm *w);
 enum gl_warm_phase gl_warm_phase(const gl_warm *w);
-void gl_warm_close(gl_warm *w);
 
 #endif

@@ -253,6 +253,8 @@ Test(options, refusals) {
         {{"--progress-timeout", "autox", "prog"}, "--progress-timeout: 'autox'"},
         {{"--stats-interval", "0.01", "prog"}, "--stats-interval: '0.01'"},
         {{"--stats-interval", "3601", "prog"}, "--stats-interval: '3601'"},
+        {{"--warm-start-timeout", "-1", "prog"}, "--warm-start-timeout: '-1'"},
+        {{"--warm-start-timeout", "3601", "prog"}, "--warm-start-timeout: '3601'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *argv[8] = {"gpulaunch"};

@@ -439,29 +439,34 @@ def test_a_rank_alone_re_forms_when_a_node_comes_and_goes(job: Job, program: str
 
 @pytest.mark.skipif(bool(os.environ.get("GPULAUNCH_TEST_SECOND_TORCH")),
                     reason="torch-independent (dp_train): run under the first interpreter only")
-def test_a_new_node_whose_workers_cannot_wait_for_a_round_joins_as_before(job: Job) -> None:
-    """(h) a warm join given up: the new node's workers exit when started
-    before their round (a program that cannot wait for it); its launcher
-    stops waiting for them, is taken in as a new node and starts them in
-    their round (no restart counted); the running rank re-forms in place and
-    the new one copies its state."""
+@pytest.mark.parametrize("how", ["exit", "never_wait"])
+def test_a_new_node_whose_workers_cannot_wait_for_a_round_joins_as_before(job: Job, how: str) -> None:
+    """(h) a warm join given up: the new node's workers, started before
+    their round, exit (a program that cannot wait for it) or never say they
+    wait (past --warm-start-timeout, here 2 s); its launcher stops them, is
+    taken in as a new node and starts them in their round (no restart
+    counted); the running rank re-forms in place and the new one copies its
+    state."""
     dp = str(BUILD / "examples" / "dp_train")
     common = [str(LAUNCHER), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "gpulaunch",
               "--rdzv-endpoint", f"127.0.0.1:{job.port}", "--rdzv-id", "cold",
-              "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "0"]
+              "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "0",
+              "--warm-start-timeout", "2"]
     prog = [dp, "--reform", "--steps", "1500", "--step-sleep-ms", "5"]
     first = job.start("first", [*common, *prog])
     wait_for(job, [first], r"^first step in a world of 1: step \d+$", 1, 120)
     time.sleep(1.0)  # its launcher says LIVE within 20 ms of the worker; slack for a loaded machine
-    cant = ('[ -z "$GPULAUNCH_ROUND_PENDING" ] || { echo "cannot wait for a round"; exit 3; }; '
-            'exec "$@"')
+    early = ('echo "cannot wait for a round"; exit 3' if how == "exit"
+             else 'echo "started early, never waits"; exec sleep 600')
+    cant = f'[ -z "$GPULAUNCH_ROUND_PENDING" ] || {{ {early}; }}; exec "$@"'
     new = job.start("new", [*common, "--no-python", "sh", "-c", cant, "sh", *prog])
     for p in (first, new):
         assert p.wait(120) == 0, job.dump()
     out = new.text()
     assert "starting the 1 workers before this node joins" in out, job.dump()
-    assert "cannot wait for a round" in out and "are given up (local rank 0 failed before it had a round)" in out, \
-        job.dump()
+    why = ("local rank 0 failed before it had a round" if how == "exit"
+           else "not every one said within 2 s that it re-forms in place (--warm-start-timeout)")
+    assert f"are given up ({why}" in out, job.dump()
     assert "restarting workers" not in out and "restarting workers" not in first.text(), job.dump()
     assert new.find(r"^rank 1: joined round \d+ with 1 ranks that kept their state: parameters of step \d+ "
                     r"copied from rank 0"), job.dump()
