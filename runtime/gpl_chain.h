@@ -1,4 +1,4 @@
-/* Point-to-point TCP between chosen ranks (gpl_ring.c), for the state copy
+/* Point-to-point TCP between chosen ranks (gpl_chain.c), for the state copy
  * of a re-formed round (gpl_copy_state): the rank that has the state feeds
  * the first rank that needs it, which forwards each byte to the next as soon
  * as it has it, and so on (a pipelined chain). Each link is CHAIN_FLOWS TCP
@@ -8,8 +8,8 @@
  * node ring and shared memory are not used. A rank on the
  * same node as the one that feeds it reads the state from that rank's
  * memory (one copy instead of a socket's two) where the kernel allows. */
-#ifndef GPULAUNCH_GPL_RING_H
-#define GPULAUNCH_GPL_RING_H
+#ifndef GPULAUNCH_GPL_CHAIN_H
+#define GPULAUNCH_GPL_CHAIN_H
 
 #include <stddef.h>
 #include <stdint.h>
