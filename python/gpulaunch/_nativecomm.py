@@ -52,18 +52,23 @@ class NativeComm:
             return None
         return int(h)
 
-    def reform(self, round_: int, deadline: float) -> None:
-        """Into round_ in place (gpl_reform), unless it is there already."""
+    def reform(self, round_: int, deadline: float) -> int:
+        """Into round_ in place (gpl_reform), unless it is there already;
+        returns the round it is in then (-1: none). gpl_reform goes on by
+        itself to a round that follows while round_ is being made: the
+        caller's round is over then."""
         comm = self.comm()
         h = getattr(comm, "_h", None)
-        if comm is None or not h or N.fn("gpl_round")(h) >= round_:
-            return
-        ms = max(1, int((deadline - time.monotonic()) * 1000))
-        rc = N.fn("gpl_reform")(h, ms)
-        if rc != N.GPL_OK:
-            raise Error(rc, N.last_error(h, rc))
-        L = N.lib()
-        comm.rank, comm.world_size = L.gpl_rank(h), L.gpl_world_size(h)
+        if comm is None or not h:
+            return -1
+        if N.fn("gpl_round")(h) < round_:
+            ms = max(1, int((deadline - time.monotonic()) * 1000))
+            rc = N.fn("gpl_reform")(h, ms)
+            if rc != N.GPL_OK:
+                raise Error(rc, N.last_error(h, rc))
+            L = N.lib()
+            comm.rank, comm.world_size = L.gpl_rank(h), L.gpl_world_size(h)
+        return int(N.fn("gpl_round")(h))
 
     def close(self) -> None:
         """Closes the one made here (a Checkpointer's is its own)."""

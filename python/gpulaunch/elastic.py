@@ -723,7 +723,10 @@ class Elastic:
             self._formed_seq = r.seq
         self.round = r.round
         self._adopt_env(r)
-        self._native.reform(r.round, deadline)
+        if self._native.reform(r.round, deadline) > r.round:
+            # round r ended while the communicator was made for it, which went
+            # on to the next one: this group's round is over before it is made
+            raise _RoundMoved(r.round)
         self._native.make(self.rank)
         self._make_group(r.master_addr, r.master_port)
         _beat()  # the watchdog judges this worker again once every local one took the round
