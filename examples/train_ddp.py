@@ -101,11 +101,15 @@ the host tensors, else the process group's backend; C: the copy alone, from
 the agreement's end).
 Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
-per process, saying `rank R holding before step S`, until it is killed or its
+per process, saying `rank R holding before step S` (every rank says `rank R
+reached step S` when its steps before S are done), until it is killed or its
 round ends (the other ranks wait for it in the step's all-reduce, so a fault
 injected then comes at a known step); --reform-fail-rank R makes rank R exit
 (code 3) instead of re-forming the first time, so that its launcher falls back
-to a restart.
+to a restart; --stall R:S makes rank R's first all-reduce of step S one that
+never returns, once per process, saying `rank R stalling an all-reduce of step
+S` (as a Gloo one cut off mid-way can: gpulaunch.Elastic frees the step when
+the round ends).
 """
 
 from __future__ import annotations
@@ -118,7 +122,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 # cuBLAS is deterministic only with a fixed workspace; it reads this at its
 # first use, so it is set before torch is imported.
@@ -275,6 +279,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="survive a lost or added node in place (gpulaunch.Elastic)")
     ap.add_argument("--hold", action="append", default=[], metavar="R:S", help=argparse.SUPPRESS)
     ap.add_argument("--reform-fail-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--stall", default=None, metavar="R:S", help=argparse.SUPPRESS)
     ap.add_argument("--local-rank", "--local_rank", type=int, default=None,
                     help=argparse.SUPPRESS)  # torch.distributed.launch passes it
     a = ap.parse_args(argv)
@@ -300,7 +305,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         a.hold = {tuple(int(v) for v in h.split(":", 1)) for h in a.hold}
     except ValueError:
         ap.error(f"--hold takes RANK:STEP, not {a.hold}")
+    try:
+        a.stall = tuple(int(v) for v in a.stall.split(":", 1)) if a.stall else None
+        assert a.stall is None or len(a.stall) == 2
+    except (ValueError, AssertionError):
+        ap.error(f"--stall takes RANK:STEP, not {a.stall}")
     return a
+
+
+def stalling(inner: Any, at: tuple[int, int], now: Callable[[], tuple[int, int]]) -> Any:
+    """--stall: a DDP hook around inner (DDP's all-reduce when None) whose
+    first call at (rank, step) `at` returns a future that never completes."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    call = inner if inner is not None else default_hooks.allreduce_hook
+    stalled = False
+
+    def hook(state: Any, bucket: Any) -> Any:
+        nonlocal stalled
+        if now() == at and not stalled:
+            stalled = True
+            print(f"rank {at[0]} stalling an all-reduce of step {at[1]}", flush=True)
+            return torch.futures.Future()
+        return call(state, bucket)
+
+    hook.__annotations__ = {}  # DDP checks a hook's annotations against torch's own types
+    return hook
 
 
 def main(argv: list[str]) -> int:
@@ -438,6 +468,10 @@ def main(argv: list[str]) -> int:
         hook = glp.allreduce_hook
         progress = glp.progress
 
+    done = 0  # steps completed: this rank's optimizer stepped
+    if a.stall is not None:
+        hook = stalling(hook, a.stall, lambda: (rank, done))
+
     # --reform: the sequences every rank trained on so far, the extra state
     # a new rank copies with the model (a stand-in for a data loader's place)
     samples = 0
@@ -496,6 +530,8 @@ def main(argv: list[str]) -> int:
     preempted_at: Optional[int] = None
     round_errors: tuple[type[BaseException], ...] = el.round_errors if el is not None else ()
     held: set[tuple[int, int]] = set()
+    hold_steps = {s for _, s in a.hold}
+    reached: set[int] = set()
     failed_once = False
     done = start  # steps completed: this rank's optimizer stepped
     first = True  # the first step in this world is still to come
@@ -506,6 +542,9 @@ def main(argv: list[str]) -> int:
                 settle()
             while done < a.steps:
                 step = done
+                if step in hold_steps and step not in reached:
+                    reached.add(step)  # this rank's steps before it are done (tests wait for it)
+                    print(f"rank {rank} reached step {step}", flush=True)
                 if (rank, step) in a.hold and (rank, step) not in held:
                     held.add((rank, step))
                     print(f"rank {rank} holding before step {step}", flush=True)

@@ -99,3 +99,14 @@ def thread_state(tid: int) -> str:
         return ""
     rest = stat[stat.rfind(")") + 2:]
     return rest[:1]
+
+
+def thread_wchan(tid: int) -> str:
+    """Where in the kernel this process's thread tid waits ("" when not
+    known)."""
+    try:
+        with open(f"/proc/self/task/{tid}/wchan") as f:
+            w = f.read().strip()
+    except OSError:
+        return ""
+    return "" if w == "0" else w

@@ -47,12 +47,14 @@ the round is over, shuts down the process group's TCP connections (Gloo has
 no abort; they are the sockets that appeared while the group was made, the
 Gloo full mesh and the store), or aborts a NCCL group (and shuts down its
 store connections). The collective then raises in the training thread, also
-when the peer vanished without closing its sockets. Gloo does not fail a
-transfer cut mid-way: a training thread that has not run for stuck_exit_s
-after the break is taken to be stuck in one, and the worker exits (its
-launcher restarts it). The program reaches the model through el.ddp, which is
-a new DDP after every reform(); el.round_over says whether the launcher ended
-this rank's round.
+when the peer vanished without closing its sockets. A Gloo collective cut
+off mid-way can outlive that (_gloofree.py): DDP's all-reduces go through a
+hook whose futures the watcher fails 2 s after the round's end. A training
+thread that has not run for stuck_exit_s after the break is taken to be
+stuck in another collective, and the worker exits (its launcher restarts
+it). The program reaches the model through el.ddp, which is a new DDP after
+every reform(); el.round_over says whether the launcher ended this rank's
+round.
 
 Outside gpulaunch, or under a launcher that does not hand rounds over,
 round_errors is () and reform() re-raises: the program runs as it would
@@ -72,15 +74,22 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Callable, Optional
 
 from . import _native as N
 from . import _procfs
 from . import _statecopy as _sc
 from ._firstround import await_round
+from ._gloofree import Parked, RoundGuard
 from ._nativecomm import NativeComm
+from ._roundview import _moved, _Round, _RoundMoved
 from ._native import Error
 from .progress import _wait_fns, progress
+
+# after a break, how long DDP's all-reduces on the broken Gloo group have to
+# end by themselves before they are failed (_gloofree.py)
+_FREE_AFTER_S = 2.0
 
 # a store client's connection attempt: short, so that a round that ends while
 # its master is not there yet is seen between attempts
@@ -106,43 +115,6 @@ class Reformed:
     why: str  # why the round before ended
     via: str = ""  # how the host tensors were copied: "gpulaunch" (gpl_copy_state), "gloo" or "nccl"; "": none
     copy_s: float = 0.0  # the copy alone (from the agreement's end to the copy's return); 0: none
-
-
-@dataclasses.dataclass(frozen=True)
-class _Round:
-    seq: int
-    state: int
-    round: int
-    node_rank: int
-    nnodes: int
-    base_rank: int
-    world_size: int
-    master_port: int
-    restarts: int
-    master_addr: str
-    why: str
-    seen: float  # time.monotonic() when the watcher read it
-
-    @classmethod
-    def of(cls, c: N.RoundInfo) -> "_Round":
-        return cls(
-            c.seq, c.state, c.round, c.node_rank, c.nnodes, c.base_rank, c.world_size, c.master_port,
-            c.restarts, c.master_addr.decode(errors="replace"), c.why.decode(errors="replace"),
-            time.monotonic(),
-        )
-
-
-def _moved(r: _Round, formed_seq: int) -> bool:
-    """The launcher said something since the round block's seq was formed_seq
-    (a round's end, the next round, or a restart)."""
-    return r.seq != formed_seq and r.state != N.ROUND_RUNNING
-
-
-class _RoundMoved(RuntimeError):
-    """The round being formed ended meanwhile."""
-
-    def __init__(self, round_: int) -> None:
-        super().__init__(f"gpulaunch: round {round_} ended while it was being joined")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -224,12 +196,15 @@ class Elastic:
         self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
         self._agreement: Optional[_sc.Agreement] = None  # the last agreement (its copy's chain, ...)
         self._native = NativeComm(checkpointer)  # the communicator host tensors are copied by
+        self._guard = RoundGuard(torch)  # DDP's futures, failed at the round's end (Gloo)
+        self._parked = Parked()  # groups whose Gloo works did not end
         self._via = ""  # how the last copy moved the host tensors
         self._copy_s = 0.0  # how long the last copy took
         self._broken_at = 0.0  # when the watcher broke this group (0: not)
         self._handled = True  # the training thread has left the broken group behind
         self._still_since = 0.0  # since when the training thread has not run
         self._trainer = threading.get_native_id()
+        self._trainer_ident = threading.get_ident()
         self._stop = threading.Event()
         self._watcher: Optional[threading.Thread] = None
         self.enabled = self._enable()
@@ -282,6 +257,7 @@ class Elastic:
             # the GIL is released meanwhile; after a break, the trainer is looked at often
             rc = wait(seq, 1000 if self._handled else 100, ctypes.byref(info))
             if rc == N.GPL_ERR_TIMEOUT:
+                self._fail_futures()
                 self._check_stuck()
                 continue
             if rc != N.GPL_OK:
@@ -293,7 +269,23 @@ class Elastic:
                 if self._forming and self._moved_locked():
                     self._break_locked()
                 self._changed.notify_all()
+            self._fail_futures()
             self._check_stuck()
+
+    def _fail_futures(self) -> None:
+        """_FREE_AFTER_S after a break, the DDP all-reduces still pending on
+        the broken Gloo group fail (not at once: one that had what it needs
+        when the connections were shut down completes; its callbacks may be
+        waiting for the interpreter's lock)."""
+        with self._lock:
+            at = self._broken_at
+            if self._handled or not at or time.monotonic() - at < _FREE_AFTER_S:
+                return
+        n = self._guard.fail(f"gpulaunch: rank {self.rank}: round {self.round} ended")
+        if n:
+            sys.stderr.write(f"gpulaunch: rank {self.rank}: {n} of DDP's all-reduces had not ended "
+                             f"{_FREE_AFTER_S:.0f} s after round {self.round} ended (a Gloo transfer "
+                             "cut mid-way): failed, so that the step re-forms\n")
 
     def _check_stuck(self) -> None:
         """Gloo does not fail a transfer that the shutdown cut mid-way (a send
@@ -316,10 +308,17 @@ class Elastic:
         sys.stderr.write(
             f"gpulaunch: rank {self.rank}: still blocked {blocked:.1f} s after round {self.round} "
             "ended (Gloo fails a transfer cut mid-way only at the group's timeout); exiting so "
-            "that the launcher restarts this node's workers\n"
+            f"that the launcher restarts this node's workers; it waits in the kernel at "
+            f"{_procfs.thread_wchan(self._trainer) or '?'}, in Python at:\n{self._trainer_stack()}"
         )
         sys.stderr.flush()
         os._exit(1)
+
+    def _trainer_stack(self) -> str:
+        frame = sys._current_frames().get(self._trainer_ident)
+        if frame is None:
+            return "  (not found)\n"
+        return "".join(traceback.format_stack(frame)[-8:])
 
     def _moved_locked(self) -> bool:
         """The round block moved on from the round the group was made for."""
@@ -406,6 +405,7 @@ class Elastic:
             self._owned = None
             self._store_port = port if self.backend == "nccl" else 0
             self._broken_at = 0.0
+            self._guard.reset()
             self._forming = True
         timeout = self._timeout or datetime.timedelta(minutes=30)
         give_up = time.monotonic() + timeout.total_seconds()
@@ -459,16 +459,25 @@ class Elastic:
             self._forming = False  # the watcher leaves these sockets alone from now on
             self._owned = None
         self.ddp = None
+        self._destroy_group()
+        for p in self.model.parameters():
+            p.grad = None  # a failed step's partial gradients
+        with self._lock:
+            self._handled = True
+
+    def _destroy_group(self) -> None:
+        """The process group made here, gone; parked while Gloo works of it
+        have not ended (destroying it would wait for them)."""
         if self._own_group and self._dist.is_initialized():
+            busy = self._guard.unfinished()
+            if busy:
+                self._parked.park(self._dist.distributed_c10d._get_default_group(), busy)
             try:
                 self._dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - a broken group may fail to say goodbye
                 pass
         self._own_group = False
-        for p in self.model.parameters():
-            p.grad = None  # a failed step's partial gradients
-        with self._lock:
-            self._handled = True
+        self._parked.release()
 
     def _make_ddp(self, sync: bool) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -497,6 +506,8 @@ class Elastic:
         hook = self._comm_hook
         if self.enabled and self.world_size == 1:
             hook = self._alone_hook(hook)
+        if self.enabled and self.backend == "gloo" and all(p.device.type == "cpu" for p in self.model.parameters()):
+            hook = self._guard.wrap(hook)  # (the futures it makes hold host tensors)
         if hook is not None:
             self.ddp.register_comm_hook(None, hook)
 
@@ -602,7 +613,7 @@ class Elastic:
         step, None for none) or 0. A round that ends meanwhile is waited
         for and joined as in reform()."""
         t0 = time.monotonic()
-        self._trainer = threading.get_native_id()
+        self._trainer, self._trainer_ident = threading.get_native_id(), threading.get_ident()
         dist = self._dist
         done = -1
         loaded = False
@@ -654,7 +665,7 @@ class Elastic:
         steps the job goes on after (the next step to run). Re-raises the
         error when the round did not end within round_end_wait_s."""
         t0 = time.monotonic()
-        self._trainer = threading.get_native_id()
+        self._trainer, self._trainer_ident = threading.get_native_id(), threading.get_ident()
         err = sys.exc_info()[1]
         if not self.enabled:
             if err is not None:
@@ -752,9 +763,8 @@ class Elastic:
             self._forming = False
             self._owned = None
         self.ddp = None
-        if self._own_group and self._dist.is_initialized():
-            self._dist.destroy_process_group()
-        self._own_group = False
+        self._destroy_group()
+        self._parked.close()
         self._native.close()
 
     def __enter__(self) -> "Elastic":
