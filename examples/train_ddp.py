@@ -301,16 +301,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"--slow-factor must be from 1 to 100, not {a.slow_factor}")
     if a.pg_timeout_s is not None and a.pg_timeout_s <= 0:
         ap.error(f"--pg-timeout-s must be above 0, not {a.pg_timeout_s}")
-    try:
-        a.hold = {tuple(int(v) for v in h.split(":", 1)) for h in a.hold}
-    except ValueError:
-        ap.error(f"--hold takes RANK:STEP, not {a.hold}")
-    try:
-        a.stall = tuple(int(v) for v in a.stall.split(":", 1)) if a.stall else None
-        assert a.stall is None or len(a.stall) == 2
-    except (ValueError, AssertionError):
-        ap.error(f"--stall takes RANK:STEP, not {a.stall}")
+    a.hold = {rank_step(ap, "--hold", h) for h in a.hold}
+    a.stall = rank_step(ap, "--stall", a.stall) if a.stall is not None else None
     return a
+
+
+def rank_step(ap: argparse.ArgumentParser, flag: str, text: str) -> tuple[int, int]:
+    """RANK:STEP of --hold and --stall."""
+    rank, sep, step = text.partition(":")
+    try:
+        if sep:
+            return int(rank), int(step)
+    except ValueError:
+        pass
+    ap.error(f"{flag} takes RANK:STEP, not {text!r}")
 
 
 def stalling(inner: Any, at: tuple[int, int], now: Callable[[], tuple[int, int]]) -> Any:

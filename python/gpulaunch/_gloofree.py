@@ -31,20 +31,21 @@ class RoundGuard:
         self._torch = torch
         self._lock = threading.Lock()
         self._why: Optional[str] = None  # the round ended: why
-        self._pending: dict[int, tuple[Any, Any]] = {}  # id -> (outer, inner)
-        self._inner: list[Any] = []  # every inner future of this round
+        self._pending: dict[int, tuple[Any, Any]] = {}  # id -> (outer, inner): in flight
+        self._abandoned: list[Any] = []  # inner futures whose outer fail() failed
 
     def reset(self) -> None:
         """A new group: nothing failed, nothing pending."""
         with self._lock:
             self._why = None
             self._pending = {}
-            self._inner = []
+            self._abandoned = []
 
     def unfinished(self) -> list[Any]:
         """This round's Gloo works that have not ended."""
         with self._lock:
-            return [f for f in self._inner if not f.done()]
+            inner = self._abandoned + [f for _, f in self._pending.values()]
+        return [f for f in inner if not f.done()]
 
     def fail(self, why: str) -> int:
         """Fails every future DDP waits on, and any started from now on;
@@ -53,6 +54,7 @@ class RoundGuard:
             if self._why is None:
                 self._why = why
             outers = [o for o, _ in self._pending.values()]
+            self._abandoned += [f for _, f in self._pending.values()]
             self._pending = {}
         for o in outers:
             o.set_exception(RuntimeError(why))
@@ -83,7 +85,6 @@ class RoundGuard:
                     why = self._why
                 else:
                     self._pending[key] = (outer, fut)
-                    self._inner.append(fut)
             if why is not None:
                 outer.set_exception(RuntimeError(why))
                 return outer

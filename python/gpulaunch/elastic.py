@@ -506,7 +506,8 @@ class Elastic:
         hook = self._comm_hook
         if self.enabled and self.world_size == 1:
             hook = self._alone_hook(hook)
-        if self.enabled and self.backend == "gloo" and all(p.device.type == "cpu" for p in self.model.parameters()):
+        host = all(p.device.type == "cpu" for p in self.model.parameters())
+        if self.enabled and self.backend == "gloo" and host:
             hook = self._guard.wrap(hook)  # (the futures it makes hold host tensors)
         if hook is not None:
             self.ddp.register_comm_hook(None, hook)

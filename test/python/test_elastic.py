@@ -191,6 +191,23 @@ def three_nodes(job: Job, *args: str) -> tuple[list[Proc], Proc]:
     return nodes, held
 
 
+def kill_held(job: Job, nodes: list[Proc], held: Proc) -> tuple[list[Proc], float]:
+    """The held node SIGKILLed; the survivors run to their end without
+    restarting a worker. Returns them and the seconds from the kill to the
+    first step in the 4-rank world."""
+    survivors = [p for p in nodes if p is not held]
+    before = {p.name: pids(p) for p in survivors}
+    t_kill = time.monotonic()
+    held.signal(signal.SIGKILL)
+    for p in survivors:
+        assert p.wait(120) == 0, job.dump()
+    held.wait(10)
+    took = first_step_after(job, survivors, 4, t_kill)
+    for p in survivors:
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    return survivors, took
+
+
 def pids(p: Proc) -> set[int]:
     return {int(m[1]) for _, m in p.find(r"^rank \d+ pid (\d+) round \d+$")}
 
@@ -236,16 +253,7 @@ def test_node_killed_survivors_go_on_as_a_restart_would(job: Job, tmp_path: Path
         assert time.monotonic() < until, job.dump()
         time.sleep(0.05)
     shutil.copytree(ck, ck_copy)
-    survivors = [p for p in nodes if p is not held]
-    before = {p.name: pids(p) for p in survivors}
-    t_kill = time.monotonic()
-    held.signal(signal.SIGKILL)
-    for p in survivors:
-        assert p.wait(120) == 0, job.dump()
-    held.wait(10)
-    took = first_step_after(job, survivors, 4, t_kill)
-    for p in survivors:
-        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    survivors, took = kill_held(job, nodes, held)
     got = reformed(survivors)
     assert len(got) == 4, job.dump()
     for m in got:
@@ -364,17 +372,9 @@ def test_an_all_reduce_that_never_returns_is_freed_by_the_rounds_end(job: Job) -
     when the round ends all the same, and every survivor re-forms in place
     (before, rank 2 stayed blocked, exited after 5 s and its node restarted)."""
     nodes, held = three_nodes(job, "--steps", "30", "--print-every", "10", "--stall", f"2:{HOLD}")
-    survivors = [p for p in nodes if p is not held]
-    wait_for(job, survivors, rf"^rank 2 stalling an all-reduce of step {HOLD}$", 1, 60)
-    before = {p.name: pids(p) for p in survivors}
-    t_kill = time.monotonic()
-    held.signal(signal.SIGKILL)
+    wait_for(job, nodes, rf"^rank 2 stalling an all-reduce of step {HOLD}$", 1, 60)
+    survivors, took = kill_held(job, nodes, held)
     for p in survivors:
-        assert p.wait(120) == 0, job.dump()
-    held.wait(10)
-    took = first_step_after(job, survivors, 4, t_kill)
-    for p in survivors:
-        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
         assert not p.find(r"still blocked"), job.dump()
     got = reformed(survivors)
     assert sorted(int(m["rank"]) for m in got) == [0, 1, 2, 3], job.dump()
@@ -511,3 +511,45 @@ def test_a_new_node_whose_workers_cannot_wait_for_a_round_joins_as_before(job: J
     assert first.find(r"^rank 0 \(was 0\): round 2 re-formed in place, world 2"), job.dump()
     sha = shas([first, new])
     assert sorted(sha) == [0, 1] and len(set(sha.values())) == 1, job.dump()
+
+
+def test_round_guard_fails_what_is_in_flight_and_keeps_nothing_else() -> None:
+    """The hook Elastic puts around DDP's all-reduce on Gloo: an all-reduce
+    that ends hands its value on and is forgotten (a round of many steps keeps
+    nothing); fail() fails the one in flight, whose work is then unfinished,
+    and every later call fails at once without starting one."""
+    import torch
+
+    from gpulaunch._gloofree import RoundGuard
+
+    class Bucket:
+        def buffer(self) -> torch.Tensor:
+            return torch.ones(4)
+
+    started: list[torch.futures.Future] = []
+
+    def inner(state: object, bucket: Bucket) -> torch.futures.Future:
+        f: torch.futures.Future = torch.futures.Future()
+        started.append(f)
+        return f
+
+    g = RoundGuard(torch)
+    hook = g.wrap(inner)
+    for _ in range(1000):
+        out = hook(None, Bucket())
+        started[-1].set_result(bucket_value := torch.full((4,), 2.0))
+        assert out.wait() is bucket_value
+    assert not g._pending and not g._abandoned and not g.unfinished()
+    stuck = hook(None, Bucket())
+    assert g.fail("round 1 ended") == 1
+    with pytest.raises(RuntimeError, match="round 1 ended"):
+        stuck.wait()
+    assert g.unfinished() == [started[-1]]
+    n = len(started)
+    with pytest.raises(RuntimeError, match="round 1 ended"):
+        hook(None, Bucket()).wait()
+    assert len(started) == n
+    started[-1].set_result(torch.zeros(4))  # the stuck work ends after all
+    assert not g.unfinished()
+    g.reset()
+    assert hook(None, Bucket()) is not None and len(started) == n + 1
