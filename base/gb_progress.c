@@ -153,6 +153,17 @@ void gb_progress_set_ckpt_ready(int ready) {
         atomic_store_explicit(&s->ckpt_ready, ready ? 1 : 0, memory_order_release);
 }
 
+void gb_progress_ckpt(int64_t local_step, int64_t durable_step, uint64_t stall_us,
+                      uint64_t drain_left) {
+    gb_progress_slot *s = slot;
+    if (s == NULL)
+        return;
+    atomic_store_explicit(&s->ckpt_local1, local_step + 1, memory_order_relaxed);
+    atomic_store_explicit(&s->ckpt_durable1, durable_step + 1, memory_order_relaxed);
+    atomic_store_explicit(&s->ckpt_stall_us, stall_us, memory_order_relaxed);
+    atomic_store_explicit(&s->ckpt_drain_left, drain_left, memory_order_relaxed);
+}
+
 void gb_progress_wait_alive(void) {
     gb_progress_slot *s = slot;
     if (s)

@@ -52,7 +52,11 @@ typedef struct gb_progress_slot {
                                    being restarted: docs/reliability.md, live re-formation) */
     _Atomic uint32_t round_ack; /* the round the worker runs in since a re-formation (0: the
                                    one it was started in) */
-    char reserved[GB_PROGRESS_SLOT_BYTES - 9 * 8 - 6 * 4];
+    /* checkpoints (libgpulaunch's, docs/checkpoints.md), steps + 1 (0: none yet) */
+    _Atomic int64_t ckpt_local1;      /* newest step of this worker's files in the first tier */
+    _Atomic int64_t ckpt_durable1;    /* newest step every rank's files are in the durable tier */
+    _Atomic uint64_t ckpt_stall_us;   /* what the last save stopped training for */
+    _Atomic uint64_t ckpt_drain_left; /* bytes of the drain in flight still to copy (0: none) */
 } gb_progress_slot;
 
 typedef struct gb_progress_header {
@@ -125,6 +129,9 @@ void gb_progress_wait_alive(void);
 void gb_progress_set_stack_signal(int sig);
 /* The worker can save a checkpoint when stopped from now on (1), or no more (0). */
 void gb_progress_set_ckpt_ready(int ready);
+/* The checkpoint's figures for the launcher (steps: -1 for none). */
+void gb_progress_ckpt(int64_t local_step, int64_t durable_step, uint64_t stall_us,
+                      uint64_t drain_left);
 /* The worker re-forms in place when its round ends (1), or no more (0).
  * -1 when the launcher has no round block (an older one, or none). */
 int gb_progress_set_reform_ok(int ok);

@@ -399,6 +399,7 @@ static const char usage[] =
     "usage: dp_train [--steps N] [--global-batch B] [--seed S] [--lr LR] [--hidden H]\n"
     "                [--print-every K] [--dump-params FILE]\n"
     "                [--checkpoint-dir DIR] [--checkpoint-every N] [--checkpoint-every-s S]\n"
+    "                [--checkpoint-durable DIR|s3://BUCKET/PREFIX] [--checkpoint-sync]\n"
     "                [--step-sleep-ms MS] [--start-delay-ms MS] [--device] [--reform]\n"
     "                [--state-mib N]\n"
     "                [--slow-rank R [--slow-factor F] [--slow-ms MS] [--slow-from-step N]]\n"
@@ -416,6 +417,9 @@ static const char usage[] =
     "DP_TRAIN_TRACE=FILE: rank 0 appends its parameters' hash to FILE after every step.\n"
     "A preemption (SIGTERM, or a notice on any node) saves the current step on every\n"
     "rank and exits 143; the next start with the same --checkpoint-dir resumes there.\n"
+    "Checkpoints stall a step only for the copy into host memory (--checkpoint-sync: until\n"
+    "written); --checkpoint-durable drains them to a shared directory or S3 in the background,\n"
+    "and a start whose --checkpoint-dir lost them restores from there (docs/checkpoints.md).\n"
     "Run it under gpulaunch: gpulaunch --standalone --nproc-per-node 4 dp_train\n";
 
 int main(int argc, char **argv) {
@@ -425,7 +429,8 @@ int main(int argc, char **argv) {
     int device = 0, reform = 0;
     const char *trace = getenv("DP_TRAIN_TRACE");
     double ckpt_every_s = 0;
-    const char *ckpt_dir = NULL;
+    const char *ckpt_dir = NULL, *ckpt_durable = NULL;
+    int ckpt_sync = 0;
     float lr = 0.05f;
     const char *dump = NULL;
     for (int i = 1; i < argc; i++) {
@@ -441,6 +446,10 @@ int main(int argc, char **argv) {
         }
         if (strcmp(a, "--reform") == 0) {
             reform = 1;
+            continue;
+        }
+        if (strcmp(a, "--checkpoint-sync") == 0) {
+            ckpt_sync = 1;
             continue;
         }
         if (v == NULL) {
@@ -463,6 +472,8 @@ int main(int argc, char **argv) {
             dump = v;
         else if (strcmp(a, "--checkpoint-dir") == 0)
             ckpt_dir = v;
+        else if (strcmp(a, "--checkpoint-durable") == 0)
+            ckpt_durable = v;
         else if (strcmp(a, "--checkpoint-every") == 0)
             ckpt_every = arg_long(a, v, 0, 1L << 40);
         else if (strcmp(a, "--checkpoint-every-s") == 0)
@@ -616,6 +627,8 @@ int main(int argc, char **argv) {
     if (ckpt_dir) {
         gpl_ckpt_options co = GPL_CKPT_OPTIONS_INIT;
         co.dir = ckpt_dir;
+        co.durable = ckpt_durable;
+        co.async_save = !ckpt_sync;
         co.every_steps = ckpt_every;
         co.every_seconds = ckpt_every_s;
         int64_t got = ri.copy ? ri.step : -1;
@@ -707,6 +720,11 @@ int main(int argc, char **argv) {
                 continue;
             }
         }
+    }
+    /* the last checkpoint written, drained and marked COMPLETE in every tier */
+    if (ckpt_dir && gpl_ckpt_wait(comm) != GPL_OK) {
+        fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
+        goto out;
     }
     char hex[65];
     params_sha256(&m, hex);

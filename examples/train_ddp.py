@@ -54,7 +54,15 @@ With --checkpoint-dir, a gpulaunch.Checkpointer saves rank 0's model and
 AdamW state (the data-parallel state is replicated; only rank 0 writes it)
 every --checkpoint-every steps and when the job is preempted, and every rank
 restores the newest complete checkpoint at start (the directory is read by
-every rank: on several nodes it must be shared). Without --checkpoint-dir the
+every rank: on several nodes it must be shared, or give each node its own
+and a shared --checkpoint-durable). The state is one file, `train.state`,
+written with CheckpointWriter.save_state (no pickle) and read with
+load_state. Saves are asynchronous (training stops only while the state is
+copied into the runtime's staging buffer; --checkpoint-sync: until the file
+is written); --checkpoint-durable DIR|s3://bucket/prefix drains every
+checkpoint to a second tier in the background, and restore takes the newest
+step from either. After the last step every rank waits for the last save
+(Checkpointer.wait()), which makes it complete. Without --checkpoint-dir the
 program needs torch alone.
 
 Output (stdout): on rank 0 `resumed from the checkpoint of step N` and
@@ -155,6 +163,9 @@ SIZES: dict[str, Size] = {
 
 # --state-mib's bound: 8 GiB of extra state per rank
 MAX_STATE_MIB = 8192
+
+# the checkpoint's file (CheckpointWriter.save_state: no pickle)
+STATE_FILE = "train.state"
 
 
 class Block(nn.Module):
@@ -263,6 +274,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--checkpoint-every", type=int, default=0,
                     help="checkpoint every K steps (0: only when preempted)")
+    ap.add_argument("--checkpoint-durable", default=None, metavar="DIR|s3://BUCKET/PREFIX",
+                    help="a durable tier the checkpoints drain to in the background")
+    ap.add_argument("--checkpoint-sync", action="store_true",
+                    help="step_end waits until the checkpoint is written (default: asynchronous)")
     ap.add_argument("--step-sleep-ms", type=int, default=0, help="sleep after each step")
     ap.add_argument("--print-every", type=int, default=10)
     ap.add_argument("--slow-rank", type=int, default=None,
@@ -412,8 +427,8 @@ def main(argv: list[str]) -> int:
 
     def load(r: Any) -> None:
         nonlocal samples
-        state = torch.load(r.path("model.pt"), map_location=device)
-        print(f"rank {r.rank}: read {os.path.getsize(r.path('model.pt'))} bytes from the checkpoint",
+        state = r.load_state(STATE_FILE, map_location=device)
+        print(f"rank {r.rank}: read {os.path.getsize(r.path(STATE_FILE))} bytes from the checkpoint",
               flush=True)
         if state.get("config") != config:
             raise RuntimeError(f"the checkpoint of step {r.step} in {a.checkpoint_dir} was "
@@ -430,9 +445,9 @@ def main(argv: list[str]) -> int:
 
     def save(w: Any) -> None:
         if w.rank == 0:  # replicated state: rank 0's copy is the checkpoint
-            torch.save({"step": w.step, "config": config, "world_size": world, "samples": samples,
-                        "model": model.state_dict(), "optimizer": opt.state_dict()},
-                       w.path("model.pt"))
+            w.save_state(STATE_FILE, {"step": w.step, "config": config, "world_size": world,
+                                      "samples": samples, "model": model.state_dict(),
+                                      "optimizer": opt.state_dict()})
 
     ckpt: Any = None
     gl: Any = None
@@ -447,7 +462,8 @@ def main(argv: list[str]) -> int:
     if a.checkpoint_dir:
         import gpulaunch as gl  # only needed for checkpoints
 
-        ckpt = gl.Checkpointer(a.checkpoint_dir, every_steps=a.checkpoint_every)
+        ckpt = gl.Checkpointer(a.checkpoint_dir, every_steps=a.checkpoint_every,
+                               durable=a.checkpoint_durable, async_save=not a.checkpoint_sync)
         if not a.reform:
             start = restore() or 0
 
@@ -600,6 +616,8 @@ def main(argv: list[str]) -> int:
                       f"round {r.round - 1} ended", flush=True)
             first = True
     t_end = time.monotonic()
+    if ckpt is not None and preempted_at is None:
+        ckpt.wait()  # every rank: the last checkpoint written (and drained), marked COMPLETE
 
     if preempted_at is not None:
         print(f"rank {rank} preempted after step {preempted_at}", flush=True)

@@ -3,6 +3,7 @@
  * convention otherwise. It owns the NVML thread, the samples and the XIDs
  * seen; the workers it reads from the group, and its notices go to the owner's
  * callback. */
+#include "gl_ckptview.h"
 #include "gl_gpumon.h"
 
 #include <errno.h>
@@ -482,6 +483,10 @@ static size_t render_text(char *p, size_t cap) {
     sbuf b = {.p = p, .cap = cap};
     p[0] = '\0';
     render(&b);
+    if (b.len < cap) { /* the workers' checkpoints (gl_ckptview.c) after the GPUs' figures */
+        char job[600];
+        b.len += gl_ckptview_metrics(p + b.len, cap - b.len, esc(M.job, job, sizeof job));
+    }
     return b.len;
 }
 

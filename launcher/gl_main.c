@@ -22,6 +22,7 @@
 
 #include "gb_log.h"
 #include "gb_time.h"
+#include "gl_ckptview.h"
 #include "gl_endpoint.h"
 #include "gl_errfile.h"
 #include "gl_report.h"
@@ -94,6 +95,8 @@ static void report_failure(void) {
 
 static void finish(int code) {
     L.exit_code = code;
+    if (code == 128 + SIGTERM)
+        gl_ckptview_exit_note(); /* which step is durable, or the newest that is */
     if (code != 0)
         report_failure();
     fflush(stdout);
@@ -763,6 +766,7 @@ int main(int argc, char **argv) {
     gl_reform_init(&R, L.loop, L.cfg.nproc, &rcb);
     gl_hold_init(&H, L.loop, &G, L.cfg.nproc, maybe_finish_round);
     gl_progress_set_go_on(L.cfg.min_nodes < L.cfg.max_nodes); /* on_event */
+    gl_ckptview_start(L.loop, L.cfg.nproc);
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

@@ -95,6 +95,9 @@ static const gl_opt table[GL_OPT_COUNT] = {
     [GL_METRICS] = {GL_METRICS, "metrics", 0, 0, "", "HOST:PORT for the launcher's /metrics"},
     [GL_DCGM_JOB_MAPPING_DIR] = {GL_DCGM_JOB_MAPPING_DIR, "dcgm-job-mapping-dir", 0, 0, "",
                                  "a directory (dcgm-exporter's --hpc-job-mapping-dir)"},
+    [GL_CHECKPOINT_DURABLE] = {GL_CHECKPOINT_DURABLE, "checkpoint-durable", 0, 0, "",
+                               "a shared directory or s3://BUCKET/PREFIX"},
+    [GL_CHECKPOINT_ASYNC] = {GL_CHECKPOINT_ASYNC, "checkpoint-async", 0, 0, "on", "on or off"},
 };
 
 const char gl_usage[] =
@@ -154,6 +157,11 @@ const char gl_usage[] =
     "                              (default 50:30m; off)\n"
     "  --metrics HOST:PORT         serve the GPUs' figures at http://HOST:PORT/metrics\n"
     "  --dcgm-job-mapping-dir DIR  dcgm-exporter job-mapping files for the job's GPUs\n"
+    "  --checkpoint-durable DIR|s3://BUCKET/PREFIX   the workers' checkpoints (libgpulaunch,\n"
+    "                              gpulaunch.Checkpointer) drain there from their local\n"
+    "                              directory in the background (docs/checkpoints.md)\n"
+    "  --checkpoint-async on|off   on (default): a checkpoint stalls training only for the\n"
+    "                              copy into host memory; off: until written\n"
     "  --config FILE.yaml          options from a YAML mapping\n"
     "  --check                     run the preflight checks only\n"
     "  --print-config              print every effective option and its source\n"

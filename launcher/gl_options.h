@@ -70,6 +70,8 @@ enum gl_opt_id {
     GL_GPU_IDLE_ALERT,
     GL_METRICS,
     GL_DCGM_JOB_MAPPING_DIR,
+    GL_CHECKPOINT_DURABLE,
+    GL_CHECKPOINT_ASYNC,
     GL_OPT_COUNT
 };
 
@@ -108,6 +110,7 @@ typedef struct gl_config {
     double progress_floor_s;   /* auto's floor */
     double stats_interval_s;   /* --stats-interval; 0: off */
     double warm_start_s;       /* --warm-start-timeout; 0: no warm join (gl_warm.h) */
+    int ckpt_async;            /* --checkpoint-async on (1) / off (0): GPULAUNCH_CKPT_ASYNC */
     /* GPU health (docs/gpu-health.md) */
     int gpu_health;        /* GL_GPU_HEALTH_* (gl_nvml.h) */
     double gpu_interval_s; /* --gpu-monitor-interval; 0: no sampling */

@@ -333,6 +333,14 @@ static void on_stats_timer(uv_timer_t *t) {
         }
         r->since_progress_ms = now > beat ? (uint32_t)((now - beat) / 1000000) : 0;
         snprintf(r->gpu, sizeof r->gpu, "%s", P.holder[i].gpu);
+        /* its checkpoints, as its runtime last reported them (steps + 1 in the slot) */
+        int64_t l1 = atomic_load(&s->ckpt_local1), d1 = atomic_load(&s->ckpt_durable1);
+        uint64_t stall_us = atomic_load(&s->ckpt_stall_us);
+        uint64_t stall_ms = stall_us / 1000 + (stall_us % 1000 >= 500);
+        r->ckpt_local_step = l1 > 0 ? l1 - 1 : -1;
+        r->ckpt_durable_step = d1 > 0 ? d1 - 1 : -1;
+        r->ckpt_stall_ms = stall_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)stall_ms;
+        r->ckpt_drain_left = atomic_load(&s->ckpt_drain_left);
     }
     uint32_t window_ms = (uint32_t)((now - P.win_start_ns) / 1000000);
     P.win_start_ns = now;

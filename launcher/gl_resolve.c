@@ -334,6 +334,15 @@ int gl_config_resolve(gl_config *c, char *err, size_t errlen) {
     if (*end || end == c->val[GL_WARM_START_TIMEOUT] || !(c->warm_start_s >= 0) ||
         c->warm_start_s > 3600)
         return gl_opt_bad(err, errlen, GL_WARM_START_TIMEOUT, c->val[GL_WARM_START_TIMEOUT]);
+    const char *ca = c->val[GL_CHECKPOINT_ASYNC];
+    if (strcmp(ca, "on") != 0 && strcmp(ca, "off") != 0)
+        return gl_opt_bad(err, errlen, GL_CHECKPOINT_ASYNC, ca);
+    c->ckpt_async = strcmp(ca, "on") == 0;
+    const char *cd = c->val[GL_CHECKPOINT_DURABLE];
+    if (cd[0] && cd[0] != '/' && strncmp(cd, "s3://", 5) != 0)
+        return gl_opt_bad(err, errlen, GL_CHECKPOINT_DURABLE, cd);
+    if (strncmp(cd, "s3://", 5) == 0 && (cd[5] == '\0' || cd[5] == '/'))
+        return gl_opt_bad(err, errlen, GL_CHECKPOINT_DURABLE, cd);
     int rg = resolve_gpu(c, err, errlen);
     if (rg)
         return rg;

@@ -159,6 +159,8 @@ static const char *const managed[] = {"RANK",
                                       "GPULAUNCH_HOSTNAME",
                                       "GPULAUNCH_NODE_ADDR",
                                       "GPULAUNCH_GRACE_S",
+                                      "GPULAUNCH_CKPT_DURABLE",
+                                      "GPULAUNCH_CKPT_ASYNC",
                                       "GPULAUNCH_PROGRESS_SHM",
                                       "GPULAUNCH_PROGRESS_FD",
                                       "GPULAUNCH_STACK_SIGNAL",
@@ -265,6 +267,11 @@ static char **build_env(const gl_group *g, const worker *w, const rdzv_assignmen
     n = env_add(env, n, max, "GPULAUNCH_HOSTNAME", "%s", job->hostname);
     n = env_add(env, n, max, "GPULAUNCH_NODE_ADDR", "%s", job->addr);
     n = env_add(env, n, max, "GPULAUNCH_GRACE_S", "%g", cfg->shutdown_timeout_s);
+    /* the checkpoints' tiers (libgpulaunch reads them: docs/checkpoints.md) */
+    if (cfg->val[GL_CHECKPOINT_DURABLE][0])
+        n = env_add(env, n, max, "GPULAUNCH_CKPT_DURABLE", "%s", cfg->val[GL_CHECKPOINT_DURABLE]);
+    if (!cfg->ckpt_async)
+        n = env_add(env, n, max, "GPULAUNCH_CKPT_ASYNC", "0");
     n = gl_progress_env(w->local_rank, env, n, max);
     if (job->token)
         n = env_add(env, n, max, "GPULAUNCH_RDZV_TOKEN", "%.*s", (int)job->token_len, job->token);

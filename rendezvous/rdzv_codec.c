@@ -241,8 +241,20 @@ static void valuelist(codec *c, uint32_t *count, rdzv_bytes *list) {
         fail(c, GPL_ERR_PROTOCOL, "value list does not match its count");
 }
 
+/* Whether an entry carries the optional checkpoint group. A writer leaves it
+ * out when it says nothing (no step, no stall, no drain), so an entry of a
+ * rank without checkpoints is byte for byte an older launcher's; a reader
+ * takes it when bytes follow the fields before it. */
+static int stats_ckpt_present(const codec *c, const rdzv_rank_stats *r) {
+    if (c->enc)
+        return r->ckpt_local_step >= 0 || r->ckpt_durable_step >= 0 || r->ckpt_stall_ms != 0 ||
+               r->ckpt_drain_left != 0;
+    return c->rc == GPL_OK && c->off < c->in_len;
+}
+
 /* One STATS entry. New fields go at the end: a reader ignores what follows
- * the fields it knows. */
+ * the fields it knows. Optional groups are all or nothing, in order: a
+ * writer that sends a later field sends every group before it. */
 static void stats_fields(codec *c, rdzv_rank_stats *r) {
     u32(c, &r->rank);
     u32(c, &r->local_rank);
@@ -252,6 +264,23 @@ static void stats_fields(codec *c, rdzv_rank_stats *r) {
     u32(c, &r->wait_us);
     u32(c, &r->since_progress_ms);
     str(c, r->gpu, sizeof r->gpu - 1);
+    if (!c->enc) { /* an older launcher's entry ends here */
+        r->ckpt_local_step = r->ckpt_durable_step = -1;
+        r->ckpt_stall_ms = 0;
+        r->ckpt_drain_left = 0;
+    }
+    if (!stats_ckpt_present(c, r))
+        return;
+    i64(c, &r->ckpt_local_step);
+    i64(c, &r->ckpt_durable_step);
+    u32(c, &r->ckpt_stall_ms);
+    u64(c, &r->ckpt_drain_left);
+    if (!c->enc) { /* one "none" for the readers */
+        if (r->ckpt_local_step < 0)
+            r->ckpt_local_step = -1;
+        if (r->ckpt_durable_step < 0)
+            r->ckpt_durable_step = -1;
+    }
 }
 
 static void statslist(codec *c, uint32_t *count, rdzv_bytes *list) {

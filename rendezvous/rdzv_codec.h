@@ -246,9 +246,11 @@ gpl_result_t rdzv_values_add(rdzv_buf *list, int found, const void *p, uint32_t 
 
 /* Walks RDZV_STATS entries: 1 and *out filled while entries remain, 0 at the
  * end or at a malformed entry. An entry longer than the fields this codec
- * knows (a newer peer's) is read up to them. */
+ * knows (a newer peer's) is read up to them; one without the checkpoint group
+ * (an older peer's) reads ckpt_local_step = ckpt_durable_step = -1 and 0. */
 int rdzv_stats_next(rdzv_bytes *list, rdzv_rank_stats *out);
-/* Appends one entry to a STATS list being built. */
+/* Appends one entry to a STATS list being built (the checkpoint group only
+ * when it says something: a step >= 0, a stall or a drain). */
 gpl_result_t rdzv_stats_add(rdzv_buf *list, const rdzv_rank_stats *r);
 
 const char *rdzv_type_name(uint16_t type);

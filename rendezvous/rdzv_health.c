@@ -55,6 +55,7 @@ rdzv_health *rdzv_health_new(double threshold, uint32_t windows) {
     h->threshold = threshold > 1.0 ? threshold : RDZV_DEFAULT_STRAGGLER_THRESHOLD;
     h->windows = windows ? windows : RDZV_DEFAULT_STRAGGLER_WINDOWS;
     h->median_wait_us = UINT32_MAX;
+    h->ckpt_stale = 1;
     return h;
 }
 
@@ -68,6 +69,7 @@ static void ranks_free(rdzv_health *h) {
     h->median_busy_us = h->median_step_us = 0;
     h->median_wait_us = UINT32_MAX;
     h->steps_per_s = 0;
+    h->ckpt_stale = 1;
 }
 
 void rdzv_health_free(rdzv_health *h) {
@@ -353,6 +355,7 @@ uint32_t rdzv_health_stats(rdzv_health *h, uint32_t node_rank, const char *node,
     h->stats_ranks += taken;
     if (taken == 0)
         return 0;
+    h->ckpt_stale = 1;
     if (h->median_ms == 0 || now_ms - h->median_ms >= RDZV_HEALTH_MEDIAN_MS)
         medians(h, now_ms);
     uint32_t med = h->median_busy_us;
@@ -391,6 +394,40 @@ uint32_t rdzv_health_stats(rdzv_health *h, uint32_t node_rank, const char *node,
         }
     }
     return taken;
+}
+
+int rdzv_health_rank_has_ckpt(const rdzv_rank_health *r) {
+    return r->updated_ms && (r->st.ckpt_local_step >= 0 || r->st.ckpt_durable_step >= 0 ||
+                             r->st.ckpt_stall_ms || r->st.ckpt_drain_left);
+}
+
+const rdzv_health_ckpt *rdzv_health_checkpoint(rdzv_health *h) {
+    static const rdzv_health_ckpt none = {0, -1, -1, 0, 0};
+    if (h == NULL)
+        return &none;
+    if (!h->ckpt_stale)
+        return &h->ckpt;
+    rdzv_health_ckpt k = none;
+    for (uint32_t i = 0; h->ranks && i < h->nranks; i++) {
+        const rdzv_rank_health *r = &h->ranks[i];
+        if (!rdzv_health_rank_has_ckpt(r))
+            continue;
+        if (k.ranks == 0 || r->st.ckpt_local_step < k.local_step)
+            k.local_step = r->st.ckpt_local_step;
+        if (k.ranks == 0 || r->st.ckpt_durable_step < k.durable_step)
+            k.durable_step = r->st.ckpt_durable_step;
+        if (r->st.ckpt_stall_ms > k.stall_ms)
+            k.stall_ms = r->st.ckpt_stall_ms;
+        k.drain_left += r->st.ckpt_drain_left;
+        k.ranks++;
+    }
+    /* the steps are every rank's: one without figures (not heard from yet, an
+     * older launcher's, no save yet) holds none */
+    if (k.ranks < h->nranks)
+        k.local_step = k.durable_step = -1;
+    h->ckpt = k;
+    h->ckpt_stale = 0;
+    return &h->ckpt;
 }
 
 static const rdzv_health *top_h; /* qsort's context (the loop thread only) */

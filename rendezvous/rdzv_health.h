@@ -1,6 +1,7 @@
 /* Job health on the rendezvous server (docs/health.md): the per-rank
- * statistics of the current round that launchers send (STATS), straggler
- * detection over them, the job's step-rate history, its rounds and its event
+ * statistics of the current round that launchers send (STATS, with the
+ * ranks' checkpoint figures), straggler detection over them, the job's
+ * checkpoints summed up, its step-rate history, its rounds and its event
  * timeline (joins, rounds, failures, hangs, preemptions, stragglers). One per
  * job, owned by it; fed by rdzv_server.c on the loop thread, read by the HTTP
  * side (rdzv_health_render.c) on the same thread. Every table is bounded. */
@@ -67,6 +68,16 @@ typedef struct rdzv_rate_sample {
     uint32_t round;
 } rdzv_rate_sample;
 
+/* The job's checkpoints, from its ranks' last reports (docs/health.md). */
+typedef struct rdzv_health_ckpt {
+    uint32_t ranks;       /* ranks whose last report had checkpoint figures; 0: none */
+    int64_t local_step;   /* newest step every rank wrote to its local tier; -1: none (or a
+                             rank of the round has not said) */
+    int64_t durable_step; /* newest step every rank's files are durable; -1: as above */
+    uint32_t stall_ms;    /* the worst last stall of a save */
+    uint64_t drain_left;  /* bytes still draining to the durable tier, all ranks */
+} rdzv_health_ckpt;
+
 typedef struct rdzv_health {
     double threshold;
     uint32_t windows;
@@ -90,6 +101,9 @@ typedef struct rdzv_health {
     rdzv_tl_event *events;
     uint32_t ev_head, ev_n, ev_cap;
     uint64_t events_total;
+    /* the checkpoint summary, recomputed when read after a STATS changed it */
+    rdzv_health_ckpt ckpt;
+    int ckpt_stale;
     /* the last hang reported */
     int has_hang;
     rdzv_tl_event hang;
@@ -125,6 +139,13 @@ uint32_t rdzv_health_stats(rdzv_health *h, uint32_t node_rank, const char *node,
 /* Up to max rank indices for per-rank output: named stragglers first, then
  * the highest busy times; returned in rank order. */
 uint32_t rdzv_health_top(const rdzv_health *h, uint32_t *out, uint32_t max);
+/* Whether a rank's last report had checkpoint figures. */
+int rdzv_health_rank_has_ckpt(const rdzv_rank_health *r);
+/* The job's checkpoints over the current round's ranks: min of the steps
+ * (a rank that has not reported counts as none), max of the stalls, sum of
+ * the drains. O(ranks) after a STATS, then kept until the next. Never NULL:
+ * h == NULL gives a summary of nothing. */
+const rdzv_health_ckpt *rdzv_health_checkpoint(rdzv_health *h);
 /* The i-th oldest entry of the timeline / rounds / rate rings. */
 const rdzv_tl_event *rdzv_health_event(const rdzv_health *h, uint32_t i);
 const rdzv_round_rec *rdzv_health_round(const rdzv_health *h, uint32_t i);

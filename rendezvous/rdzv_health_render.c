@@ -1,6 +1,6 @@
 /* Job health for the HTTP side: each job's rounds, timeline, step rate,
- * per-rank statistics, stragglers and last hang in /status, and bounded
- * per-job and per-rank gauges in /metrics (docs/health.md lists them). */
+ * per-rank statistics, stragglers, last hang and checkpoints in /status, and
+ * bounded per-job and per-rank gauges in /metrics (docs/health.md lists them). */
 #include "rdzv_health_render.h"
 
 #include <stdint.h>
@@ -11,6 +11,22 @@ static void json_ms(sbuf *b, const char *key, uint32_t us) {
         sb_printf(b, ",\"%s\":null", key);
     else
         sb_printf(b, ",\"%s\":%.3f", key, us / 1000.0);
+}
+
+static void json_step(sbuf *b, const char *key, int64_t step) {
+    if (step < 0)
+        sb_printf(b, "\"%s\":null", key);
+    else
+        sb_printf(b, "\"%s\":%lld", key, (long long)step);
+}
+
+/* A checkpoint summary's fields and the object's end:
+ * "local_step":..,"durable_step":..,"stall_ms":..,"drain_bytes":..} */
+static void json_ckpt(sbuf *b, int64_t local, int64_t durable, uint32_t stall_ms, uint64_t drain) {
+    json_step(b, "local_step", local);
+    sb_printf(b, ",");
+    json_step(b, "durable_step", durable);
+    sb_printf(b, ",\"stall_ms\":%u,\"drain_bytes\":%llu}", stall_ms, (unsigned long long)drain);
 }
 
 static const char *node_name(job *j, uint32_t node_rank) {
@@ -123,11 +139,28 @@ void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
         json_ms(b, "busy_ms", r->busy_us);
         sb_printf(b,
                   ",\"ratio\":%.3f,\"since_progress_ms\":%u,\"report_age_ms\":%llu,"
-                  "\"straggler\":%s}",
+                  "\"straggler\":%s,\"checkpoint\":",
                   (double)r->ratio, r->st.since_progress_ms,
                   (unsigned long long)(now_ms - r->updated_ms), r->straggler ? "true" : "false");
+        if (rdzv_health_rank_has_ckpt(r)) {
+            sb_printf(b, "{");
+            json_ckpt(b, r->st.ckpt_local_step, r->st.ckpt_durable_step, r->st.ckpt_stall_ms,
+                      r->st.ckpt_drain_left);
+        } else {
+            sb_printf(b, "null");
+        }
+        sb_printf(b, "}");
     }
     sb_printf(b, "]}");
+    /* the job's checkpoints: null while no rank has reported one */
+    const rdzv_health_ckpt *k = rdzv_health_checkpoint(j->health);
+    sb_printf(b, ",\"checkpoint\":");
+    if (k->ranks == 0) {
+        sb_printf(b, "null");
+        return;
+    }
+    sb_printf(b, "{\"ranks\":%u,", k->ranks);
+    json_ckpt(b, k->local_step, k->durable_step, k->stall_ms, k->drain_left);
 }
 
 static void rank_series(sbuf *b, const char *metric, job *j, const rdzv_rank_health *r,
@@ -171,6 +204,36 @@ void rdzv_health_render_metrics(rdzv_server *s, sbuf *b) {
                        : k == 4 ? (double)h->hangs_total
                                 : (double)h->stats_ranks;
             job_series(b, jm[k].name, j, v);
+        }
+    }
+    /* The job's checkpoints, for jobs whose ranks reported one; integers
+     * printed whole (a step or a byte count is past %g's digits). */
+    static const struct {
+        const char *name, *help;
+    } cm[] = {
+        {"gpulaunch_job_checkpoint_local_step",
+         "Newest step every rank wrote to its local tier (-1: none yet)."},
+        {"gpulaunch_job_checkpoint_durable_step",
+         "Newest step every rank's files are durable (-1: none yet)."},
+        {"gpulaunch_job_checkpoint_stall_seconds",
+         "The longest time a rank's last save stopped training."},
+        {"gpulaunch_job_checkpoint_drain_bytes",
+         "Bytes the ranks' drains to the durable tier still copy."},
+    };
+    for (size_t k = 0; k < sizeof cm / sizeof cm[0]; k++) {
+        sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n", cm[k].name, cm[k].help, cm[k].name);
+        LIST_FOREACH(j, &s->jobs, link) {
+            const rdzv_health_ckpt *c = rdzv_health_checkpoint(j->health);
+            if (c->ranks == 0)
+                continue;
+            sb_printf(b, "%s{job=", cm[k].name);
+            sb_label(b, j->r.run_id);
+            if (k == 0 || k == 1)
+                sb_printf(b, "} %lld\n", (long long)(k == 0 ? c->local_step : c->durable_step));
+            else if (k == 2)
+                sb_printf(b, "} %.3f\n", c->stall_ms / 1e3);
+            else
+                sb_printf(b, "} %llu\n", (unsigned long long)c->drain_left);
         }
     }
     /* Per-rank series: at most RDZV_METRICS_RANKS per job and metric, the

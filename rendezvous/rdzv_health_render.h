@@ -16,7 +16,8 @@
 extern const char rdzv_page_html[];
 extern const size_t rdzv_page_html_len;
 
-/* Appends the job's health fields (",\"rounds\":...,\"health\":{...}") to its object. */
+/* Appends the job's health fields (",\"rounds\":...,\"health\":{...},\"checkpoint\":...")
+ * to its object. */
 void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms);
 /* Appends a one-line object for the job list: run id, state, round, nodes,
  * ranks, stragglers, hangs. */

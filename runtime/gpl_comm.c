@@ -278,9 +278,9 @@ static gpl_result_t ext_scale_avg(gpl_comm_t c, void *r, size_t count, gpl_dtype
 void gpl_finalize(gpl_comm_t c) {
     if (c == NULL)
         return;
+    gpl__ckpt_destroy(c); /* a save in flight is written first */
     gpl_comm_disconnect(c, 0);
     free(c->token);
-    free(c->ckpt);
     free(c);
 }
 

@@ -86,6 +86,9 @@ gpl_result_t gpl_comm_connect(gpl_comm_t c);
  * (gpl_await_round); 0 for a worker started in its round. */
 uint32_t gpl__first_round_seq(void);
 void gpl_comm_disconnect(gpl_comm_t c, int abort);
+/* The checkpoint state freed, its background threads ended once what they
+ * hold is written (runtime/ckpt/ckpt.c). */
+void gpl__ckpt_destroy(gpl_comm_t c);
 /* kernels (gpl_reduce.c) */
 void gpl_reduce_into(void *acc, const void *in, size_t count, gpl_dtype_t t, gpl_op_t op);
 void gpl_scale_avg(void *buf, size_t count, gpl_dtype_t t, int n);

@@ -47,10 +47,14 @@ mkdir -p build
 # today's PyTorch beside Debian 12's 1.13 (cached after the first run)
 torch2=$(scripts/torch2.sh | tail -n 1) || { echo "== torch 2: the environment could not be made (see above)"; exit 1; }
 echo "== torch 2: $("$torch2" -c 'import torch; print("torch", torch.__version__)') in $(dirname "$(dirname "$torch2")")"
-run_suite plain build/test -DGPULAUNCH_TORCH2_PYTHON="$torch2" || failed_suites+=(plain)
+# moto's S3 server for test_s3 (cached after the first run)
+s3py=$(scripts/s3server.sh | tail -n 1) || { echo "== S3 server: the environment could not be made (see above)"; exit 1; }
+echo "== S3 server: $("$s3py" -c 'from importlib.metadata import version; print("moto", version("moto"))') in $(dirname "$(dirname "$s3py")")"
+run_suite plain build/test -DGPULAUNCH_TORCH2_PYTHON="$torch2" -DGPULAUNCH_S3_PYTHON="$s3py" || failed_suites+=(plain)
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  run_suite asan+ubsan build/asan -DGPULAUNCH_SANITIZE=address,undefined || failed_suites+=(asan+ubsan)
+  run_suite asan+ubsan build/asan -DGPULAUNCH_SANITIZE=address,undefined -DGPULAUNCH_S3_PYTHON="$s3py" ||
+  failed_suites+=(asan+ubsan)
 
 echo "== fault matrix self-check: scenario 2 must fail against a server without heartbeats"
 if [ "$(id -u)" = 0 ]; then

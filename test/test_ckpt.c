@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <criterion/logging.h>
+#include <stdint.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gpulaunch/gpulaunch.h"
 #include "harness.h"
@@ -121,7 +124,8 @@ static void setup_ck(gpl_comm_t c, int every, void *user) {
     cr_assert_eq(gpl_ckpt_setup(c, &o, save_cb, load_cb, user), GPL_OK);
 }
 
-/* Two ranks save step 4 (rank 1 first, then rank 0, which marks it COMPLETE). */
+/* Two ranks save step 4 (rank 1 first, then rank 0); gpl_ckpt_wait then
+ * waits for both ranks' writers and rank 0 (local rank 0) marks it COMPLETE. */
 static void save_two_ranks(calls *k0, calls *k1) {
     gpl_comm_t c0 = external(0, k0), c1 = external(1, k1);
     setup_ck(c0, 2, NULL);
@@ -129,6 +133,8 @@ static void save_two_ranks(calls *k0, calls *k1) {
     cr_assert_eq(gpl_step_end(c1, 3), GPL_OK); /* not due */
     cr_assert_eq(gpl_step_end(c1, 4), GPL_OK, "%s", gpl_last_error(c1));
     cr_assert_eq(gpl_step_end(c0, 4), GPL_OK, "%s", gpl_last_error(c0));
+    cr_assert_eq(gpl_ckpt_wait(c1), GPL_OK, "%s", gpl_last_error(c1));
+    cr_assert_eq(gpl_ckpt_wait(c0), GPL_OK, "%s", gpl_last_error(c0));
     gpl_finalize(c0);
     gpl_finalize(c1);
 }
@@ -136,10 +142,10 @@ static void save_two_ranks(calls *k0, calls *k1) {
 Test(ckpt, temp_path_and_commit_round_trip_over_external_collectives) {
     calls k0 = {0}, k1 = {0};
     save_two_ranks(&k0, &k1);
-    /* the agreement (one all-reduce a step) and the barrier before COMPLETE ran outside */
-    cr_expect_eq(k1.allreduce, 2);
+    /* the agreement (one all-reduce a step, one in gpl_ckpt_wait) ran outside */
+    cr_expect_eq(k1.allreduce, 3);
+    cr_expect_eq(k0.allreduce, 2);
     cr_expect_eq(k0.last_op, GPL_MAX);
-    cr_expect_eq(k0.barrier, 1);
     char p[256];
     snprintf(p, sizeof p, "%s/step-000000000004/COMPLETE", dir);
     struct stat st;
@@ -171,7 +177,7 @@ Test(ckpt, temp_path_and_commit_round_trip_over_external_collectives) {
         cr_expect_eq(step, 4);
         cr_expect_eq(l.meta, 4);
         cr_expect(l.state_ok, "rank %d read back %s wrong", r, l.state_path);
-        cr_expect_eq(k.broadcast, 1, "the chosen step is broadcast");
+        cr_expect_eq(k.allreduce, 2, "the step proposed, then whether every rank has it");
         gpl_finalize(c);
     }
 }
@@ -243,6 +249,7 @@ Test(ckpt, bad_names_missing_files_and_calls_in_the_wrong_callback) {
     cr_assert_eq(gpl_ckpt_setup(c, &o, bad_save_cb, missing_load_cb, &seen), GPL_OK);
     cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
     cr_expect_eq(seen, 1);
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
     int64_t step = -1;
     cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
     cr_expect_eq(step, 1);
@@ -309,4 +316,188 @@ Test(ckpt, a_failed_save_leaves_no_temporary_file) {
     struct stat st;
     cr_expect_neq(stat(tmp, &st), 0, "%s was left behind", tmp);
     gpl_finalize(c);
+}
+
+/* ---- asynchronous saves and tiers (a world of one) ---- */
+
+typedef struct blob {
+    uint8_t *data;
+    size_t len;
+    int fill;   /* the byte the state holds at the step being saved */
+    int loaded; /* the byte the state held when loaded (-1: mixed) */
+} blob;
+
+static gpl_result_t blob_save(gpl_ckpt_t ck, int64_t step, double left, void *user) {
+    blob *b = user;
+    return gpl_ckpt_write(ck, "blob", b->data, b->len);
+}
+
+static gpl_result_t blob_load(gpl_ckpt_t ck, int64_t step, void *user) {
+    blob *b = user;
+    memset(b->data, 0x5a, b->len);
+    gpl_result_t rc = gpl_ckpt_read(ck, "blob", b->data, b->len);
+    b->loaded = b->data[0];
+    for (size_t i = 0; i < b->len; i += 4096)
+        if (b->data[i] != b->data[0])
+            b->loaded = -1;
+    return rc;
+}
+
+static gpl_comm_t blob_comm(blob *b, const char *local, const char *durable, int every, int async,
+                            int keep) {
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init(NULL, &c), GPL_OK);
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = local;
+    o.durable = durable;
+    o.every_steps = every;
+    o.handle_sigterm = 0;
+    o.async_save = async;
+    o.keep = keep;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, blob_save, blob_load, b), GPL_OK, "%s", gpl_last_error(c));
+    return c;
+}
+
+static long rss_kib(void) {
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    cr_assert(f && fscanf(f, "%ld %ld", &pages, &rss) == 2);
+    fclose(f);
+    return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+Test(ckpt, an_async_save_writes_the_state_of_its_step_not_what_came_after) {
+    blob b = {malloc(32u << 20), 32u << 20, 0, 0};
+    cr_assert_not_null(b.data);
+    gpl_comm_t c = blob_comm(&b, dir, NULL, 1, 1, 3);
+    memset(b.data, 1, b.len);
+    cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
+    /* training goes on at once and changes the state while step 1 is being written */
+    memset(b.data, 2, b.len);
+    gpl_ckpt_status st = GPL_CKPT_STATUS_INIT;
+    cr_assert_eq(gpl_ckpt_status_get(c, &st), GPL_OK);
+    cr_expect_gt(st.last_stall_s, 0);
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    cr_assert_eq(gpl_ckpt_status_get(c, &st), GPL_OK);
+    cr_expect_eq(st.local_step, 1);
+    cr_expect_eq(st.complete_step, 1);
+    gpl_finalize(c);
+    c = blob_comm(&b, dir, NULL, 1, 1, 3);
+    int64_t step = -1;
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(step, 1);
+    cr_expect_eq(b.loaded, 1, "the checkpoint holds what the state was at step 1, not after");
+    gpl_finalize(c);
+    free(b.data);
+}
+
+Test(ckpt, host_memory_stays_flat_over_100_async_saves) {
+    blob b = {malloc(8u << 20), 8u << 20, 0, 0};
+    cr_assert_not_null(b.data);
+    memset(b.data, 7, b.len);
+    gpl_comm_t c = blob_comm(&b, dir, NULL, 1, 1, 2);
+    long after10 = 0;
+    for (int s = 1; s <= 100; s++) {
+        b.data[s] = (uint8_t)s; /* the state changes between saves */
+        cr_assert_eq(gpl_step_end(c, s), GPL_OK, "%s", gpl_last_error(c));
+        if (s == 10)
+            after10 = rss_kib();
+    }
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    long after100 = rss_kib();
+    cr_log_info("RSS after 10 saves %ld KiB, after 100 %ld KiB", after10, after100);
+    /* one staging buffer, reused: no growth by a checkpoint's size per save */
+    cr_expect(after100 <= after10 + after10 / 100 + 1024, "RSS grew from %ld to %ld KiB", after10,
+              after100);
+    gpl_finalize(c);
+    free(b.data);
+}
+
+Test(ckpt, a_durable_directory_outlives_the_local_one_and_mends_a_torn_local_file) {
+    char local[128], durable[128], cmd[512];
+    snprintf(local, sizeof local, "%s/nvme", dir);
+    snprintf(durable, sizeof durable, "%s/pvc", dir);
+    blob b = {malloc(3u << 20), 3u << 20, 0, 0};
+    cr_assert_not_null(b.data);
+    gpl_comm_t c = blob_comm(&b, local, durable, 2, 1, 3);
+    for (int s = 1; s <= 6; s++) {
+        memset(b.data, s, b.len);
+        cr_assert_eq(gpl_step_end(c, s), GPL_OK, "%s", gpl_last_error(c));
+    }
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    gpl_ckpt_status st = GPL_CKPT_STATUS_INIT;
+    cr_assert_eq(gpl_ckpt_status_get(c, &st), GPL_OK);
+    cr_expect_eq(st.durable_step, 6);
+    cr_expect_eq(st.durable_complete_step, 6);
+    gpl_finalize(c);
+    char p[256];
+    snprintf(p, sizeof p, "%s/step-000000000006/COMPLETE", durable);
+    cr_expect_eq(access(p, F_OK), 0, "no %s", p);
+    snprintf(p, sizeof p, "%s/step-000000000006/r0-blob", durable);
+    cr_expect_eq(access(p, F_OK), 0, "no %s", p);
+
+    /* a torn local file: fetched again from the durable tier, checked */
+    snprintf(cmd, sizeof cmd,
+             "printf x | dd of=%s/step-000000000006/r0-blob bs=1 seek=4096 "
+             "conv=notrunc status=none",
+             local);
+    cr_assert_eq(system(cmd), 0);
+    c = blob_comm(&b, local, durable, 2, 1, 3);
+    int64_t step = -1;
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(step, 6);
+    cr_expect_eq(b.loaded, 6);
+    gpl_finalize(c);
+
+    /* the node's disk is gone: everything comes from the durable tier */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", local);
+    cr_assert_eq(system(cmd), 0);
+    c = blob_comm(&b, local, durable, 2, 1, 3);
+    step = -1;
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(step, 6);
+    cr_expect_eq(b.loaded, 6, "restored bitwise from the durable tier alone");
+    gpl_finalize(c);
+    free(b.data);
+}
+
+Test(ckpt, a_full_local_tier_is_said_training_goes_on_and_the_last_complete_step_stays) {
+    if (geteuid() != 0)
+        cr_skip_test("not root: the test mounts a 4 MiB tmpfs as a full disk");
+    char small[128], cmd[256];
+    snprintf(small, sizeof small, "%s/small", dir);
+    cr_assert_eq(mkdir(small, 0755), 0);
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=4m tmpfs %s", small);
+    if (system(cmd) != 0)
+        cr_skip_test("cannot mount a tmpfs here");
+    blob b = {malloc(1u << 20), 1u << 20, 0, 0};
+    cr_assert_not_null(b.data);
+    gpl_comm_t c = blob_comm(&b, small, NULL, 1, 1, 3);
+    memset(b.data, 1, b.len);
+    cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    free(b.data);
+    b.len = 3u << 20; /* steps 2 and 3 no longer fit beside step 1 */
+    b.data = malloc(b.len);
+    cr_assert_not_null(b.data);
+    memset(b.data, 2, b.len);
+    cr_expect_eq(gpl_step_end(c, 2), GPL_OK, "training goes on: %s", gpl_last_error(c));
+    cr_expect_eq(gpl_step_end(c, 3), GPL_OK, "training goes on: %s", gpl_last_error(c));
+    gpl_ckpt_wait(c);
+    gpl_ckpt_status st = GPL_CKPT_STATUS_INIT;
+    cr_assert_eq(gpl_ckpt_status_get(c, &st), GPL_OK);
+    cr_expect_eq(st.complete_step, 1, "the newest complete step is still 1");
+    gpl_finalize(c);
+    free(b.data);
+    b.len = 1u << 20;
+    b.data = malloc(b.len);
+    c = blob_comm(&b, small, NULL, 1, 1, 3);
+    int64_t step = -1;
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(step, 1);
+    cr_expect_eq(b.loaded, 1);
+    gpl_finalize(c);
+    free(b.data);
+    snprintf(cmd, sizeof cmd, "umount %s", small);
+    cr_expect_eq(system(cmd), 0);
 }

@@ -149,13 +149,19 @@ static void sample(uint16_t type, rdzv_msg *m) {
                              .step_time_us = 98000,
                              .wait_us = UINT32_MAX,
                              .since_progress_ms = 40,
-                             .gpu = "0"};
-        rdzv_stats_add(&stats_buf, &r);
+                             .gpu = "0",
+                             .ckpt_local_step = -1,
+                             .ckpt_durable_step = -1};
+        rdzv_stats_add(&stats_buf, &r); /* no checkpoint group */
         r.rank = 9;
         r.local_rank = 1;
         r.wait_us = 1234;
         memcpy(r.gpu, "GPU-1f2e3d4c-aaaa-bbbb-cccc-0123456789ab", 41);
-        rdzv_stats_add(&stats_buf, &r);
+        r.ckpt_local_step = 1000;
+        r.ckpt_durable_step = 900;
+        r.ckpt_stall_ms = 250;
+        r.ckpt_drain_left = 3ull << 32;
+        rdzv_stats_add(&stats_buf, &r); /* with it */
         m->u.stats.window_ms = 5000;
         m->u.stats.count = 2;
         m->u.stats.ranks = (rdzv_bytes){stats_buf.data, (uint32_t)stats_buf.len};
@@ -349,6 +355,10 @@ Test(codec, stats_entries_and_hang) {
     cr_expect_eq(r.local_rank, 1);
     cr_expect_eq(r.wait_us, 1234);
     cr_expect_str_eq(r.gpu, "GPU-1f2e3d4c-aaaa-bbbb-cccc-0123456789ab");
+    cr_expect_eq(r.ckpt_local_step, 1000);
+    cr_expect_eq(r.ckpt_durable_step, 900);
+    cr_expect_eq(r.ckpt_stall_ms, 250);
+    cr_expect_eq(r.ckpt_drain_left, 3ull << 32);
     cr_expect_not(rdzv_stats_next(&walk, &r));
     cr_expect_eq(walk.len, 0);
 
@@ -433,6 +443,125 @@ Test(codec, stats_entries_and_hang) {
     rdzv_buf_free(&list);
     rdzv_buf_free(&b);
     rdzv_buf_free(&stats_buf);
+}
+
+/* The checkpoint group of a STATS entry is optional: written only when it
+ * says something, read when bytes follow the GPU; an older launcher's entry
+ * (without it) reads -1, -1, 0, 0, a group cut short is refused, and a newer
+ * peer's fields after it are ignored. */
+Test(codec, stats_checkpoint_group_is_optional) {
+    rdzv_buf with, without;
+    rdzv_buf_init(&with, 4096);
+    rdzv_buf_init(&without, 4096);
+    rdzv_rank_stats r = RDZV_RANK_STATS_INIT, d;
+    r.rank = 17;
+    r.local_rank = 3;
+    r.step = 4242;
+    r.steps = 12;
+    r.step_time_us = 51000;
+    memcpy(r.gpu, "3", 2);
+    cr_assert_eq(rdzv_stats_add(&without, &r), GPL_OK);
+    r.ckpt_local_step = 1ll << 41;
+    r.ckpt_durable_step = 0;
+    r.ckpt_stall_ms = UINT32_MAX;
+    r.ckpt_drain_left = UINT64_MAX - 1;
+    cr_assert_eq(rdzv_stats_add(&with, &r), GPL_OK);
+    cr_expect_eq(with.len, without.len + 28, "the group: two i64, a u32 and a u64");
+
+    /* round trip */
+    rdzv_bytes walk = {with.data, (uint32_t)with.len};
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect_eq(walk.len, 0);
+    cr_expect(d.rank == 17 && d.local_rank == 3 && d.step == 4242 && d.steps == 12 &&
+              d.step_time_us == 51000 && d.wait_us == UINT32_MAX && strcmp(d.gpu, "3") == 0);
+    cr_expect_eq(d.ckpt_local_step, 1ll << 41);
+    cr_expect_eq(d.ckpt_durable_step, 0, "step 0 is a step");
+    cr_expect_eq(d.ckpt_stall_ms, UINT32_MAX);
+    cr_expect_eq(d.ckpt_drain_left, UINT64_MAX - 1);
+
+    /* nothing to say: the entry is byte for byte an older launcher's, and an
+     * older launcher's entry reads the defaults */
+    walk = (rdzv_bytes){without.data, (uint32_t)without.len};
+    memset(&d, 0x5a, sizeof d);
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect(d.rank == 17 && d.step == 4242 && strcmp(d.gpu, "3") == 0);
+    cr_expect_eq(d.ckpt_local_step, -1);
+    cr_expect_eq(d.ckpt_durable_step, -1);
+    cr_expect_eq(d.ckpt_stall_ms, 0);
+    cr_expect_eq(d.ckpt_drain_left, 0);
+    /* length 37; rank 17, local rank 3; step 4242; 12 steps; 51000 us per
+     * step; wait not known; 0 ms since progress; gpu "3" */
+    static const uint8_t old_entry[] = {0,   0,   0,   37,  0,  0,   0, 17, 0, 0,  0, 3, 0,   0,
+                                        0,   0,   0,   0,   16, 146, 0, 0,  0, 12, 0, 0, 199, 56,
+                                        255, 255, 255, 255, 0,  0,   0, 0,  0, 0,  0, 1, '3'};
+    /* gpu */
+    cr_expect_eq(without.len, sizeof old_entry);
+    cr_expect_eq(memcmp(without.data, old_entry, sizeof old_entry), 0,
+                 "the entry's layout before checkpoints");
+    /* a group in which only the stall or the drain says something is sent */
+    rdzv_rank_stats s2 = RDZV_RANK_STATS_INIT;
+    s2.ckpt_drain_left = 1;
+    rdzv_buf b2;
+    rdzv_buf_init(&b2, 4096);
+    cr_assert_eq(rdzv_stats_add(&b2, &s2), GPL_OK);
+    walk = (rdzv_bytes){b2.data, (uint32_t)b2.len};
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect(d.ckpt_local_step == -1 && d.ckpt_durable_step == -1 && d.ckpt_drain_left == 1);
+
+    /* a group cut short is a malformed entry; a whole one with a newer
+     * peer's 4 bytes after it is read up to the fields known */
+    uint8_t body[256];
+    size_t blen = with.len - 4;
+    memcpy(body, with.data + 4, blen);
+    rdzv_buf list;
+    rdzv_buf_init(&list, 4096);
+    for (size_t cut = 1; cut < 28; cut++) {
+        list.len = 0;
+        rdzv_list_add(&list, body, (uint32_t)(blen - cut));
+        walk = (rdzv_bytes){list.data, (uint32_t)list.len};
+        cr_expect_not(rdzv_stats_next(&walk, &d), "a group %zu bytes short is taken", cut);
+    }
+    memcpy(body + blen, "\x01\x02\x03\x04", 4);
+    list.len = 0;
+    rdzv_list_add(&list, body, (uint32_t)(blen + 4));
+    walk = (rdzv_bytes){list.data, (uint32_t)list.len};
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect(d.ckpt_local_step == 1ll << 41 && d.ckpt_drain_left == UINT64_MAX - 1);
+    /* a negative step other than -1 reads as none */
+    list.len = 0;
+    memcpy(body, with.data + 4, blen);
+    memset(body + blen - 28, 0xff, 7);
+    body[blen - 28 + 7] = 0xf0; /* local step -16 */
+    rdzv_list_add(&list, body, (uint32_t)blen);
+    walk = (rdzv_bytes){list.data, (uint32_t)list.len};
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect_eq(d.ckpt_local_step, -1);
+
+    /* the whole STATS message with one entry of each kind */
+    rdzv_buf entries, frame;
+    rdzv_buf_init(&entries, RDZV_MAX_FRAME);
+    rdzv_buf_init(&frame, RDZV_MAX_FRAME + 4);
+    rdzv_buf_append(&entries, without.data, without.len);
+    rdzv_buf_append(&entries, with.data, with.len);
+    rdzv_msg m = {.type = RDZV_STATS}, dm;
+    m.u.stats.window_ms = 2000;
+    m.u.stats.count = 2;
+    m.u.stats.ranks = (rdzv_bytes){entries.data, (uint32_t)entries.len};
+    cr_assert_eq(rdzv_encode(&m, &frame), GPL_OK);
+    cr_assert_eq(rdzv_decode(frame.data, frame.len, &dm, NULL, 0), GPL_OK);
+    walk = dm.u.stats.ranks;
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect_eq(d.ckpt_local_step, -1);
+    cr_assert(rdzv_stats_next(&walk, &d));
+    cr_expect_eq(d.ckpt_local_step, 1ll << 41);
+    cr_expect_not(rdzv_stats_next(&walk, &d));
+
+    rdzv_buf_free(&with);
+    rdzv_buf_free(&without);
+    rdzv_buf_free(&b2);
+    rdzv_buf_free(&list);
+    rdzv_buf_free(&entries);
+    rdzv_buf_free(&frame);
 }
 
 Test(codec, encode_refuses_over_limit_fields) {

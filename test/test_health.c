@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <curl/curl.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -157,6 +158,13 @@ static double compute_us(uint32_t rank, uint32_t w, uint32_t slow_rank, double s
     return BASE_US * (1.0 + noise) * (rank == slow_rank ? slow : 1.0);
 }
 
+/* Nodes (bit i: nodes[i]) whose launcher reports checkpoints: rank r wrote
+ * step 200 locally (rank 1: 190), step 100 is durable (rank 3 knows of 90),
+ * its last save stalled 10 + r ms and (r + 1) MB still drain. The others
+ * send entries without the checkpoint group, byte for byte an older
+ * launcher's. */
+static uint32_t ckpt_nodes;
+
 /* One window of every node; slow: the slowdown of slow_rank over it. The
  * rank `steady` is 12 % slower throughout (a noise-level difference). */
 static void send_window(node *nodes, uint32_t n, uint32_t nproc, uint32_t w, uint32_t slow_rank,
@@ -182,6 +190,13 @@ static void send_window(node *nodes, uint32_t n, uint32_t nproc, uint32_t w, uin
                                       .wait_us = (uint32_t)(step - COMM_US - c),
                                       .since_progress_ms = 15};
             snprintf(st[l].gpu, sizeof st[l].gpu, "%u", l);
+            st[l].ckpt_local_step = st[l].ckpt_durable_step = -1;
+            if (ckpt_nodes & (1u << i)) {
+                st[l].ckpt_local_step = r == 1 ? 190 : 200;
+                st[l].ckpt_durable_step = r == 3 ? 90 : 100;
+                st[l].ckpt_stall_ms = 10 + r;
+                st[l].ckpt_drain_left = 1000000ull * (r + 1);
+            }
         }
         rdzv_client_stats(nodes[i].c, WINDOW_MS, st, nproc);
     }
@@ -420,6 +435,242 @@ Test(health, per_rank_output_is_bounded) {
     stop_server();
 }
 
+/* What `promtool check metrics` refuses, for machines without it: a sample
+ * whose family has no TYPE before it, a family's samples apart, HELP or TYPE
+ * twice, a malformed name, label set or value, a series twice. 0 when clean,
+ * else -1 with the line in why. */
+static int prom_check(const char *text, char *why, size_t len) {
+    enum { MAXF = 512 };
+    static char fam[MAXF][128], series[4096][256];
+    static int typed[MAXF], helped[MAXF], sampled[MAXF];
+    int nf = 0, ns = 0, cur = -1, bad = 0;
+    char line[1024] = "";
+    for (const char *l = text; *l && !bad;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        char name[128];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), l);
+        l = e ? e + 1 : l + n;
+        const char *p = line;
+        int help = strncmp(p, "# HELP ", 7) == 0, type = strncmp(p, "# TYPE ", 7) == 0;
+        if (line[0] == '#' && !help && !type)
+            continue; /* a comment */
+        if (help || type)
+            p += 7;
+        size_t k = 0;
+        while ((p[k] >= 'a' && p[k] <= 'z') || (p[k] >= 'A' && p[k] <= 'Z') || p[k] == '_' ||
+               p[k] == ':' || (k && p[k] >= '0' && p[k] <= '9'))
+            k++;
+        if (k == 0 || k >= sizeof name) {
+            bad = 1;
+            break;
+        }
+        snprintf(name, sizeof name, "%.*s", (int)k, p);
+        p += k;
+        int f = 0;
+        while (f < nf && strcmp(fam[f], name) != 0)
+            f++;
+        if (f == nf) {
+            if (nf == MAXF) {
+                bad = 1;
+                break;
+            }
+            snprintf(fam[nf], sizeof fam[nf], "%s", name);
+            typed[nf] = helped[nf] = sampled[nf] = 0;
+            nf++;
+        }
+        if (help || type) {
+            int *seen = help ? &helped[f] : &typed[f];
+            bad = *seen || sampled[f] || *p != ' ' ||
+                  (type && strcmp(p + 1, "gauge") && strcmp(p + 1, "counter") &&
+                   strcmp(p + 1, "untyped") && strcmp(p + 1, "summary") &&
+                   strcmp(p + 1, "histogram"));
+            *seen = 1;
+            continue;
+        }
+        bad = !typed[f] || (sampled[f] && cur != f);
+        sampled[f] = 1;
+        cur = f;
+        if (*p == '{') {
+            p++;
+            while (!bad && *p != '}') {
+                size_t q = 0;
+                while ((p[q] >= 'a' && p[q] <= 'z') || (p[q] >= 'A' && p[q] <= 'Z') ||
+                       p[q] == '_' || (q && p[q] >= '0' && p[q] <= '9'))
+                    q++;
+                if (q == 0 || p[q] != '=' || p[q + 1] != '"') {
+                    bad = 1;
+                    break;
+                }
+                p += q + 2;
+                while (*p && *p != '"')
+                    p += *p == '\\' && p[1] ? 2 : 1;
+                if (*p != '"') {
+                    bad = 1;
+                    break;
+                }
+                p++;
+                if (*p == ',')
+                    p++;
+                else if (*p != '}')
+                    bad = 1;
+            }
+            if (bad)
+                break;
+            p++;
+        }
+        size_t slen = (size_t)(p - line);
+        for (int i = 0; i < ns && !bad; i++)
+            bad = strlen(series[i]) == slen && strncmp(series[i], line, slen) == 0;
+        if (ns < 4096)
+            snprintf(series[ns++], sizeof series[0], "%.*s", (int)slen, line);
+        char *end = (char *)p;
+        if (!bad && *p == ' ')
+            strtod(p + 1, &end);
+        bad = bad || end == p || end == p + 1 || *end != '\0';
+    }
+    if (bad)
+        snprintf(why, len, "not promtool-clean at: %s", line);
+    return bad ? -1 : 0;
+}
+
+/* The job object of run in a /status document. */
+static json_t *status_job(json_t *doc, const char *run) {
+    json_t *jobs = json_object_get(doc, "jobs"), *j;
+    size_t i;
+    json_array_foreach(jobs, i, j) {
+        if (strcmp(json_string_value(json_object_get(j, "run_id")), run) == 0)
+            return j;
+    }
+    return NULL;
+}
+
+/* The checkpoint object of rank r in the job's health.ranks (json null
+ * when the rank has none, NULL when the rank is not listed). */
+static json_t *rank_ckpt(json_t *job, uint32_t r) {
+    json_t *ranks = json_object_get(json_object_get(job, "health"), "ranks"), *x;
+    size_t i;
+    json_array_foreach(ranks, i, x) {
+        if (json_integer_value(json_object_get(x, "rank")) == (json_int_t)r)
+            return json_object_get(x, "checkpoint");
+    }
+    return NULL;
+}
+
+/* A step figure of a checkpoint object: -1 for null, -2 when missing. */
+static long long ck(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return v == NULL ? -2 : json_is_null(v) ? -1 : (long long)json_integer_value(v);
+}
+
+/* Checkpoint figures in STATS reach /status (per rank and the job's: min of
+ * the steps, max of the stalls, sum of the drains) and /metrics; an older
+ * launcher's entries (no checkpoint group) still count and leave the job's
+ * steps unknown; a job without checkpoints has none and no series. */
+Test(health, checkpoint_figures_in_status_and_metrics) {
+    char why[1100];
+    /* the checker refuses what promtool does */
+    static const char *const bad[] = {
+        "x 1\n",                                           /* no TYPE */
+        "# TYPE x gauge\nx{a=\"1\"} 1\nx{a=\"1\"} 2\n",    /* a series twice */
+        "# TYPE x gauge\n# TYPE y gauge\nx 1\ny 1\nx 2\n", /* a family apart */
+        "# TYPE x gauge\nx{a=1} 1\n",                      /* an unquoted label */
+        "# TYPE x gauge\nx 1.2.3\n",                       /* not a number */
+        "# TYPE x gauge\n# TYPE x counter\nx 1\n",         /* TYPE twice */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_eq(prom_check(bad[i], why, sizeof why), -1, "%s", bad[i]);
+    cr_assert_eq(
+        prom_check("# HELP x X.\n# TYPE x gauge\nx{a=\"q\\\"\"} -1\nx 2.5e+06\n", why, sizeof why),
+        0, "%s", why);
+    start_server(NULL);
+    node *nodes = start_nodes("ckpt", 2, 4);
+    /* no launcher reports checkpoints */
+    ckpt_nodes = 0;
+    for (uint32_t w = 0; w < 2; w++) {
+        send_window(nodes, 2, 4, w, 99, 1.0, 99);
+        pump(WINDOW_MS);
+    }
+    char *st = http_get("/status");
+    json_error_t jerr;
+    json_t *doc = json_loads(st, 0, &jerr);
+    cr_assert(doc != NULL, "/status is not JSON (%s): %s", jerr.text, st);
+    json_t *job = status_job(doc, "ckpt");
+    cr_assert(job != NULL);
+    cr_expect(json_is_null(json_object_get(job, "checkpoint")), "no checkpoints: %s", st);
+    cr_expect(json_is_null(rank_ckpt(job, 5)), "%s", st);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(job, "health"), "reported")), 8,
+                 "entries without checkpoints are taken: %s", st);
+    json_decref(doc);
+    free(st);
+    char *m = http_get("/metrics");
+    cr_expect_eq(prom_check(m, why, sizeof why), 0, "%s\n%s", why, m);
+    cr_expect(strstr(m, "# TYPE gpulaunch_job_checkpoint_local_step gauge\n") != NULL, "%s", m);
+    cr_expect_eq(count_lines(m, "gpulaunch_job_checkpoint_", NULL), 0, "no series: %s", m);
+    free(m);
+
+    /* node 0's launcher reports them, node 1's is older */
+    ckpt_nodes = 1;
+    send_window(nodes, 2, 4, 2, 99, 1.0, 99);
+    pump(WINDOW_MS);
+    st = http_get("/status");
+    doc = json_loads(st, 0, &jerr);
+    cr_assert(doc != NULL, "%s: %s", jerr.text, st);
+    job = status_job(doc, "ckpt");
+    json_t *c = json_object_get(job, "checkpoint");
+    cr_expect(json_is_object(c), "%s", st);
+    cr_expect_eq(json_integer_value(json_object_get(c, "ranks")), 4);
+    cr_expect_eq(ck(c, "local_step"), -1, "ranks 4-7 say nothing: no step every rank wrote");
+    cr_expect_eq(ck(c, "durable_step"), -1);
+    cr_expect_eq(json_integer_value(json_object_get(c, "stall_ms")), 13);
+    cr_expect_eq(json_integer_value(json_object_get(c, "drain_bytes")), 10000000);
+    json_t *r1 = rank_ckpt(job, 1);
+    cr_expect(ck(r1, "local_step") == 190 && ck(r1, "durable_step") == 100 &&
+                  json_integer_value(json_object_get(r1, "stall_ms")) == 11 &&
+                  json_integer_value(json_object_get(r1, "drain_bytes")) == 2000000,
+              "rank 1: %s", st);
+    cr_expect(json_is_null(rank_ckpt(job, 6)), "an older launcher's rank: %s", st);
+    json_decref(doc);
+    free(st);
+    m = http_get("/metrics");
+    cr_expect_eq(prom_check(m, why, sizeof why), 0, "%s\n%s", why, m);
+    cr_expect(strstr(m, "gpulaunch_job_checkpoint_local_step{job=\"ckpt\"} -1\n") &&
+                  strstr(m, "gpulaunch_job_checkpoint_durable_step{job=\"ckpt\"} -1\n") &&
+                  strstr(m, "gpulaunch_job_checkpoint_stall_seconds{job=\"ckpt\"} 0.013\n") &&
+                  strstr(m, "gpulaunch_job_checkpoint_drain_bytes{job=\"ckpt\"} 10000000\n"),
+              "%s", m);
+    free(m);
+
+    /* both report them */
+    ckpt_nodes = 3;
+    send_window(nodes, 2, 4, 3, 99, 1.0, 99);
+    pump(WINDOW_MS);
+    st = http_get("/status");
+    doc = json_loads(st, 0, &jerr);
+    cr_assert(doc != NULL, "%s: %s", jerr.text, st);
+    job = status_job(doc, "ckpt");
+    c = json_object_get(job, "checkpoint");
+    cr_expect(json_integer_value(json_object_get(c, "ranks")) == 8 && ck(c, "local_step") == 190 &&
+                  ck(c, "durable_step") == 90 &&
+                  json_integer_value(json_object_get(c, "stall_ms")) == 17 &&
+                  json_integer_value(json_object_get(c, "drain_bytes")) == 36000000,
+              "the job's: min, min, max, sum: %s", st);
+    cr_expect_eq(ck(rank_ckpt(job, 6), "local_step"), 200, "%s", st);
+    json_decref(doc);
+    free(st);
+    m = http_get("/metrics");
+    cr_expect_eq(prom_check(m, why, sizeof why), 0, "%s\n%s", why, m);
+    cr_expect(strstr(m, "gpulaunch_job_checkpoint_local_step{job=\"ckpt\"} 190\n") &&
+                  strstr(m, "gpulaunch_job_checkpoint_durable_step{job=\"ckpt\"} 90\n") &&
+                  strstr(m, "gpulaunch_job_checkpoint_stall_seconds{job=\"ckpt\"} 0.017\n") &&
+                  strstr(m, "gpulaunch_job_checkpoint_drain_bytes{job=\"ckpt\"} 36000000\n"),
+              "%s", m);
+    free(m);
+    ckpt_nodes = 0;
+    close_nodes(nodes, 2);
+    stop_server();
+}
+
 static int count_of(const char *hay, const char *needle);
 
 /* /status?job=RUN_ID (what the page reads): that job in full and one line
@@ -532,10 +783,12 @@ Test(health, job_page_in_chromium, .timeout = 90) {
     node *hung = start_nodes("eval", 1, 2);
     rdzv_client_hang(hung[0].c, 1, "rank 1 (pid 5151) made no progress for 31.0 s (timeout 30 s)");
     node *nodes = start_nodes("train", 2, 4);
+    ckpt_nodes = 3; /* train's launchers report checkpoints, eval's do not */
     for (uint32_t w = 0; w < 20; w++) {
         send_window(nodes, 2, 4, w, 5, w < 8 ? 1.0 : 1.5, 99);
         pump(WINDOW_MS);
     }
+    ckpt_nodes = 0;
     cr_assert_eq(total(nodes, 2, offsetof(node, stragglers)), 2, "rank 5 named");
     char dir[256];
     tmpdir_make(dir, sizeof dir, "gpl-page");
@@ -570,6 +823,16 @@ Test(health, job_page_in_chromium, .timeout = 90) {
     cr_expect_eq(count_of(dom, "<g class=\"rank\""), 8, "%s", dom);
     cr_expect_geq(count_of(dom, "<circle class=\"pt\""), 2, "step-rate points: %s", dom);
     cr_expect(strstr(dom, "class=\"k-straggler\"") != NULL, "the timeline names it");
+    /* the checkpoints panel: every rank wrote 190, 90 is durable, the worst
+     * stall 17 ms, 36 MB draining; each rank's steps in its row */
+    cr_expect(strstr(dom, "<b id=\"ckpt-local\">190</b>") &&
+                  strstr(dom, "<b id=\"ckpt-durable\">90</b>") &&
+                  strstr(dom, "<b id=\"ckpt-stall\">0.017 s</b>") &&
+                  strstr(dom, "<b id=\"ckpt-drain\" class=\"draining\">36.0 MB left</b>") &&
+                  strstr(dom, "<b id=\"ckpt-ranks\">8</b>"),
+              "the checkpoints panel: %s", dom);
+    cr_expect_eq(count_of(dom, "<td class=\"num\">200</td><td class=\"num\">100</td>"), 6,
+                 "ranks' written and durable steps: %s", dom);
     free(dom);
 
     /* the other job: its hung rank highlighted */
@@ -584,6 +847,49 @@ Test(health, job_page_in_chromium, .timeout = 90) {
                   strstr(dom, "Hung: rank 1 on eval-node-0 in round 1") != NULL,
               "%s", dom);
     cr_expect(strstr(dom, "class=\"k-hang\"") != NULL, "%s", dom);
+    cr_expect(strstr(dom, "<span class=\"empty\" id=\"ckpt-none\">none reported</span>") != NULL,
+              "a job without checkpoints: %s", dom);
+    free(dom);
+
+    /* 1280 px wide, no horizontal scrolling: the page, fetched by a local
+     * file, drawn in a 1280 px frame of that file's own (srcdoc, its base
+     * the server) and measured there; reading the server from a file needs
+     * --disable-web-security, with this test's own profile */
+    snprintf(path, sizeof path, "%s/frame.html", dir);
+    FILE *fr = fopen(path, "w");
+    cr_assert(fr != NULL);
+    fprintf(fr,
+            "<!doctype html><body style=\"margin:0\"><iframe id=\"f\" style=\"width:1280px;"
+            "height:900px;border:0\"></iframe><script>\n"
+            "const srv = 'http://127.0.0.1:%d/', f = document.getElementById('f');\n"
+            "const say = w => document.body.setAttribute('data-width', w);\n"
+            "const measure = () => { const d = f.contentDocument.documentElement;\n"
+            "  say(d.scrollWidth + ' ' + d.clientWidth + ' ' +\n"
+            "      (f.contentDocument.getElementById('ckpt-local') ? 'drawn' : 'empty')); };\n"
+            "fetch(srv).then(r => r.text()).then(t => {\n"
+            "  f.onload = () => { f.onload = null; f.contentWindow.location.hash = 'job=train';\n"
+            "    setTimeout(measure, 2500); };\n"
+            "  f.srcdoc = t.replace('<head>', '<head><base href=\"' + srv + '\">'); })\n"
+            "  .catch(e => say('error ' + e));\n"
+            "</script></body>\n",
+            hport);
+    fclose(fr);
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s %s --disable-web-security --user-data-dir=%s/profile --dump-dom "
+             "'file://%s' >%s/frame.dom 2>>%s/chromium.log",
+             browser, flags, dir, path, dir, dir);
+    st = run_pumping(cmd, 70000);
+    snprintf(path, sizeof path, "%s/frame.dom", dir);
+    dom = slurp(path);
+    const char *dw = strstr(dom, "data-width=\"");
+    unsigned sw = 0, cw = 0;
+    char drawn[16] = "";
+    cr_expect(dw && sscanf(dw + 12, "%u %u %15[a-z]", &sw, &cw, drawn) == 3 && cw > 1200 &&
+                  sw <= cw && strcmp(drawn, "drawn") == 0,
+              "the page scrolls sideways at 1280 px (scroll width, client width, job drawn): "
+              "%s",
+              dom);
+    cr_log_info("the job page at 1280 px: %u px of content in %u", sw, cw);
     free(dom);
 
     /* the screenshot for docs/health.md */
@@ -743,5 +1049,93 @@ Test(health, dp_train_slowed_rank_named_end_to_end, .timeout = 90) {
         cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "launcher %d: status %d: %s", i, ws,
                   l[i].out);
     }
+    stop_server();
+}
+
+/* End to end: 2 launchers x 2 workers of dp_train saving every 40 steps to
+ * their own local directory and draining to a shared durable one; the
+ * launchers' summaries carry what the runtime reports in the progress slots,
+ * and the server shows the job's newest step written and made durable by
+ * every rank in /status and /metrics. */
+Test(health, dp_train_checkpoints_reach_the_server, .timeout = 90) {
+    start_server(NULL);
+    char dir[256], cdir[2][300], durable[300], ep[64];
+    tmpdir_make(dir, sizeof dir, "gpl-hckpt");
+    snprintf(durable, sizeof durable, "%s/durable", dir);
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    proc l[2];
+    for (int i = 0; i < 2; i++) {
+        snprintf(cdir[i], sizeof cdir[i], "%s/node%d", dir, i);
+        char *argv[] = {GPL_BUILD_DIR "/launcher/gpulaunch",
+                        "--nnodes",
+                        "2",
+                        "--nproc-per-node",
+                        "2",
+                        "--rdzv-backend",
+                        "c10d",
+                        "--rdzv-endpoint",
+                        ep,
+                        "--rdzv-id",
+                        "ck2e",
+                        "--stats-interval",
+                        "0.3",
+                        "--no-python",
+                        GPL_BUILD_DIR "/examples/dp_train",
+                        "--steps",
+                        "400",
+                        "--step-sleep-ms",
+                        "10",
+                        "--print-every",
+                        "100000",
+                        "--checkpoint-dir",
+                        cdir[i],
+                        "--checkpoint-every",
+                        "40",
+                        "--checkpoint-durable",
+                        durable,
+                        NULL};
+        cr_assert_eq(proc_start(&l[i], argv, NULL), 0);
+    }
+    long long local = -1, dur = -1, ranks = 0;
+    char *st = NULL;
+    uint64_t deadline = now_ms() + 40000;
+    while (now_ms() < deadline && !(local >= 80 && dur >= 40 && ranks == 4)) {
+        for (int i = 0; i < 2; i++)
+            proc_expect(&l[i], "\x01never\x01", 0);
+        pump(100);
+        free(st);
+        st = http_get("/status?job=ck2e");
+        json_t *doc = json_loads(st, 0, NULL);
+        json_t *c = json_object_get(status_job(doc, "ck2e"), "checkpoint");
+        if (json_is_object(c)) {
+            local = ck(c, "local_step");
+            dur = ck(c, "durable_step");
+            ranks = (long long)json_integer_value(json_object_get(c, "ranks"));
+            cr_assert(dur <= local || local < 0, "durable %lld after written %lld: %s", dur, local,
+                      st);
+        }
+        json_decref(doc);
+    }
+    cr_expect(local >= 80 && dur >= 40 && ranks == 4,
+              "the job's checkpoints (written %lld, durable %lld, %lld ranks): %s\n%s\n%s", local,
+              dur, ranks, st, l[0].out, l[1].out);
+    cr_log_info("dp_train's checkpoints on the server: step %lld written by all 4 ranks, step "
+                "%lld durable",
+                local, dur);
+    cr_expect_eq(local % 40, 0, "a step saved every 40: %lld", local);
+    free(st);
+    char *m = http_get("/metrics");
+    char why[1100];
+    cr_expect_eq(prom_check(m, why, sizeof why), 0, "%s\n%s", why, m);
+    const char *job[] = {"job=\"ck2e\"", NULL};
+    cr_expect_eq(count_lines(m, "gpulaunch_job_checkpoint_local_step{", job), 1, "%s", m);
+    cr_expect_eq(count_lines(m, "gpulaunch_job_checkpoint_durable_step{", job), 1, "%s", m);
+    free(m);
+    for (int i = 0; i < 2; i++) {
+        int ws = proc_wait(&l[i], 60000);
+        cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "launcher %d: status %d: %s", i, ws,
+                  l[i].out);
+    }
+    tmpdir_remove(dir);
     stop_server();
 }

@@ -147,6 +147,30 @@ Test(options, yaml_file_is_the_lowest_source) {
     unlink(path);
 }
 
+Test(options, checkpoint_tiers_from_the_command_line_environment_and_file) {
+    char path[] = "/tmp/gpl-cfg-XXXXXX";
+    int fd = mkstemp(path);
+    const char *y = "checkpoint-durable: /mnt/pvc/ckpt\ncheckpoint-async: off\n";
+    cr_assert(write(fd, y, strlen(y)) == (ssize_t)strlen(y));
+    close(fd);
+    const char *a[] = {"gpulaunch", "--config", path, "prog", NULL};
+    cr_assert_eq(load(4, a), 0, "%s", err);
+    cr_expect_str_eq(cfg.val[GL_CHECKPOINT_DURABLE], "/mnt/pvc/ckpt");
+    cr_expect_eq(cfg.ckpt_async, 0);
+    gl_config_free(&cfg);
+    setenv("PET_CHECKPOINT_DURABLE", "s3://ckpts/job7", 1);
+    cr_assert_eq(load(4, a), 0, "%s", err);
+    cr_expect_str_eq(cfg.val[GL_CHECKPOINT_DURABLE], "s3://ckpts/job7");
+    cr_expect_eq(cfg.src[GL_CHECKPOINT_DURABLE], GL_SRC_ENV, "the environment beats the file");
+    gl_config_free(&cfg);
+    const char *b[] = {"gpulaunch", "--config", path, "--checkpoint-async", "on", "prog", NULL};
+    cr_assert_eq(load(6, b), 0, "%s", err);
+    cr_expect_eq(cfg.ckpt_async, 1);
+    gl_config_free(&cfg);
+    unsetenv("PET_CHECKPOINT_DURABLE");
+    unlink(path);
+}
+
 Test(options, rdzv_conf_is_host_and_a_static_endpoint) {
     const char *a[] = {"gpulaunch",
                        "--nnodes",
@@ -255,6 +279,9 @@ Test(options, refusals) {
         {{"--stats-interval", "3601", "prog"}, "--stats-interval: '3601'"},
         {{"--warm-start-timeout", "-1", "prog"}, "--warm-start-timeout: '-1'"},
         {{"--warm-start-timeout", "3601", "prog"}, "--warm-start-timeout: '3601'"},
+        {{"--checkpoint-durable", "ckpts", "prog"}, "a shared directory or s3://BUCKET/PREFIX"},
+        {{"--checkpoint-durable", "s3://", "prog"}, "--checkpoint-durable: 's3://'"},
+        {{"--checkpoint-async", "maybe", "prog"}, "on or off"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *argv[8] = {"gpulaunch"};

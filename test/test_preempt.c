@@ -142,10 +142,12 @@ Test(preempt, torn_and_partial_checkpoints_are_skipped) {
     /* a torn newer step: COMPLETE claims it, but the data is cut short */
     snprintf(cmd, sizeof cmd,
              "cp -r %s/step-000000000300 %s/step-000000000400 && "
+             "printf 'gpulaunch-checkpoint 1\\nstep 400\\nworld 2\\n' "
+             ">%s/step-000000000400/COMPLETE && "
              "truncate -s 100 %s/step-000000000400/r0-params && "
              "cp -r %s/step-000000000300 %s/step-000000000500 && "
              "rm %s/step-000000000500/COMPLETE",
-             ck, ck, ck, ck, ck, ck);
+             ck, ck, ck, ck, ck, ck, ck);
     cr_assert_eq(system(cmd), 0);
     proc p;
     char *argv[] = {GL,
@@ -410,4 +412,99 @@ Test(preempt, a_notice_during_start_up_waits_until_workers_can_checkpoint, .time
     cr_log_info("a notice 1.2 s after the start, workers ready after 3 s: every rank saved step "
                 "%ld; both launchers gone %llu ms after the start",
                 step, (unsigned long long)took);
+}
+
+/* Node `rank` of a 2 x 2 job with its own local disk (ckdir) draining to a
+ * shared durable tier; durable "" for none. */
+static void start_tiered(proc *p, int rank, int port, const char *ckdir, const char *durable,
+                         const char *steps, const char *sleep_ms, int via_launcher) {
+    char r[8], po[16];
+    snprintf(r, sizeof r, "%d", rank);
+    snprintf(po, sizeof po, "%d", port);
+    char *argv[32];
+    int n = 0;
+    const char *pre[] = {GL,          "--nnodes",      "2", "--nproc-per-node",
+                         "2",         "--node-rank",   r,   "--master-addr",
+                         "127.0.0.1", "--master-port", po,  "--shutdown-timeout",
+                         "20"};
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
+        argv[n++] = (char *)pre[i];
+    /* the durable tier as the launcher's option (passed to the workers in
+     * GPULAUNCH_CKPT_DURABLE) or as the program's own */
+    if (via_launcher) {
+        argv[n++] = "--checkpoint-durable";
+        argv[n++] = (char *)durable;
+    }
+    const char *prog[] = {
+        DP,       "--steps",          steps, "--global-batch",     "32",  "--print-every",
+        "100000", "--checkpoint-dir", ckdir, "--checkpoint-every", "100", "--step-sleep-ms",
+        sleep_ms};
+    for (size_t i = 0; i < sizeof prog / sizeof prog[0]; i++)
+        argv[n++] = (char *)prog[i];
+    if (!via_launcher) {
+        argv[n++] = "--checkpoint-durable";
+        argv[n++] = (char *)durable;
+    }
+    argv[n] = NULL;
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+}
+
+Test(preempt, a_preemption_drains_to_the_durable_tier_and_a_job_without_its_disks_resumes_from_it,
+     .timeout = 240) {
+    char ck0[128], ck1[128], pvc[128], ref[128], cmd[512];
+    snprintf(ck0, sizeof ck0, "%s/node0-nvme", dir);
+    snprintf(ck1, sizeof ck1, "%s/node1-nvme", dir);
+    snprintf(pvc, sizeof pvc, "%s/pvc", dir);
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    proc a, b;
+    int port = free_tcp_port();
+    start_tiered(&b, 1, port, ck1, pvc, "300", "4", 1);
+    start_tiered(&a, 0, port, ck0, pvc, "300", "4", 1);
+    cr_assert(proc_expect(&b, "workers (", 10000), "%s", b.out);
+    usleep(600000);
+    kill(b.pid, SIGTERM);
+    int sa = proc_wait(&a, 60000), sb = proc_wait(&b, 60000);
+    long step = preempted_step(&a, &b, sa, sb, 300);
+    /* each launcher says its node's files of that step are durable */
+    char durable[128];
+    snprintf(durable, sizeof durable, "checkpoint: step %ld is durable", step);
+    cr_expect(strstr(a.out, durable) != NULL, "%s", a.out);
+    cr_expect(strstr(b.out, durable) != NULL, "%s", b.out);
+    char complete[256];
+    snprintf(complete, sizeof complete, "%s/step-%012ld/COMPLETE", pvc, step);
+    cr_expect(access(complete, F_OK) == 0, "no %s", complete);
+    /* node 1 is replaced by one with an empty disk: its ranks fetch from the durable tier */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", ck1);
+    cr_assert_eq(system(cmd), 0);
+    port = free_tcp_port();
+    start_tiered(&b, 1, port, ck1, pvc, "300", "0", 0);
+    start_tiered(&a, 0, port, ck0, pvc, "300", "0", 0);
+    sa = proc_wait(&a, 60000);
+    sb = proc_wait(&b, 60000);
+    cr_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "node 0: %d %s", sa, a.out);
+    cr_assert(WIFEXITED(sb) && WEXITSTATUS(sb) == 0, "node 1: %d %s", sb, b.out);
+    char resumed[128];
+    snprintf(resumed, sizeof resumed, "resumed from the checkpoint of step %ld", step);
+    cr_expect(strstr(a.out, resumed) != NULL, "%s", a.out);
+    cr_expect(strstr(b.out, "fetched from the durable tier") != NULL, "%s", b.out);
+    cr_expect(strstr(a.out, "fetched from the durable tier") == NULL, "node 0 kept its disk: %s",
+              a.out);
+    char got[4][65], want[4][65];
+    cr_assert_eq(params_sha_lines(a.out, b.out, got, 4), 4);
+    /* every local disk gone: the whole job restores from the durable tier alone */
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", ck0, ck1);
+    cr_assert_eq(system(cmd), 0);
+    port = free_tcp_port();
+    start_tiered(&b, 1, port, ck1, pvc, "300", "0", 0);
+    start_tiered(&a, 0, port, ck0, pvc, "300", "0", 0);
+    sa = proc_wait(&a, 60000);
+    sb = proc_wait(&b, 60000);
+    cr_assert(WIFEXITED(sa) && WEXITSTATUS(sa) == 0, "node 0: %d %s", sa, a.out);
+    cr_expect(strstr(a.out, "resumed from the checkpoint of step 300") != NULL,
+              "the finished run's last step, made durable by gpl_ckpt_wait: %s", a.out);
+    /* the resumed run ends bitwise where an uninterrupted one ends */
+    run_pair(ref, "300", want, 0);
+    for (int r = 0; r < 4; r++)
+        cr_expect_str_eq(got[r], want[r], "rank %d: resumed %s, uninterrupted %s", r, got[r],
+                         want[r]);
 }

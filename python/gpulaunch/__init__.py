@@ -21,7 +21,7 @@ warm join) waits for it: Elastic and Comm call it.
 from ._firstround import await_round
 from ._native import GPL_EXIT_PREEMPTED as EXIT_PREEMPTED
 from ._native import Error
-from .checkpoint import Checkpointer, CheckpointReader, CheckpointWriter
+from .checkpoint import Checkpointer, CheckpointReader, CheckpointStatus, CheckpointWriter
 from .comm import Comm
 from .elastic import Elastic, Reformed
 from .progress import _register_stack_dump, allreduce_hook, progress
@@ -39,6 +39,7 @@ __all__ = [
     "Checkpointer",
     "CheckpointWriter",
     "CheckpointReader",
+    "CheckpointStatus",
     "progress",
     "allreduce_hook",
     "await_round",

@@ -109,7 +109,15 @@ class ExternalOps(ctypes.Structure):
     ]
 
 
+CKPT_OPTIONS_VERSION = 2
+CKPT_STATUS_VERSION = 1
+
+
 class CkptOptions(ctypes.Structure):
+    """gpl_ckpt_options, version 2 (durable, keep_durable, async_save added to
+    version 1: a library that knows only version 1 is handed the first
+    CKPT_OPTIONS_V1_SIZE bytes)."""
+
     _fields_ = [
         ("size", ctypes.c_size_t),
         ("version", ctypes.c_uint32),
@@ -118,7 +126,38 @@ class CkptOptions(ctypes.Structure):
         ("every_steps", ctypes.c_int64),
         ("every_seconds", ctypes.c_double),
         ("handle_sigterm", ctypes.c_int),
+        # version 2
+        ("durable", ctypes.c_char_p),
+        ("keep_durable", ctypes.c_int),
+        ("async_save", ctypes.c_int),
     ]
+
+
+CKPT_OPTIONS_V1_SIZE = CkptOptions.durable.offset
+
+
+class CkptStatus(ctypes.Structure):
+    """gpl_ckpt_status, version 1: what this rank's checkpoints are doing
+    (steps -1: none)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("local_step", ctypes.c_int64),
+        ("durable_step", ctypes.c_int64),
+        ("complete_step", ctypes.c_int64),
+        ("durable_complete_step", ctypes.c_int64),
+        ("last_stall_s", ctypes.c_double),
+        ("last_wait_s", ctypes.c_double),
+        ("drain_bytes", ctypes.c_uint64),
+        ("drain_total", ctypes.c_uint64),
+        ("drain_rate", ctypes.c_double),
+    ]
+
+    @classmethod
+    def init(cls) -> "CkptStatus":
+        """GPL_CKPT_STATUS_INIT."""
+        return cls(ctypes.sizeof(cls), CKPT_STATUS_VERSION, -1, -1, -1, -1, 0.0, 0.0, 0, 0, 0.0)
 
 
 class RoundInfo(ctypes.Structure):
@@ -184,6 +223,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_ckpt_temp_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
     "gpl_ckpt_commit": (c_result, [_P, ctypes.c_char_p]),
     "gpl_ckpt_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpl_ckpt_stage": (c_result, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_P)]),
+    "gpl_ckpt_wait": (c_result, [_P]),
+    "gpl_ckpt_status_get": (c_result, [_P, ctypes.POINTER(CkptStatus)]),
     "gpl_progress": (None, [ctypes.c_int64]),
     "gpl_progress_stack_signal": (None, [ctypes.c_int]),
     "gpl_progress_wait_begin": (None, []),

@@ -1,9 +1,12 @@
 """Checkpoints agreed by every rank (gpl_ckpt_*): the save and load callbacks
-are Python functions handed a CheckpointWriter or CheckpointReader."""
+are Python functions handed a CheckpointWriter or CheckpointReader. Saves are
+asynchronous: what save_fn hands over is copied into the runtime's staging
+buffer, and a background thread writes, hashes and drains it (wait())."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import signal
@@ -11,6 +14,7 @@ import sys
 from typing import Any, Callable, Optional, Union
 
 from . import _native as N
+from . import _statefile
 from ._native import Error
 from .comm import Comm
 
@@ -51,15 +55,20 @@ class _Files:
 class CheckpointWriter(_Files):
     """Handed to save_fn: writes this rank's files of the checkpoint of step."""
 
-    def __init__(self, comm: Comm, ck: int, step: int, seconds_left: float) -> None:
+    def __init__(
+        self, comm: Comm, ck: int, step: int, seconds_left: float,
+        pins: Optional[_statefile.StagePins] = None,
+    ) -> None:
         super().__init__(comm, ck, step)
         self.preempting = seconds_left < _LARGE_LEFT
         self.seconds_left = seconds_left if self.preempting else math.inf
         self._names: list[str] = []
+        self._pins = pins
 
     def path(self, name: str) -> str:
-        """A temporary path to write file `name` to (torch.save(state, w.path("model.pt")));
-        it is fsync'd, hashed, renamed and listed in the manifest after save_fn returns."""
+        """A temporary path to write file `name` to (torch.save(state, w.path("model.pt")))
+        during save_fn; it is fsync'd, hashed, renamed and listed in the manifest in the
+        background after save_fn returns."""
         p = self._path_call("gpl_ckpt_temp_path", name)
         if name not in self._names:
             self._names.append(name)
@@ -82,6 +91,33 @@ class CheckpointWriter(_Files):
         if rc != N.GPL_OK:
             raise self._comm._error(rc)
 
+    def save_state(self, name: str, state: Any) -> None:
+        """Saves state as file `name`: nested dicts (str or int keys), lists,
+        tuples, None, bool, int, float, str and torch tensors (CPU or CUDA;
+        a model's and an optimizer's state_dict), in one file without pickle
+        (load_state runs no code from it). Its bytes go straight into the
+        staging buffer (CUDA tensors by an asynchronous copy into pinned
+        memory, waited for here); the program may change the tensors once
+        save_fn returns. TypeError names the first value of another type."""
+        self._live("save_state", name)
+        import torch
+
+        plan = _statefile.Plan(torch, state, name)
+        ptr = self._stage(name, plan.size)
+        plan.fill(ptr, self._pins)
+
+    def _stage(self, name: str, size: int) -> int:
+        """size bytes of the staging buffer that become file `name`
+        (gpl_ckpt_stage); the address is valid until save_fn returns."""
+        ck, raw = self._live("stage", name)
+        p = ctypes.c_void_p()
+        rc = N.fn("gpl_ckpt_stage")(ck, raw, size, ctypes.byref(p))
+        if rc != N.GPL_OK:
+            raise self._comm._error(rc)
+        if not p.value:
+            raise Error(N.GPL_ERR_SYSTEM, f"gpulaunch: gpl_ckpt_stage({name!r}) gave no buffer", "GPL_ERR_SYSTEM")
+        return p.value
+
     def _commit(self) -> None:
         ck = self._ck
         for name in self._names:
@@ -103,9 +139,56 @@ class CheckpointReader(_Files):
         with open(self.path(name), "rb") as f:
             return f.read()
 
+    def load_state(self, name: str, map_location: Any = None) -> Any:
+        """The state save_state saved as file `name`: containers and values as
+        they were (tuples, int keys, an OrderedDict's _metadata), each tensor
+        read straight into a new CPU tensor, moved to map_location (a device)
+        when given. No code of the file's runs (no pickle)."""
+        import torch
+
+        return _statefile.load(torch, self.path(name), map_location)
+
 
 SaveFn = Callable[[CheckpointWriter], None]
 LoadFn = Callable[[CheckpointReader], None]
+
+
+def _step(v: int) -> Optional[int]:
+    return None if v < 0 else int(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointStatus:
+    """What this rank's checkpoints are doing (Checkpointer.status()). Steps
+    are None when there is none yet.
+
+    local_step: the newest step whose files this rank has written (the first
+    tier: directory); durable_step: the newest this rank has drained to the
+    durable tier; complete_step: the newest every rank wrote (marked
+    COMPLETE); durable_complete_step: the newest every rank drained;
+    last_stall_s: how long the last save stopped training (the copy into the
+    staging buffer, or the whole write when synchronous); last_wait_s: of
+    that, the wait for the previous save to be written; drain_bytes,
+    drain_total: the drain in flight (0, 0: none); drain_rate: bytes/s of the
+    last drain."""
+
+    local_step: Optional[int]
+    durable_step: Optional[int]
+    complete_step: Optional[int]
+    durable_complete_step: Optional[int]
+    last_stall_s: float
+    last_wait_s: float
+    drain_bytes: int
+    drain_total: int
+    drain_rate: float
+
+    @classmethod
+    def _of(cls, s: N.CkptStatus) -> "CheckpointStatus":
+        return cls(
+            _step(s.local_step), _step(s.durable_step), _step(s.complete_step),
+            _step(s.durable_complete_step), float(s.last_stall_s), float(s.last_wait_s),
+            int(s.drain_bytes), int(s.drain_total), float(s.drain_rate),
+        )
 
 
 class Checkpointer:
@@ -113,18 +196,30 @@ class Checkpointer:
     periodic (every_steps, every_seconds on rank 0's clock) and on preemption
     (SIGTERM to any rank, or a notice on any node). keep: complete checkpoints
     kept. Without comm it makes one: gpulaunch's, or under torchrun one over
-    torch.distributed's default process group (created by then or later)."""
+    torch.distributed's default process group (created by then or later).
+
+    durable: a second tier the checkpoints drain to in the background, a
+    shared directory or "s3://bucket/prefix" (keep_durable: complete
+    checkpoints kept there, 0: keep's value); restore() takes the newest step
+    every rank can load from either. async_save (default): step_end stops
+    training only for the copy of the state into a staging buffer, and the
+    files are written in the background; False: step_end returns once this
+    rank's files are written. Call wait() once after the training loop (the
+    with statement does): the last checkpoint is COMPLETE only then."""
 
     comm: Comm
 
     def __init__(
         self,
-        directory: Union[str, "os.PathLike[str]"],
+        directory: Union[str, "os.PathLike[str]", None],
         every_steps: int = 0,
         every_seconds: float = 0.0,
         keep: int = 3,
         comm: Optional[Comm] = None,
         handle_sigterm: bool = True,
+        durable: Union[str, "os.PathLike[str]", None] = None,
+        keep_durable: int = 0,
+        async_save: bool = True,
     ) -> None:
         if not isinstance(every_steps, int) or every_steps < 0:
             raise ValueError(f"Checkpointer: every_steps must be an int >= 0, not {every_steps!r}")
@@ -132,8 +227,32 @@ class Checkpointer:
             raise ValueError(f"Checkpointer: every_seconds must be >= 0, not {every_seconds!r}")
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"Checkpointer: keep must be an int >= 1, not {keep!r}")
-        self._dir = os.path.abspath(os.fspath(directory))
-        os.makedirs(self._dir, exist_ok=True)
+        if not isinstance(keep_durable, int) or keep_durable < 0:
+            raise ValueError(f"Checkpointer: keep_durable must be an int >= 0 (0: keep's), not {keep_durable!r}")
+        self._durable: Optional[str] = None
+        if durable is not None:
+            d = os.fspath(durable)
+            if not d.startswith("s3://"):
+                d = os.path.abspath(d)
+                os.makedirs(d, exist_ok=True)
+            self._durable = d
+        if directory is None:
+            if self._durable is None or self._durable.startswith("s3://"):
+                raise ValueError("Checkpointer: directory is needed (a durable tier in S3 drains from it)")
+            self._dir: Optional[str] = None
+        else:
+            self._dir = os.path.abspath(os.fspath(directory))
+            os.makedirs(self._dir, exist_ok=True)
+        L = N.lib()
+        v2 = getattr(L, "gpl_ckpt_wait", None) is not None  # else a library of version 1 options
+        if not v2 and (self._durable is not None or directory is None):
+            raise Error(
+                N.GPL_ERR_UNSUPPORTED,
+                "gpulaunch: the loaded libgpulaunch has no durable checkpoint tier: it is older than "
+                "this Python package; install a matching library (or point GPULAUNCH_LIBRARY at one)",
+                "GPL_ERR_UNSUPPORTED",
+            )
+        self._v2 = v2
         self._own = comm is None
         if comm is None:
             from . import _torchdist
@@ -144,14 +263,20 @@ class Checkpointer:
         self._load_fn: Optional[LoadFn] = None
         self._save_c = N.SAVE_FN(self._on_save)
         self._load_c = N.LOAD_FN(self._on_load)
+        self._pins = _statefile.StagePins()
         opts = N.CkptOptions(
-            ctypes.sizeof(N.CkptOptions), 1, os.fsencode(self._dir), keep, every_steps,
+            ctypes.sizeof(N.CkptOptions), N.CKPT_OPTIONS_VERSION,
+            os.fsencode(self._dir) if self._dir is not None else None, keep, every_steps,
             float(every_seconds), 1 if handle_sigterm else 0,
+            os.fsencode(self._durable) if self._durable is not None else None, keep_durable,
+            1 if async_save else 0,
         )
+        if not v2:
+            opts.size, opts.version = N.CKPT_OPTIONS_V1_SIZE, 1
         self._sigterm = handle_sigterm
         self._py_sigterm = signal.getsignal(signal.SIGTERM)  # what Python believes is installed
         self._told_sigterm = False
-        rc = N.lib().gpl_ckpt_setup(comm._handle(), ctypes.byref(opts), self._save_c, self._load_c, None)
+        rc = L.gpl_ckpt_setup(comm._handle(), ctypes.byref(opts), self._save_c, self._load_c, None)
         try:
             comm._check(rc)
         except BaseException:
@@ -164,7 +289,7 @@ class Checkpointer:
     def _on_save(self, ck: Optional[int], step: int, left: float, user: Optional[int]) -> int:
         try:
             assert ck is not None and self._save_fn is not None
-            w = CheckpointWriter(self.comm, ck, step, left)
+            w = CheckpointWriter(self.comm, ck, step, left, self._pins)
             try:
                 self._save_fn(w)
                 w._commit()
@@ -227,12 +352,39 @@ class Checkpointer:
         self.comm._check(rc, ok=(N.GPL_OK, N.GPL_ERR_PREEMPTED))
         return bool(rc == N.GPL_ERR_PREEMPTED)
 
+    def wait(self) -> None:
+        """A collective: every rank calls it, once after the training loop
+        (the with statement calls it when the block ends without an
+        exception). Waits until this rank's saves are written and drained to
+        the durable tier, agrees with every rank and marks the newest step
+        every rank wrote COMPLETE in each tier; until then the last
+        checkpoint is not one restore() takes. Not after step_end returned
+        True: a preemption's checkpoint is complete already."""
+        h = self._start()
+        if not self._v2:
+            return  # an older library saves synchronously
+        self.comm._check(N.fn("gpl_ckpt_wait")(h))
+
+    def status(self) -> CheckpointStatus:
+        """What this rank's checkpoints are doing (no collective)."""
+        if self._closed:
+            raise Error(N.GPL_ERR_STATE, "gpulaunch: the Checkpointer is closed", "GPL_ERR_STATE")
+        s = N.CkptStatus.init()
+        rc = N.fn("gpl_ckpt_status_get")(self.comm._handle(), ctypes.byref(s))
+        if rc != N.GPL_OK:
+            raise self.comm._error(rc)
+        return CheckpointStatus._of(s)
+
     def close(self) -> None:
         """Ends checkpointing; SIGTERM gets back the action Python had for it.
-        A communicator the Checkpointer made is closed too."""
+        A communicator the Checkpointer made is closed too (the saves still
+        in flight are written first, but not marked COMPLETE: close() is no
+        collective, so that it may run on an error path; call wait() before
+        it, or use the with statement)."""
         if self._closed:
             return
         self._closed = True
+        self._pins.release()
         if self._sigterm:
             try:
                 signal.signal(signal.SIGTERM, self._py_sigterm)
@@ -244,5 +396,11 @@ class Checkpointer:
     def __enter__(self) -> "Checkpointer":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Optional[type], exc: Optional[BaseException], tb: object) -> None:
+        """wait(), then close(); only close() when an exception is in flight
+        (a collective there could wait for ranks that never come)."""
+        try:
+            if exc_type is None and not self._closed:
+                self.wait()
+        finally:
+            self.close()

@@ -41,12 +41,21 @@ int main(int argc, char **argv) {
             m.u.fail.rank = 3;
             break;
         case RDZV_STATS: {
-            rdzv_rank_stats r = {.rank = 1, .steps = 10, .step_time_us = 1000, .gpu = "0"};
+            rdzv_rank_stats r = RDZV_RANK_STATS_INIT;
+            r.rank = 1;
+            r.steps = 10;
+            r.step_time_us = 1000;
+            r.wait_us = 0;
+            memcpy(r.gpu, "0", 2);
             keys.len = 0;
-            rdzv_stats_add(&keys, &r);
+            rdzv_stats_add(&keys, &r); /* an older launcher's entry */
             r.rank = 2;
             r.wait_us = UINT32_MAX;
-            rdzv_stats_add(&keys, &r);
+            r.ckpt_local_step = 100;
+            r.ckpt_durable_step = 50;
+            r.ckpt_stall_ms = 12;
+            r.ckpt_drain_left = 1 << 20;
+            rdzv_stats_add(&keys, &r); /* with the checkpoint group */
             m.u.stats.window_ms = 5000;
             m.u.stats.count = 2;
             m.u.stats.ranks = (rdzv_bytes){keys.data, (uint32_t)keys.len};

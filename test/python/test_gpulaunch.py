@@ -192,6 +192,7 @@ def test_checkpointer_errors_in_process(tmp_path: Path) -> None:
                 w.write("bad/name", b"")
 
         assert ck.step_end(2, good_save) is False
+        ck.wait()  # written in the background: COMPLETE once waited for
         check_layout(tmp_path / "ck" / "step-000000000002", 2, 1)
         with pytest.raises(gpulaunch.Error, match="after the callback returned"):
             kept[0].write("late", b"")

@@ -62,6 +62,7 @@ def save_run(ck: gpulaunch.Checkpointer, rank: int) -> str:
 
         if ck.step_end(step, save):
             return f"preempted at step {step} (nothing should preempt this job)"
+    ck.wait()  # the saves are asynchronous: the last one is COMPLETE after this
     if saved != list(range(EVERY, STEPS + 1, EVERY)):
         return f"saved at steps {saved}, expected every {EVERY} of {STEPS}"
     return ""

@@ -90,6 +90,7 @@ def main() -> int:
     except gpulaunch.Error as e:
         print(f"rank {r} error {e.name}: {e}", flush=True)
         return 1
+    ck.wait()  # the last checkpoint is COMPLETE once every rank's writes are done
     print(f"rank {r} done {step}", flush=True)
     ck.close()
     return 0

@@ -167,7 +167,16 @@ typedef struct rdzv_rank_stats {
                                    last rank to arrive; UINT32_MAX: not known */
     uint32_t since_progress_ms; /* since this rank's last report */
     char gpu[64];               /* its GPU binding (CUDA_VISIBLE_DEVICES), "" without */
+    /* its checkpoints (docs/checkpoints.md), optional on the wire: an older
+     * launcher's entry, or a rank without checkpoints, reads -1, -1, 0, 0 */
+    int64_t ckpt_local_step;   /* newest step of its files in its local tier; -1: none */
+    int64_t ckpt_durable_step; /* newest step every rank's files are durable; -1: none */
+    uint32_t ckpt_stall_ms;    /* what its last save stopped training for */
+    uint64_t ckpt_drain_left;  /* bytes of its drain to the durable tier still in flight */
 } rdzv_rank_stats;
+/* An entry that says nothing yet: wait unknown, no checkpoint. */
+#define RDZV_RANK_STATS_INIT                                                                       \
+    { .wait_us = UINT32_MAX, .ckpt_local_step = -1, .ckpt_durable_step = -1 }
 #define RDZV_MAX_STATS_RANKS 4096 /* ranks in one STATS message */
 /* This node's per-rank summaries of the last window_ms (a launcher sends one
  * every few seconds while its workers run). Dropped (no error) when the

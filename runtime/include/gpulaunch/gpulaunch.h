@@ -183,18 +183,30 @@ typedef gpl_result_t (*gpl_save_fn)(gpl_ckpt_t ck, int64_t step, double seconds_
 /* Reads the state of step with gpl_ckpt_read. */
 typedef gpl_result_t (*gpl_load_fn)(gpl_ckpt_t ck, int64_t step, void *user);
 
-#define GPL_CKPT_OPTIONS_VERSION 1
+/* Version 2 added durable, keep_durable and async_save; a version 1 struct
+ * (its smaller size) is still taken, with their defaults. */
+#define GPL_CKPT_OPTIONS_VERSION 2
 typedef struct gpl_ckpt_options {
     size_t size;
     uint32_t version;
-    const char *dir;      /* where step-NNNNNNNNNNNN/ directories go; NULL: never save */
-    int keep;             /* complete checkpoints kept (default 3) */
+    const char *dir;      /* the first tier: where step-NNNNNNNNNNNN/ directories go, usually
+                             the node's local disk (NVMe); NULL: the durable tier alone, or
+                             never save without one */
+    int keep;             /* complete checkpoints kept in dir (default 3) */
     int64_t every_steps;  /* periodic checkpoint every N steps (0: off) */
     double every_seconds; /* periodic checkpoint every T seconds, rank 0's clock (0: off) */
     int handle_sigterm;   /* 1: SIGTERM asks for a checkpoint instead of killing (default) */
+    /* version 2 */
+    const char *durable; /* the durable tier, drained to in the background from dir: a
+                            shared directory (a PVC on EFS, FSx, NFS) or s3://bucket/prefix
+                            (which needs dir); NULL: none (docs/checkpoints.md) */
+    int keep_durable;    /* complete checkpoints kept in the durable tier (0: keep's value) */
+    int async_save;      /* 1 (default): step_end stalls only for the copy of the state into
+                            a staging buffer in host memory, and the files are written in the
+                            background; 0: step_end returns once this rank's files are written */
 } gpl_ckpt_options;
 #define GPL_CKPT_OPTIONS_INIT                                                                      \
-    { sizeof(gpl_ckpt_options), GPL_CKPT_OPTIONS_VERSION, NULL, 3, 0, 0.0, 1 }
+    { sizeof(gpl_ckpt_options), GPL_CKPT_OPTIONS_VERSION, NULL, 3, 0, 0.0, 1, NULL, 0, 1 }
 
 GPL_API gpl_result_t gpl_ckpt_setup(gpl_comm_t comm, const gpl_ckpt_options *opts, gpl_save_fn save,
                                     gpl_load_fn load, void *user);
@@ -229,6 +241,36 @@ GPL_API gpl_result_t gpl_ckpt_commit(gpl_ckpt_t ck, const char *name);
 GPL_API gpl_result_t gpl_ckpt_path(gpl_ckpt_t ck, const char *name, char *path, size_t len);
 /* The communicator a save or load callback's checkpoint belongs to. */
 GPL_API gpl_comm_t gpl_ckpt_comm(gpl_ckpt_t ck);
+
+/* In the save callback: `size` bytes of the staging buffer that become this
+ * rank's file `name`; the caller fills *buf before the callback returns (a
+ * CUDA program copies device memory into it; gpl_ckpt_write is this plus a
+ * memcpy). The pointer is valid until the callback returns. */
+GPL_API gpl_result_t gpl_ckpt_stage(gpl_ckpt_t ck, const char *name, size_t size, void **buf);
+
+/* Waits until this rank's saves are written and drained to the durable tier,
+ * then agrees with every rank (a collective) and marks the newest step every
+ * rank wrote COMPLETE in each tier. Call it once after the training loop:
+ * the last checkpoint is then complete everywhere. */
+GPL_API gpl_result_t gpl_ckpt_wait(gpl_comm_t comm);
+
+/* What the checkpoints of this rank are doing (versioned like the options). */
+#define GPL_CKPT_STATUS_VERSION 1
+typedef struct gpl_ckpt_status {
+    size_t size;
+    uint32_t version;
+    int64_t local_step;    /* newest step this rank's files are written in the first tier (-1) */
+    int64_t durable_step;  /* newest step this rank's files are in the durable tier (-1) */
+    int64_t complete_step; /* newest step this rank knows every rank wrote (-1) */
+    int64_t durable_complete_step;     /* newest step every rank drained (-1) */
+    double last_stall_s;               /* what the last save stopped training for */
+    double last_wait_s;                /* of that, waiting for the previous save still writing */
+    uint64_t drain_bytes, drain_total; /* the drain in flight (0, 0: none) */
+    double drain_rate;                 /* bytes/s of the last drain */
+} gpl_ckpt_status;
+#define GPL_CKPT_STATUS_INIT                                                                       \
+    { sizeof(gpl_ckpt_status), GPL_CKPT_STATUS_VERSION, -1, -1, -1, -1, 0, 0, 0, 0, 0 }
+GPL_API gpl_result_t gpl_ckpt_status_get(gpl_comm_t comm, gpl_ckpt_status *out);
 
 /* ---- progress: the launcher's hang watchdog and straggler detection ---- */
 

@@ -1,0 +1,66 @@
+/* The staging buffer: where a save's bytes are copied at the step boundary so
+ * that training goes on while the writer thread writes them.
+ *
+ * CKPT_STAGE_RESERVE bytes of address space are reserved once (PROT_NONE,
+ * not backed, not counted against overcommit) and made readable and writable
+ * in CKPT_STAGE_GROW steps as the largest save needs them. So the buffer
+ * never moves (a pointer handed out during a save stays valid while it
+ * grows), it is reused from save to save, and the memory it holds is the
+ * largest save's size, once per rank: no growth from save to save. */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "ckpt_int.h"
+
+gpl_result_t ckpt_stage_init(ckpt_stage *s, gb_err *err) {
+    memset(s, 0, sizeof *s);
+    void *p = mmap(NULL, CKPT_STAGE_RESERVE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return gb_seterr(err, GPL_ERR_NOMEM,
+                         "checkpoint staging: cannot reserve %llu GiB of address space: %s; "
+                         "check `ulimit -v`",
+                         (unsigned long long)(CKPT_STAGE_RESERVE >> 30), strerror(errno));
+    s->base = p;
+    return GPL_OK;
+}
+
+gpl_result_t ckpt_stage_take(ckpt_stage *s, uint64_t n, uint8_t **p, gb_err *err) {
+    /* 64-byte alignment: vector copies, and any dtype a caller views it as */
+    uint64_t start = (s->used + 63) & ~(uint64_t)63;
+    if (s->base == NULL || n > CKPT_STAGE_RESERVE - start)
+        return gb_seterr(err, GPL_ERR_LIMIT,
+                         "checkpoint staging: a rank's checkpoint is at most %llu GiB "
+                         "(CKPT_STAGE_RESERVE); this one needs more",
+                         (unsigned long long)(CKPT_STAGE_RESERVE >> 30));
+    uint64_t end = start + n;
+    if (end > s->committed) {
+        uint64_t want = end - s->committed;
+        if (want < CKPT_STAGE_GROW)
+            want = CKPT_STAGE_GROW;
+        if (s->committed + want > CKPT_STAGE_RESERVE)
+            want = CKPT_STAGE_RESERVE - s->committed;
+        if (mprotect(s->base + s->committed, want, PROT_READ | PROT_WRITE) != 0)
+            return gb_seterr(err, GPL_ERR_NOMEM,
+                             "checkpoint staging: cannot grow the buffer from %llu to %llu MiB: "
+                             "%s; the node needs host memory for one copy of each rank's "
+                             "checkpoint",
+                             (unsigned long long)(s->committed >> 20),
+                             (unsigned long long)((s->committed + want) >> 20), strerror(errno));
+        /* transparent huge pages: fewer faults on the first save and fewer TLB misses */
+        madvise(s->base + s->committed, want, MADV_HUGEPAGE);
+        s->committed += want;
+    }
+    s->used = end;
+    *p = s->base + start;
+    return GPL_OK;
+}
+
+void ckpt_stage_reset(ckpt_stage *s) { s->used = 0; }
+
+void ckpt_stage_free(ckpt_stage *s) {
+    if (s->base)
+        munmap(s->base, CKPT_STAGE_RESERVE);
+    memset(s, 0, sizeof *s);
+}
