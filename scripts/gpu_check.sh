@@ -80,6 +80,9 @@ scripts/reform_check.sh $b "$out" dp-nccl $b/examples/dp_train --steps 3000 --st
 PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
   scripts/reform_check.sh $b "$out" ddp-nccl --no-python "$py" examples/train_ddp.py --backend nccl \
   --reform --steps 300 --step-sleep-ms 20
+echo "== checkpoints of CUDA tensors: save_state through pinned staging on a side stream, loaded back bitwise"
+PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
+  "$py" -m pytest -q -rs -p no:cacheprovider test/python/test_checkpoint_async.py -k cuda
 echo "== allreduce_bench, NCCL"
 $b/launcher/gpulaunch --standalone --nproc-per-node 1 $b/test/bench/allreduce_bench \
   --backend nccl -b 1M -e 1G -f 4 -n 50 -w 10 -c 1

@@ -883,3 +883,90 @@ Test(s3, aborted_upload_leaves_no_parts) {
     free(b);
     ckpt_s3_close(s);
 }
+
+/* ---- a training job with S3 as its durable tier -------------------------------- */
+
+#define GL GPL_BUILD_DIR "/launcher/gpulaunch"
+#define DP GPL_BUILD_DIR "/examples/dp_train"
+
+/* 2 workers of dp_train with 8 MiB of state each, a checkpoint every 20 steps
+ * into `local`, drained to s3://ckpts/job7 (none when !durable). */
+static void start_job(proc *p, const char *local, const char *steps, const char *sleep_ms,
+                      int durable) {
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    DP,
+                    "--steps",
+                    (char *)steps,
+                    "--global-batch",
+                    "32",
+                    "--print-every",
+                    "100000",
+                    "--state-mib",
+                    "8",
+                    "--checkpoint-dir",
+                    (char *)local,
+                    "--checkpoint-every",
+                    "20",
+                    "--step-sleep-ms",
+                    (char *)sleep_ms,
+                    durable ? "--checkpoint-durable" : NULL,
+                    "s3://" BUCKET "/job7",
+                    NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+}
+
+static void rank0_sha(const proc *p, char out[65]) {
+    const char *s = strstr(p->out, "rank 0 params_sha256 ");
+    cr_assert_not_null(s, "%s", p->out);
+    cr_assert_eq(sscanf(s, "rank 0 params_sha256 %64s", out), 1);
+}
+
+Test(s3, a_job_drains_to_s3_goes_on_through_an_outage_and_restores_from_s3_alone,
+     .timeout = 180) {
+    NEED_SERVER();
+    servers(1, 0, "0");
+    setenv("GPULAUNCH_S3_PART_BYTES", "5242880", 1); /* 8 MiB a rank: a multipart upload */
+    setenv("GPULAUNCH_S3_RETRIES", "2", 1);
+    char local[128], ref[128], cmd[300];
+    snprintf(local, sizeof local, "%s/nvme", dir);
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    ctl("fail?code=503&n=3"); /* SlowDown at first: retried */
+    proc p;
+    start_job(&p, local, "150", "20", 1);
+    cr_assert(proc_expect(&p, "checkpoint: step 20 durable", 30000), "%s", p.out);
+    ctl("down"); /* S3 gone for a second while the job trains: drains fail, training goes on */
+    usleep(1200000);
+    ctl("up");
+    int st = proc_wait(&p, 90000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "drain to the durable tier of step") != NULL &&
+                  strstr(p.out, "training goes on") != NULL,
+              "a drain failed during the outage, said with the tier: %s", p.out);
+    /* the last checkpoint (step 140), made complete in S3 by gpl_ckpt_wait */
+    ckpt_s3 *s = open_ok("s3://" BUCKET "/job7");
+    char buf[128];
+    size_t len = 0;
+    gb_err e = GB_ERR_INIT;
+    cr_assert_eq(ckpt_s3_get(s, "step-000000000140/COMPLETE", buf, sizeof buf, &len, &e), GPL_OK,
+                 "%s", e.msg);
+    ckpt_s3_close(s);
+    /* every local disk gone: the job restores from S3 alone, bitwise */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", local);
+    cr_assert_eq(system(cmd), 0);
+    start_job(&p, local, "140", "0", 1);
+    st = proc_wait(&p, 60000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_expect(strstr(p.out, "resumed from the checkpoint of step 140") != NULL, "%s", p.out);
+    cr_expect(strstr(p.out, "fetched from the durable tier s3://" BUCKET "/job7") != NULL, "%s",
+              p.out);
+    char got[65], want[65];
+    rank0_sha(&p, got);
+    start_job(&p, ref, "140", "0", 0); /* the same 140 steps, never interrupted */
+    st = proc_wait(&p, 60000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    rank0_sha(&p, want);
+    cr_expect_str_eq(got, want, "restored from S3 %s, uninterrupted %s", got, want);
+}

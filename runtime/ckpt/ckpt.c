@@ -42,6 +42,7 @@ struct gpl_ckpt {
     uint32_t push_seen;                   /* the rendezvous' checkpoint notices acted on ... */
     int push_reforms;                     /* ... on the connection of this re-formation */
     int64_t local_marked, durable_marked; /* newest steps every rank wrote / drained */
+    int64_t fail_floor; /* newest step some rank failed to write (the last agreement's) */
     double last_stall_s, last_wait_s;
     int waits;                    /* saves that waited for the previous one */
     double waited_s, wait_said_s; /* their time in all; when that was last said */
@@ -356,12 +357,17 @@ static gpl_result_t save_step(gpl_ckpt_t k, int64_t step, double left, int sync)
 static gpl_result_t agree(gpl_ckpt_t k, int64_t flags[2], int64_t *all_local,
                           int64_t *all_durable) {
     gpl_comm_t c = k->c;
-    int64_t v[4] = {flags ? flags[0] : 0, flags ? flags[1] : 0, 0, 0};
+    int64_t v[5] = {flags ? flags[0] : 0, flags ? flags[1] : 0, 0, 0, -1};
     v[2] = k->bg_started ? -atomic_load(&k->bg.local_done) : 1;
     v[3] = k->drainto ? -atomic_load(&k->bg.durable_done) : 1;
+    if (k->bg_started) {
+        pthread_mutex_lock(&k->bg.mu);
+        v[4] = k->bg.werr_step; /* the newest step this rank failed to write */
+        pthread_mutex_unlock(&k->bg.mu);
+    }
     /* the minimum of what each rank finished is the maximum of its negation */
     if (c->world > 1) {
-        gpl_result_t rc = gpl_allreduce(c, v, v, 4, GPL_INT64, GPL_MAX, NULL);
+        gpl_result_t rc = gpl_allreduce(c, v, v, 5, GPL_INT64, GPL_MAX, NULL);
         if (rc != GPL_OK)
             return rc;
     }
@@ -371,6 +377,7 @@ static gpl_result_t agree(gpl_ckpt_t k, int64_t flags[2], int64_t *all_local,
     }
     *all_local = -v[2];
     *all_durable = -v[3];
+    k->fail_floor = v[4];
     return GPL_OK;
 }
 
@@ -385,9 +392,9 @@ static gpl_result_t mark(gpl_ckpt_t k, int64_t all_local, int64_t all_durable, i
     if (all_local > k->local_marked) {
         k->local_marked = all_local;
         if (now)
-            rc = ckpt_bg_mark_local_now(&k->bg, all_local, c->world, &c->err);
+            rc = ckpt_bg_mark_local_now(&k->bg, all_local, c->world, k->fail_floor, &c->err);
         else
-            ckpt_bg_mark_local(&k->bg, all_local, c->world);
+            ckpt_bg_mark_local(&k->bg, all_local, c->world, k->fail_floor);
     }
     if (k->drainto && all_durable > k->durable_marked && rc == GPL_OK) {
         k->durable_marked = all_durable;

@@ -38,9 +38,11 @@
                                          checkpoint is at most 1 TiB */
 #define CKPT_STAGE_GROW (64ull << 20) /* the staging buffer grows by this much at least */
 #define CKPT_IO_PIECE (4u << 20)      /* bytes written, read or hashed at once */
-#define CKPT_DURABLE_WAIT_MS                                                                       \
-    600000u /* rank 0 waits this long for every rank's durable                                     \
-               manifest before giving a step up */
+/* up to this world size, a rank that finishes a step looks for every rank's
+ * manifest in the tier and marks the step COMPLETE at once (a shared tier);
+ * larger jobs wait for the next agreement */
+#define CKPT_LOOK_MAX_WORLD 64
+#define CKPT_WRITTEN_KEEP 64 /* steps a writer remembers having written, for the marks */
 
 enum ckpt_file_kind {
     CKPT_STAGED = 0,  /* bytes in the staging buffer */
@@ -144,16 +146,22 @@ typedef struct ckpt_bg {
     ckpt_tier *first, *durable; /* first: where the writer puts the files; durable: NULL or where
                                    they drain to */
     ckpt_stage *stage;
-    ckpt_job job;         /* the save being written (job_busy) */
-    int job_busy;         /* the writer has the job (staged data in use) */
-    int64_t drain_want;   /* newest step written by the writer and not drained yet (-1: none) */
-    int drain_rank;       /* the rank whose files drain_want's are (a re-formation renumbers) */
-    int64_t draining;     /* the step being drained (-1: none) */
-    int64_t mark_local;   /* a step every rank wrote: the writer marks it COMPLETE (-1: none) */
-    int64_t mark_durable; /* rank 0: a step every rank drained: the drainer marks it */
-    int is_marker;        /* local rank 0: writes COMPLETE markers in its first tier */
-    int is_root;          /* rank 0: writes COMPLETE in the durable tier (both set by the
-                             training thread at each save: a re-formation renumbers) */
+    ckpt_job job;       /* the save being written (job_busy) */
+    int job_busy;       /* the writer has the job (staged data in use) */
+    int64_t drain_want; /* newest step written by the writer and not drained yet (-1: none) */
+    int drain_rank;     /* the rank whose files drain_want's are (a re-formation renumbers) */
+    int64_t draining;   /* the step being drained (-1: none) */
+    int64_t mark_local; /* a step every rank wrote: the writer marks it COMPLETE (-1: none) */
+    int64_t mark_floor; /* newest step some rank failed to write: older steps this rank
+                           wrote but were never marked are marked only above it */
+    int64_t written[CKPT_WRITTEN_KEEP]; /* steps this rank wrote, oldest first */
+    int nwritten;
+    int64_t local_marked;           /* newest step marked in the first tier by this rank */
+    int drain_world;                /* the world of drain_want's save */
+    int64_t mark_durable;           /* rank 0: a step every rank drained: the drainer marks it */
+    int is_marker;                  /* local rank 0: writes COMPLETE markers in its first tier */
+    int is_root;                    /* rank 0: writes COMPLETE in the durable tier (both set by the
+                                       training thread at each save: a re-formation renumbers) */
     int world_local, world_durable; /* the world of the steps to mark */
     /* results, read by the training thread and the progress slot */
     _Atomic int64_t local_done;       /* newest step this rank's files are in the first tier */
@@ -175,11 +183,12 @@ void ckpt_bg_wait_writer(ckpt_bg *b, double *waited_s);
 void ckpt_bg_submit(ckpt_bg *b);
 /* Every rank wrote `step` to its first tier: mark it COMPLETE there (the marker
  * ranks), in the background. */
-void ckpt_bg_mark_local(ckpt_bg *b, int64_t step, int world);
+void ckpt_bg_mark_local(ckpt_bg *b, int64_t step, int world, int64_t floor);
 /* Rank 0: every rank's files of step are durable: mark it COMPLETE there, in the background. */
 void ckpt_bg_mark_durable(ckpt_bg *b, int64_t step, int world);
 /* The same, now, on the calling thread (a preemption's save, gpl_ckpt_wait). */
-gpl_result_t ckpt_bg_mark_local_now(ckpt_bg *b, int64_t step, int world, gb_err *err);
+gpl_result_t ckpt_bg_mark_local_now(ckpt_bg *b, int64_t step, int world, int64_t floor,
+                                    gb_err *err);
 /* Waits until this rank's `step` is drained (or a later one), at most until
  * deadline_s (wall clock; 0: no limit). 1 when it is. */
 int ckpt_bg_wait_drained(ckpt_bg *b, int64_t step, double deadline_s);

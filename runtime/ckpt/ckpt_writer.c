@@ -126,6 +126,55 @@ static gpl_result_t mark_complete(ckpt_tier *t, int64_t step, int world, int64_t
     return rc;
 }
 
+/* Called with b->mu held, which it drops while writing: every step this rank
+ * wrote that is not marked yet, up to `step` (which every rank wrote), is
+ * marked COMPLETE, oldest first; those at or below `floor` (a write failed
+ * somewhere then) only when they are `step` itself. Steps are marked when an
+ * agreement shows them written everywhere; one agreement may show several. */
+static void mark_written(ckpt_bg *b, int64_t step, int world, int64_t floor) {
+    int64_t todo[CKPT_WRITTEN_KEEP];
+    int n = 0;
+    for (int i = 0; i < b->nwritten; i++)
+        if (b->written[i] > b->local_marked && b->written[i] <= step &&
+            (b->written[i] == step || b->written[i] > floor))
+            todo[n++] = b->written[i];
+    if (n == 0 || todo[n - 1] != step)
+        todo[n++] = step; /* written before this process started (a restore), or forgotten */
+    if (step > b->local_marked)
+        b->local_marked = step;
+    int64_t busy = b->draining;
+    pthread_mutex_unlock(&b->mu);
+    pthread_mutex_lock(&b->mark_mu);
+    for (int i = 0; i < n; i++) {
+        gb_err e = GB_ERR_INIT;
+        if (mark_complete(b->first, todo[i], world, busy, &e) != GPL_OK)
+            say_failure("COMPLETE marker", todo[i], &e);
+    }
+    pthread_mutex_unlock(&b->mark_mu);
+    pthread_mutex_lock(&b->mu);
+}
+
+/* Called with b->mu held, which it drops: in a job small enough, the rank
+ * that finishes a step last sees every rank's manifest in a shared tier and
+ * marks the step COMPLETE at once, without waiting for an agreement. */
+static void look_and_mark(ckpt_bg *b, ckpt_tier *t, int64_t step, int world) {
+    if (world > CKPT_LOOK_MAX_WORLD)
+        return;
+    int64_t busy = b->draining;
+    pthread_mutex_unlock(&b->mu);
+    if (ckpt_tier_manifests(t, step, world) == world) {
+        gb_err e = GB_ERR_INIT;
+        pthread_mutex_lock(&b->mark_mu);
+        gpl_result_t rc = mark_complete(t, step, world, t == b->first ? busy : -1, &e);
+        if (rc == GPL_OK && t == b->durable && atomic_load(&b->durable_complete) < step)
+            atomic_store(&b->durable_complete, step);
+        pthread_mutex_unlock(&b->mark_mu);
+        if (rc != GPL_OK)
+            say_failure("COMPLETE marker", step, &e);
+    }
+    pthread_mutex_lock(&b->mu);
+}
+
 static void *writer_main(void *arg) {
     ckpt_bg *b = arg;
     int64_t marked = -1;
@@ -140,10 +189,17 @@ static void *writer_main(void *arg) {
             pthread_mutex_lock(&b->mu);
             if (rc == GPL_OK) {
                 atomic_store(&b->local_done, b->job.step);
+                if (b->nwritten == CKPT_WRITTEN_KEEP)
+                    memmove(b->written, b->written + 1, sizeof b->written - sizeof b->written[0]);
+                else
+                    b->nwritten++;
+                b->written[b->nwritten - 1] = b->job.step;
                 if (b->durable) {
                     b->drain_want = b->job.step;
                     b->drain_rank = b->job.rank;
+                    b->drain_world = b->job.world;
                 }
+                look_and_mark(b, b->first, b->job.step, b->job.world);
             } else {
                 b->werr = e;
                 b->werr_step = b->job.step;
@@ -153,17 +209,9 @@ static void *writer_main(void *arg) {
             continue;
         }
         if (b->mark_local > marked) {
-            int64_t s = b->mark_local, busy = b->draining;
-            int world = b->world_local;
+            int64_t s = b->mark_local;
             marked = s;
-            pthread_mutex_unlock(&b->mu);
-            gb_err e = GB_ERR_INIT;
-            pthread_mutex_lock(&b->mark_mu);
-            gpl_result_t rc = mark_complete(b->first, s, world, busy, &e);
-            pthread_mutex_unlock(&b->mark_mu);
-            if (rc != GPL_OK)
-                say_failure("COMPLETE marker", s, &e);
-            pthread_mutex_lock(&b->mu);
+            mark_written(b, s, b->world_local, b->mark_floor);
             continue;
         }
         if (b->stop)
@@ -250,6 +298,7 @@ static void *drainer_main(void *arg) {
                 uint64_t bytes = atomic_load(&b->drain_total);
                 b->drain_rate = took > 0 ? (double)bytes / took : 0;
                 atomic_store(&b->durable_done, s);
+                look_and_mark(b, b->durable, s, b->drain_world);
                 /* a newer step was written while this one drained: the drain falls behind
                  * the checkpoint interval (the steps between are never made durable) */
                 if (b->drain_want > s && !b->drain_warned) {
@@ -307,6 +356,7 @@ gpl_result_t ckpt_bg_start(ckpt_bg *b, ckpt_tier *first, ckpt_tier *durable, ckp
     b->stage = stage;
     b->drain_want = b->draining = b->mark_local = b->mark_durable = -1;
     b->werr_step = b->derr_step = -1;
+    b->local_marked = b->mark_floor = -1;
     atomic_store(&b->local_done, -1);
     atomic_store(&b->durable_done, -1);
     atomic_store(&b->durable_complete, -1);
@@ -341,13 +391,14 @@ void ckpt_bg_submit(ckpt_bg *b) {
     pthread_mutex_unlock(&b->mu);
 }
 
-void ckpt_bg_mark_local(ckpt_bg *b, int64_t step, int world) {
+void ckpt_bg_mark_local(ckpt_bg *b, int64_t step, int world, int64_t floor) {
     if (!b->is_marker)
         return;
     pthread_mutex_lock(&b->mu);
     if (step > b->mark_local) {
         b->mark_local = step;
         b->world_local = world;
+        b->mark_floor = floor;
     }
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
@@ -365,20 +416,19 @@ void ckpt_bg_mark_durable(ckpt_bg *b, int64_t step, int world) {
     pthread_mutex_unlock(&b->mu);
 }
 
-gpl_result_t ckpt_bg_mark_local_now(ckpt_bg *b, int64_t step, int world, gb_err *err) {
+gpl_result_t ckpt_bg_mark_local_now(ckpt_bg *b, int64_t step, int world, int64_t floor,
+                                    gb_err *err) {
     if (!b->is_marker)
         return GPL_OK;
     pthread_mutex_lock(&b->mu);
-    int64_t busy = b->draining;
     if (step > b->mark_local) { /* the writer need not do it again */
         b->mark_local = step;
         b->world_local = world;
     }
+    mark_written(b, step, world, floor);
     pthread_mutex_unlock(&b->mu);
-    pthread_mutex_lock(&b->mark_mu);
-    gpl_result_t rc = mark_complete(b->first, step, world, busy, err);
-    pthread_mutex_unlock(&b->mark_mu);
-    return rc;
+    (void)err; /* said on stderr, as the background marks: training goes on */
+    return GPL_OK;
 }
 
 gpl_result_t ckpt_bg_mark_durable_now(ckpt_bg *b, int64_t step, int world, gb_err *err) {
