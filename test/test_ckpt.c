@@ -406,9 +406,15 @@ Test(ckpt, host_memory_stays_flat_over_100_async_saves) {
     cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
     long after100 = rss_kib();
     cr_log_info("RSS after 10 saves %ld KiB, after 100 %ld KiB", after10, after100);
-    /* one staging buffer, reused: no growth by a checkpoint's size per save */
-    cr_expect(after100 <= after10 + after10 / 100 + 1024, "RSS grew from %ld to %ld KiB", after10,
-              after100);
+    /* one staging buffer, reused: no growth by a checkpoint's size per save.
+     * Under ASan freed blocks stay in its quarantine (RSS creeps by a few MiB
+     * over the 90 saves' small buffers): there, less than one save's size. */
+#if defined(__SANITIZE_ADDRESS__)
+    long slack = (long)(b.len / 1024);
+#else
+    long slack = after10 / 100 + 1024;
+#endif
+    cr_expect(after100 <= after10 + slack, "RSS grew from %ld to %ld KiB", after10, after100);
     gpl_finalize(c);
     free(b.data);
 }
