@@ -924,8 +924,7 @@ static void rank0_sha(const proc *p, char out[65]) {
     cr_assert_eq(sscanf(s, "rank 0 params_sha256 %64s", out), 1);
 }
 
-Test(s3, a_job_drains_to_s3_goes_on_through_an_outage_and_restores_from_s3_alone,
-     .timeout = 180) {
+Test(s3, a_job_drains_to_s3_goes_on_through_an_outage_and_restores_from_s3_alone, .timeout = 180) {
     NEED_SERVER();
     servers(1, 0, "0");
     setenv("GPULAUNCH_S3_PART_BYTES", "5242880", 1); /* 8 MiB a rank: a multipart upload */
