@@ -934,8 +934,8 @@ Test(s3, a_job_drains_to_s3_goes_on_through_an_outage_and_restores_from_s3_alone
     snprintf(ref, sizeof ref, "%s/ref", dir);
     ctl("fail?code=503&n=3"); /* SlowDown at first: retried */
     proc p;
-    start_job(&p, local, "150", "20", 1);
-    cr_assert(proc_expect(&p, "checkpoint: step 20 durable", 30000), "%s", p.out);
+    start_job(&p, local, "150", "30", 1);
+    cr_assert(proc_expect(&p, "durable: every rank", 30000), "%s", p.out);
     ctl("down"); /* S3 gone for a second while the job trains: drains fail, training goes on */
     usleep(1200000);
     ctl("up");
