@@ -22,38 +22,57 @@ void ckpt_sha256_hex(const unsigned char md[32], char hex[65]) {
     hex[64] = '\0';
 }
 
-int ckpt_hash_file(const char *path, char hex[65], uint64_t *size) {
-    int rc = -1, fd = -1;
+int ckpt_copy_hashed(int in, int out, char hex[65], uint64_t *total, ckpt_progress_fn fn,
+                     void *user, uint64_t size) {
+    int rc = -1;
     unsigned char md[32];
     unsigned int mdlen = 0;
     uint8_t *buf = malloc(CKPT_IO_PIECE);
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    *size = 0;
-    if (buf == NULL || ctx == NULL || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL))
+    *total = 0;
+    if (buf == NULL || ctx == NULL || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+        errno = ENOMEM;
         goto out;
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        goto out;
+    }
     for (;;) {
-        ssize_t n = read(fd, buf, CKPT_IO_PIECE);
+        ssize_t n = read(in, buf, CKPT_IO_PIECE);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
             goto out;
         if (n == 0)
             break;
-        if (!EVP_DigestUpdate(ctx, buf, (size_t)n))
+        EVP_DigestUpdate(ctx, buf, (size_t)n);
+        for (ssize_t o = 0; out >= 0 && o < n;) {
+            ssize_t w = write(out, buf + o, (size_t)(n - o));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                goto out;
+            o += w;
+        }
+        *total += (uint64_t)n;
+        if (fn && fn(*total, size, user) != 0) {
+            errno = ECANCELED;
             goto out;
-        *size += (uint64_t)n;
+        }
     }
-    if (!EVP_DigestFinal_ex(ctx, md, &mdlen))
-        goto out;
+    EVP_DigestFinal_ex(ctx, md, &mdlen);
     ckpt_sha256_hex(md, hex);
     rc = 0;
 out:
-    if (fd >= 0)
-        close(fd);
     EVP_MD_CTX_free(ctx);
     free(buf);
+    return rc;
+}
+
+int ckpt_hash_file(const char *path, char hex[65], uint64_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    *size = 0;
+    if (fd < 0)
+        return -1;
+    int rc = ckpt_copy_hashed(fd, -1, hex, size, NULL, NULL, 0);
+    close(fd);
     return rc;
 }
 

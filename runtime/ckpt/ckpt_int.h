@@ -114,6 +114,12 @@ void ckpt_tier_prune(ckpt_tier *t, int64_t current, int64_t busy);
 
 /* ---- files (ckpt_files.c) ---- */
 void ckpt_sha256_hex(const unsigned char md[32], char hex[65]);
+/* The open file `in` read to its end in CKPT_IO_PIECE pieces, written to
+ * `out` (-1: hashed only), SHA-256 of it into hex, *total its bytes; fn is
+ * told the progress (against size) and stops the copy (ECANCELED) when it
+ * returns non-zero. 0, or -1 with errno. */
+int ckpt_copy_hashed(int in, int out, char hex[65], uint64_t *total, ckpt_progress_fn fn,
+                     void *user, uint64_t size);
 /* SHA-256 of a file read in pieces; *size its bytes. */
 int ckpt_hash_file(const char *path, char hex[65], uint64_t *size);
 int ckpt_fsync_dir(const char *path);

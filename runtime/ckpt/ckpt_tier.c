@@ -4,7 +4,6 @@
  * returns: files are fsync'd and renamed into place, uploads are complete. */
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,51 +63,6 @@ static gpl_result_t dir_mkstep(ckpt_tier *t, int64_t step, char *dir, size_t len
     return GPL_OK;
 }
 
-/* Copies src to the open fd in pieces, hashing what it reads. */
-static int copy_hashed(int in, int out, char hex[65], uint64_t *total, ckpt_progress_fn fn,
-                       void *user, uint64_t size) {
-    int rc = -1;
-    unsigned char md[32];
-    unsigned int mdlen = 0;
-    uint8_t *buf = malloc(CKPT_IO_PIECE);
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    *total = 0;
-    if (buf == NULL || ctx == NULL || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
-        errno = ENOMEM;
-        goto out;
-    }
-    for (;;) {
-        ssize_t n = read(in, buf, CKPT_IO_PIECE);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            goto out;
-        if (n == 0)
-            break;
-        EVP_DigestUpdate(ctx, buf, (size_t)n);
-        for (ssize_t o = 0; o < n;) {
-            ssize_t w = write(out, buf + o, (size_t)(n - o));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0)
-                goto out;
-            o += w;
-        }
-        *total += (uint64_t)n;
-        if (fn && fn(*total, size, user) != 0) {
-            errno = ECANCELED;
-            goto out;
-        }
-    }
-    EVP_DigestFinal_ex(ctx, md, &mdlen);
-    ckpt_sha256_hex(md, hex);
-    rc = 0;
-out:
-    EVP_MD_CTX_free(ctx);
-    free(buf);
-    return rc;
-}
-
 gpl_result_t ckpt_tier_put_file(ckpt_tier *t, int64_t step, const char *name, const char *src,
                                 const char *sha, ckpt_progress_fn fn, void *user, gb_err *err) {
     gpl_result_t rc = GPL_OK;
@@ -140,7 +94,8 @@ gpl_result_t ckpt_tier_put_file(ckpt_tier *t, int64_t step, const char *name, co
     snprintf(path, sizeof path, "%s/%s", dir, name);
     uint64_t total = 0;
     if ((out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ||
-        copy_hashed(in, out, hex, &total, fn, user, (uint64_t)st.st_size) != 0 || fsync(out) != 0) {
+        ckpt_copy_hashed(in, out, hex, &total, fn, user, (uint64_t)st.st_size) != 0 ||
+        fsync(out) != 0) {
         rc = gb_seterr(err, errno == ECANCELED ? GPL_ERR_TIMEOUT : GPL_ERR_SYSTEM,
                        "checkpoint tier %s: copying %s to %s: %s; check the space and health of "
                        "that file system",
@@ -242,7 +197,7 @@ gpl_result_t ckpt_tier_get_file(ckpt_tier *t, int64_t step, const char *name, co
                            strerror(errno));
             goto out;
         }
-        if (copy_hashed(in, out, sha_out, &size, NULL, NULL, 0) != 0 || fsync(out) != 0) {
+        if (ckpt_copy_hashed(in, out, sha_out, &size, NULL, NULL, 0) != 0 || fsync(out) != 0) {
             rc = gb_seterr(err, GPL_ERR_SYSTEM, "checkpoint restore: copying %s to %s: %s", src,
                            tmp, strerror(errno));
             goto out;
