@@ -407,10 +407,11 @@ Test(ckpt, host_memory_stays_flat_over_100_async_saves) {
     long after100 = rss_kib();
     cr_log_info("RSS after 10 saves %ld KiB, after 100 %ld KiB", after10, after100);
     /* one staging buffer, reused: no growth by a checkpoint's size per save.
-     * Under ASan freed blocks stay in its quarantine (RSS creeps by a few MiB
-     * over the 90 saves' small buffers): there, less than one save's size. */
+     * Under ASan freed blocks stay in its quarantine (RSS creeps by up to ~10
+     * MiB over the 90 saves' I/O buffers): there, less than four saves' size,
+     * where a buffer per save would add 90 saves' size. */
 #if defined(__SANITIZE_ADDRESS__)
-    long slack = (long)(b.len / 1024);
+    long slack = (long)(4 * b.len / 1024);
 #else
     long slack = after10 / 100 + 1024;
 #endif

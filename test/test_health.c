@@ -191,7 +191,7 @@ static void send_window(node *nodes, uint32_t n, uint32_t nproc, uint32_t w, uin
                                       .since_progress_ms = 15};
             snprintf(st[l].gpu, sizeof st[l].gpu, "%u", l);
             st[l].ckpt_local_step = st[l].ckpt_durable_step = -1;
-            if (ckpt_nodes & (1u << i)) {
+            if (i < 32 && (ckpt_nodes >> i) & 1u) {
                 st[l].ckpt_local_step = r == 1 ? 190 : 200;
                 st[l].ckpt_durable_step = r == 3 ? 90 : 100;
                 st[l].ckpt_stall_ms = 10 + r;
