@@ -138,12 +138,18 @@ void gl_ckptview_exit_note(void) {
     node_ckpt n = look();
     if (n.workers == 0)
         return;
-    if (n.drain_left > 0 || (n.durable >= 0 && n.durable < n.local))
+    if (n.drain_left > 0 || (n.durable >= 0 && n.durable < n.local)) {
+        char left[64] = "", newest[64] = "none is durable";
+        if (n.drain_left > 0)
+            snprintf(left, sizeof left, " (%.1f MB not sent)", (double)n.drain_left / 1e6);
+        if (n.durable >= 0)
+            snprintf(newest, sizeof newest, "the newest durable step is %lld",
+                     (long long)n.durable);
         fprintf(stderr,
                 "gpulaunch: checkpoint: step %lld written on this node but not durable before "
-                "the deadline (%.1f MB left); the newest durable step is %lld\n",
-                (long long)n.local, (double)n.drain_left / 1e6, (long long)n.durable);
-    else if (n.durable >= 0)
+                "the deadline%s; %s\n",
+                (long long)n.local, left, newest);
+    } else if (n.durable >= 0)
         fprintf(stderr, "gpulaunch: checkpoint: step %lld is durable; this node's files are safe\n",
                 (long long)n.durable);
     else

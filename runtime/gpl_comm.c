@@ -2,6 +2,7 @@
  * attachment that tells a waiting rank the round is over, backend choice and
  * collective dispatch. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,8 +159,28 @@ out:
     return rc;
 }
 
+/* Communicators of one round share its key-value scope: each takes the next
+ * number of its process in that round, so the second of two (or one made
+ * after another was finalized) never reads the first's shared-memory name or
+ * ring address. Ranks create and re-form their communicators in the same
+ * order (as with torch's process groups), so the numbers agree. */
+static unsigned next_inst(int round) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static int last_round = -1;
+    static unsigned n;
+    pthread_mutex_lock(&mu);
+    if (round != last_round) {
+        last_round = round;
+        n = 0;
+    }
+    unsigned v = ++n;
+    pthread_mutex_unlock(&mu);
+    return v;
+}
+
 gpl_result_t gpl_comm_connect(gpl_comm_t c) {
     gpl_result_t rc = GPL_OK;
+    c->inst = next_inst(c->round);
     if (c->world > 1) {
         char host[256], err[512];
         int port;

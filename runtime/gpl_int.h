@@ -49,6 +49,7 @@ struct gpl_comm {
     gb_err err;
     char run_id[256];
     int round;
+    unsigned inst; /* this process's n-th communicator of the round: scopes its bootstrap keys */
     char hostname[256];
     rdzv_bclient *rdzv;
     /* shared memory */

@@ -93,19 +93,21 @@ gpl_result_t gpl_nccl_init(gpl_comm_t c, int device) {
     ncclUniqueId uid;
     ncclResult_t r;
     c->coll = "nccl-init";
+    char key[48];
+    snprintf(key, sizeof key, "gpl/%u/nccl/uid", c->inst);
     if (c->rank == 0) {
         if ((r = ncclGetUniqueId(&uid)) != ncclSuccess)
             return nccl_fail(c, "ncclGetUniqueId", r);
-        if (c->rdzv && rdzv_bclient_set(c->rdzv, "gpl/nccl/uid", &uid, sizeof uid) != GPL_OK)
+        if (c->rdzv && rdzv_bclient_set(c->rdzv, key, &uid, sizeof uid) != GPL_OK)
             return gb_seterr(&c->err, GPL_ERR_CLOSED, "rank 0: publishing the NCCL id: %s",
                              rdzv_bclient_error(c->rdzv));
     } else {
-        const char *k[1] = {"gpl/nccl/uid"};
+        const char *k[1] = {key};
         void *v = NULL;
         size_t len = 0;
         gpl_result_t rc = rdzv_bclient_wait(c->rdzv, k, 1, c->timeout_ms);
         if (rc == GPL_OK)
-            rc = rdzv_bclient_get(c->rdzv, "gpl/nccl/uid", &v, &len);
+            rc = rdzv_bclient_get(c->rdzv, key, &v, &len);
         if (rc != GPL_OK || len != sizeof uid) {
             free(v);
             return gb_seterr(&c->err, rc ? rc : GPL_ERR_PROTOCOL,

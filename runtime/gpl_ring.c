@@ -159,7 +159,7 @@ gpl_result_t gpl_ring_publish(gpl_comm_t c) {
     snprintf(val, sizeof val, "%s %d %d %d %s", addr && *addr ? addr : c->hostname,
              ntohs(sa.sin_port), c->base_rank, c->local_world, c->hostname);
     char key[64];
-    snprintf(key, sizeof key, "gpl/ring/%d", c->node_rank);
+    snprintf(key, sizeof key, "gpl/%u/ring/%d", c->inst, c->node_rank);
     gpl_result_t rc = rdzv_bclient_set(c->rdzv, key, val, strlen(val));
     if (rc != GPL_OK)
         return gb_seterr(&c->err, rc, "rank %d: %s", c->rank, rdzv_bclient_error(c->rdzv));
@@ -185,7 +185,7 @@ gpl_result_t gpl_nodes_load(gpl_comm_t c) {
             rc = gb_seterr(&c->err, GPL_ERR_NOMEM, "out of memory");
             goto out;
         }
-        snprintf(keys[i], 32, "gpl/ring/%d", i);
+        snprintf(keys[i], 32, "gpl/%u/ring/%d", c->inst, i);
     }
     rc = rdzv_bclient_wait(c->rdzv, (const char *const *)keys, (size_t)n, c->timeout_ms);
     if (rc == GPL_OK)

@@ -103,7 +103,7 @@ gpl_result_t gpl_shm_setup(gpl_comm_t c) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     c->spin = cores >= c->local_world;
     char key[64];
-    snprintf(key, sizeof key, "gpl/shm/%d", c->node_rank);
+    snprintf(key, sizeof key, "gpl/%u/shm/%d", c->inst, c->node_rank);
     gpl_result_t rc;
     int fd = -1;
     if (c->local_rank == 0) {

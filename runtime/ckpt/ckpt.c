@@ -38,9 +38,10 @@ struct gpl_ckpt {
     double last_save_s;
     int64_t last_saved_step;
     char stepdir[PATH_MAX];
-    int saving, loading;                  /* inside the save / load callback */
-    uint32_t push_seen;                   /* the rendezvous' checkpoint notices acted on ... */
-    int push_reforms;                     /* ... on the connection of this re-formation */
+    int saving, loading; /* inside the save / load callback */
+    uint64_t loaded_own; /* bytes of this rank's own files the load callback found */
+    uint32_t push_seen;  /* the rendezvous' checkpoint notices acted on ... */
+    int push_reforms;    /* ... on the connection of this re-formation */
     int64_t local_marked, durable_marked; /* newest steps every rank wrote / drained */
     int64_t fail_floor; /* newest step some rank failed to write (the last agreement's) */
     double last_stall_s, last_wait_s;
@@ -432,10 +433,12 @@ static gpl_result_t finish_preempt(gpl_ckpt_t k, int64_t step, double deadline_s
     if (k->drainto) {
         if (all_durable >= step)
             snprintf(durable_note, note_len, ", durable in %s", k->durable.where);
-        else
+        else {
             snprintf(durable_note, note_len,
                      "; NOT durable before the deadline: the newest durable step in %s is %lld",
                      k->durable.where, (long long)k->durable_marked);
+            ckpt_bg_abandon(&k->bg); /* the process ends now, not when a part gets through */
+        }
     }
     return GPL_OK;
 }
@@ -572,12 +575,17 @@ gpl_result_t gpl__ckpt_restore_load(gpl_ckpt_t k, int64_t step) {
     ckpt_step_name(step, sname, sizeof sname);
     snprintf(k->stepdir, sizeof k->stepdir, "%s/%s", k->first->where, sname);
     k->loading = 1;
+    k->loaded_own = 0;
     gpl_result_t rc = k->load ? k->load(k, step, k->user) : GPL_OK;
     k->loading = 0;
     if (rc != GPL_OK)
         return gb_seterr(&c->err, rc, "rank %d: the load callback failed for %s", c->rank,
                          k->stepdir);
     k->last_saved_step = step;
+    /* the next save is this size again: its staging pages are faulted in now,
+     * in the background, instead of during that save's stall */
+    if (k->bg_started)
+        ckpt_bg_prefault(&k->bg, k->loaded_own);
     return GPL_OK;
 }
 
@@ -601,8 +609,10 @@ static gpl_result_t find_file(gpl_ckpt_t k, const char *fn, const char *name, ch
     if (n < 0 || (size_t)n >= len)
         return gb_seterr(&c->err, GPL_ERR_LIMIT, "%s: the path of '%s' does not fit in %zu bytes",
                          fn, name, len);
-    if (stat(path, st) == 0)
+    if (stat(path, st) == 0) {
+        k->loaded_own += (uint64_t)st->st_size + 64; /* + staging's alignment */
         return GPL_OK;
+    }
     n = snprintf(path, len, "%s/r0-%s", k->stepdir, name);
     if (n >= 0 && (size_t)n < len && stat(path, st) == 0)
         return GPL_OK;

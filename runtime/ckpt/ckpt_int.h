@@ -8,7 +8,7 @@
  *   ckpt_tier.c     a tier: a directory (local NVMe, or a shared PVC) or S3
  *   ckpt_files.c    file helpers: atomic writes, hashing, step directories
  *   ckpt_restore.c  restore from whichever tier holds a verified step
- *   ckpt_s3.c, ckpt_creds.c  the S3 client and AWS credentials
+ *   s3/                      the S3 client and AWS credentials (s3/s3_int.h)
  *
  * A step's layout is the same in every tier (a directory, or keys under an S3
  * prefix):
@@ -67,6 +67,13 @@ gpl_result_t ckpt_stage_init(ckpt_stage *s, gb_err *err);
 /* n more bytes for the save being staged: *p points at them. */
 gpl_result_t ckpt_stage_take(ckpt_stage *s, uint64_t n, uint8_t **p, gb_err *err);
 void ckpt_stage_reset(ckpt_stage *s);
+/* The next save is expected to need n bytes (the size of the state just
+ * restored): the buffer is grown to n now, on the caller's thread; n, or 0
+ * when it cannot be. ckpt_stage_populate then faults its first n bytes in
+ * (the writer thread does it, in the background), so that the first save
+ * after a restore stalls for the copy alone, not for page faults too. */
+uint64_t ckpt_stage_expect(ckpt_stage *s, uint64_t n);
+void ckpt_stage_populate(ckpt_stage *s, uint64_t n);
 void ckpt_stage_free(ckpt_stage *s);
 
 /* ---- tiers ---- */
@@ -154,6 +161,7 @@ typedef struct ckpt_bg {
     ckpt_stage *stage;
     ckpt_job job;       /* the save being written (job_busy) */
     int job_busy;       /* the writer has the job (staged data in use) */
+    uint64_t prefault;  /* staging bytes the writer is to fault in (0: none) */
     int64_t drain_want; /* newest step written by the writer and not drained yet (-1: none) */
     int drain_rank;     /* the rank whose files drain_want's are (a re-formation renumbers) */
     int64_t draining;   /* the step being drained (-1: none) */
@@ -175,8 +183,9 @@ typedef struct ckpt_bg {
     _Atomic int64_t durable_complete; /* newest step rank 0 marked COMPLETE in the durable tier */
     _Atomic uint64_t drain_total, drain_done; /* bytes of the drain in flight */
     _Atomic uint64_t drain_started_ns;
-    double drain_rate; /* bytes/s of the last drain */
-    gb_err werr, derr; /* the writer's and the drainer's last failure, said once */
+    _Atomic int abandon; /* a preemption's deadline passed: drop the drain in flight */
+    double drain_rate;   /* bytes/s of the last drain */
+    gb_err werr, derr;   /* the writer's and the drainer's last failure, said once */
     int64_t werr_step, derr_step;
     uint64_t drain_warned; /* a drain behind the interval was said */
 } ckpt_bg;
@@ -187,6 +196,12 @@ gpl_result_t ckpt_bg_start(ckpt_bg *b, ckpt_tier *first, ckpt_tier *durable, ckp
 void ckpt_bg_wait_writer(ckpt_bg *b, double *waited_s);
 /* Hands the save staged in b->job to the writer (which was idle while it was staged). */
 void ckpt_bg_submit(ckpt_bg *b);
+/* The drain in flight is aborted and no other starts (a preemption's
+ * deadline passed): the process can end at once instead of when the last
+ * part gets through. The durable tier keeps its newest COMPLETE step. */
+void ckpt_bg_abandon(ckpt_bg *b);
+/* Grows the staging buffer to n bytes and has the writer fault it in. */
+void ckpt_bg_prefault(ckpt_bg *b, uint64_t n);
 /* Every rank wrote `step` to its first tier: mark it COMPLETE there (the marker
  * ranks), in the background. */
 void ckpt_bg_mark_local(ckpt_bg *b, int64_t step, int world, int64_t floor);

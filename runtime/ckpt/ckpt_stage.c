@@ -26,15 +26,8 @@ gpl_result_t ckpt_stage_init(ckpt_stage *s, gb_err *err) {
     return GPL_OK;
 }
 
-gpl_result_t ckpt_stage_take(ckpt_stage *s, uint64_t n, uint8_t **p, gb_err *err) {
-    /* 64-byte alignment: vector copies, and any dtype a caller views it as */
-    uint64_t start = (s->used + 63) & ~(uint64_t)63;
-    if (s->base == NULL || n > CKPT_STAGE_RESERVE - start)
-        return gb_seterr(err, GPL_ERR_LIMIT,
-                         "checkpoint staging: a rank's checkpoint is at most %llu GiB "
-                         "(CKPT_STAGE_RESERVE); this one needs more",
-                         (unsigned long long)(CKPT_STAGE_RESERVE >> 30));
-    uint64_t end = start + n;
+/* Makes [0, end) usable (end <= CKPT_STAGE_RESERVE). */
+static gpl_result_t grow(ckpt_stage *s, uint64_t end, gb_err *err) {
     if (end > s->committed) {
         uint64_t want = end - s->committed;
         if (want < CKPT_STAGE_GROW)
@@ -52,9 +45,45 @@ gpl_result_t ckpt_stage_take(ckpt_stage *s, uint64_t n, uint8_t **p, gb_err *err
         madvise(s->base + s->committed, want, MADV_HUGEPAGE);
         s->committed += want;
     }
+    return GPL_OK;
+}
+
+gpl_result_t ckpt_stage_take(ckpt_stage *s, uint64_t n, uint8_t **p, gb_err *err) {
+    /* 64-byte alignment: vector copies, and any dtype a caller views it as */
+    uint64_t start = (s->used + 63) & ~(uint64_t)63;
+    if (s->base == NULL || n > CKPT_STAGE_RESERVE - start)
+        return gb_seterr(err, GPL_ERR_LIMIT,
+                         "checkpoint staging: a rank's checkpoint is at most %llu GiB "
+                         "(CKPT_STAGE_RESERVE); this one needs more",
+                         (unsigned long long)(CKPT_STAGE_RESERVE >> 30));
+    uint64_t end = start + n;
+    gpl_result_t rc = grow(s, end, err);
+    if (rc != GPL_OK)
+        return rc;
     s->used = end;
     *p = s->base + start;
     return GPL_OK;
+}
+
+uint64_t ckpt_stage_expect(ckpt_stage *s, uint64_t n) {
+    if (s->base == NULL || n > CKPT_STAGE_RESERVE)
+        return 0;
+    gb_err e = GB_ERR_INIT;
+    if (grow(s, n, &e) != GPL_OK)
+        return 0; /* the save that needs it says so */
+    return n;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+void ckpt_stage_populate(ckpt_stage *s, uint64_t n) {
+    /* Faults the pages in, writable, leaving their contents alone: safe while
+     * a save copies into them. Older kernels refuse (EINVAL): the first save
+     * takes the faults then. */
+    if (n > 0)
+        madvise(s->base, n, MADV_POPULATE_WRITE);
 }
 
 void ckpt_stage_reset(ckpt_stage *s) { s->used = 0; }

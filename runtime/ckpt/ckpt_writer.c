@@ -214,6 +214,14 @@ static void *writer_main(void *arg) {
             mark_written(b, s, b->world_local, b->mark_floor);
             continue;
         }
+        if (b->prefault) {
+            uint64_t n = b->prefault;
+            b->prefault = 0;
+            pthread_mutex_unlock(&b->mu);
+            ckpt_stage_populate(b->stage, n);
+            pthread_mutex_lock(&b->mu);
+            continue;
+        }
         if (b->stop)
             break;
         pthread_cond_wait(&b->cv, &b->mu);
@@ -231,7 +239,7 @@ static int on_drain_progress(uint64_t done, uint64_t total, void *user) {
     drain_ctx *d = user;
     (void)total;
     atomic_store(&d->b->drain_done, d->base + done);
-    return 0;
+    return atomic_load(&d->b->abandon);
 }
 
 /* This rank's files of step, from the first tier to the durable one, the manifest last. */
@@ -280,7 +288,7 @@ static void *drainer_main(void *arg) {
     int64_t tried = -1, marked = -1;
     pthread_mutex_lock(&b->mu);
     for (;;) {
-        if (b->drain_want > tried) {
+        if (b->drain_want > tried && !atomic_load(&b->abandon)) {
             int64_t s = b->drain_want;
             int rank = b->drain_rank;
             tried = s;
@@ -290,7 +298,7 @@ static void *drainer_main(void *arg) {
             uint64_t t0 = gb_now_ns();
             gpl_result_t rc = drain_step(b, s, rank, &e);
             double took = (double)(gb_now_ns() - t0) / 1e9;
-            if (rc != GPL_OK)
+            if (rc != GPL_OK && !atomic_load(&b->abandon))
                 say_failure("drain to the durable tier", s, &e);
             pthread_mutex_lock(&b->mu);
             b->draining = -1;
@@ -387,6 +395,23 @@ void ckpt_bg_wait_writer(ckpt_bg *b, double *waited_s) {
 void ckpt_bg_submit(ckpt_bg *b) {
     pthread_mutex_lock(&b->mu);
     b->job_busy = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void ckpt_bg_abandon(ckpt_bg *b) {
+    atomic_store(&b->abandon, 1);
+    pthread_mutex_lock(&b->mu);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void ckpt_bg_prefault(ckpt_bg *b, uint64_t n) {
+    if (!b->have_writer || b->stage == NULL)
+        return;
+    n = ckpt_stage_expect(b->stage, n);
+    pthread_mutex_lock(&b->mu);
+    b->prefault = n;
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
 }

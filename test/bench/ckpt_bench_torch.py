@@ -12,7 +12,8 @@ update of every parameter) before each save:
   torch.save      each rank's state_dict into its own file (no fsync)
   dcp.save        torch.distributed.checkpoint.save (synchronous)
   dcp.async_save  thread and process modes: the time until the call returns
-                  (then waited for before the next save)
+Every save starts after the previous one finished writing (waited for outside
+the stall: a job checkpoints minutes apart, not back to back).
   gpulaunch-sync  Checkpointer(async_save=False): until written and hashed
   gpulaunch-async Checkpointer: until the copy into the staging buffer is done
 Then the steps per second of --steps steps with a gpulaunch checkpoint every
@@ -125,9 +126,6 @@ def main() -> int:
         t = AsyncCheckpointerType.PROCESS if kind == "process" else AsyncCheckpointerType.THREAD
 
         def run() -> None:
-            for f in pending:  # the previous save, before the next (as a job does)
-                f.result()
-            pending.clear()
             n[0] += 1
             f = dcp.async_save(state_of(model, opt), checkpoint_id=f"{a.dir}/dcpa-{n[0]}",
                                async_checkpointer_type=t)
@@ -140,6 +138,9 @@ def main() -> int:
         stalls = []
         for _ in range(a.saves):
             step(model, a.step_ms)
+            for f in pending:  # the previous save finished, outside the stall: checkpoints
+                f.result()     # come minutes apart, not back to back
+            pending.clear()
             dist.barrier()
             t0 = time.perf_counter()
             run()
@@ -159,6 +160,7 @@ def main() -> int:
                 w.save_state("state", state_of(model, opt))
             for s in range(a.saves):
                 step(model, a.step_ms)
+                ck.wait()  # the previous save written, outside the stall (as for DCP)
                 t0 = time.perf_counter()
                 ck.step_end(s + 1, save)
                 stalls.append(time.perf_counter() - t0)

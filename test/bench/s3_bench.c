@@ -1,5 +1,5 @@
 /* s3_bench: a checkpoint file's upload to S3 by the checkpoints' client
- * (runtime/ckpt/ckpt_s3.c: a multipart upload with parts in parallel) and its
+ * (runtime/ckpt/s3/: a multipart upload with parts in parallel) and its
  * download back, timed; test/bench/ckpt_bench.sh puts one `curl -T` of the
  * same file beside it (docs/performance.md). The endpoint and credentials
  * come from the environment as for any checkpoint (docs/checkpoints.md).

@@ -1,5 +1,5 @@
-/* The S3 client that durable checkpoints go through (ckpt_s3.c) and the AWS
- * credentials it signs with (ckpt_creds.c).
+/* The S3 client that durable checkpoints go through (s3_client.c,
+ * s3_parts.c) and the AWS credentials it signs with (s3_creds.c).
  *
  * A handle is one bucket and prefix ("s3://bucket/prefix"); every function
  * may be called from any thread, and two threads may use one handle at once.
@@ -84,7 +84,7 @@ typedef struct ckpt_s3_stats {
 } ckpt_s3_stats;
 void ckpt_s3_stats_get(ckpt_s3 *s, ckpt_s3_stats *out);
 
-/* ---- Internal to ckpt_s3.c and ckpt_creds.c (and test_s3.c) ---------- */
+/* ---- Internal to the s3/ files (and test_s3.c) --------------------------- */
 
 #define CKPT_S3_KEY_ID_MAX 128      /* bytes of an access key id, NUL included */
 #define CKPT_S3_SECRET_MAX 128      /* bytes of a secret access key, NUL included */
@@ -124,7 +124,7 @@ int ckpt_s3_creds_stale(const ckpt_s3_creds *c, double now);
  * that. */
 double ckpt_s3_parse_iso8601(const char *s);
 
-/* The XML replies' few known elements (see ckpt_s3.c for why not a parser
+/* The XML replies' few known elements (see s3_int.h for why not a parser
  * library). ckpt_s3_xml_find: the first <tag>...</tag> (or <tag/>) in
  * [p, end): its inner text in [*in, *in_end) and *after past its end tag;
  * 0, or -1 when there is none. ckpt_s3_xml_decode: the text with the five
