@@ -152,6 +152,15 @@ def main() -> int:
         if use_torch:
             check_torch(comm, r)
     expect_error(gpulaunch.Error, "closed", lambda: comm.barrier())
+    # communicators made after one was closed, and two alive at once: each
+    # has its own shared memory (never the closed one's name)
+    for i in range(3):
+        with gpulaunch.Comm("cpu") as c2, gpulaunch.Comm("cpu") as c3:
+            a = array.array("d", [r + 1.0 + i])
+            c2.allreduce(a, "sum")
+            b = array.array("d", [2.0 * r])
+            c3.allreduce(b, "sum")
+            assert (a[0], b[0]) == (10.0 + 4 * i, 12.0), (i, a[0], b[0])
     print(f"rank {r} PASS collectives{' torch' if use_torch else ''}", flush=True)
     return 0
 
