@@ -216,21 +216,34 @@ void ckpt_s3_stats_get(ckpt_s3 *s, ckpt_s3_stats *out) {
 
 /* ---- whole objects ---------------------------------------------------------- */
 
+/* A request of op (also its method) on name's whole key, and a curl handle to
+ * send it: the caller gives both back (s3_easy_put, free) whatever the result. */
+static gpl_result_t begin(ckpt_s3 *s, const char *op, const char *name, char *full, s3_req **r,
+                          CURL **c, gb_err *err) {
+    *c = NULL;
+    if ((*r = malloc(sizeof **r)) == NULL)
+        return gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory");
+    gpl_result_t rc = s3_key(s, name, full, err);
+    if (rc != GPL_OK)
+        return rc;
+    s3_req_init(*r, op, op, full);
+    if ((*c = s3_easy_get(s)) == NULL)
+        return gb_seterr(err, GPL_ERR_NOMEM, "S3: no curl handle");
+    return GPL_OK;
+}
+
 gpl_result_t ckpt_s3_put(ckpt_s3 *s, const char *key, const void *buf, size_t len, gb_err *err) {
     char full[S3_KEY_MAX];
     unsigned char d[32];
     gpl_result_t rc = GPL_OK;
     CURL *c = NULL;
-    s3_req *r = malloc(sizeof *r);
-    if (r == NULL)
-        return gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory");
-    GB_CHECK_GOTO(s3_key(s, key, full, err), rc, out);
+    s3_req *r = NULL;
+    GB_CHECK_GOTO(begin(s, "PUT", key, full, &r, &c, err), rc, out);
     if (len > S3_PART_LIMIT) {
         rc = gb_seterr(err, GPL_ERR_LIMIT, "S3 PUT '%s': %zu bytes is over S3's 5 GiB for one PUT",
                        full, len);
         goto out;
     }
-    s3_req_init(r, "PUT", "PUT", full);
     r->has_body = 1;
     r->mem = buf ? buf : (const unsigned char *)"";
     r->len = len;
@@ -241,11 +254,6 @@ gpl_result_t ckpt_s3_put(ckpt_s3 *s, const char *key, const void *buf, size_t le
     s3_b64(d, 16, r->md5_b64);
     if (len <= S3_SHA256_BODY_MAX && s3_digest(EVP_sha256(), r->mem, len, d) == 0)
         s3_hexstr(d, 32, r->sha256);
-    c = s3_easy_get(s);
-    if (c == NULL) {
-        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no curl handle");
-        goto out;
-    }
     rc = s3_do(s, c, r, err);
 out:
     s3_easy_put(s, c);
@@ -258,19 +266,11 @@ gpl_result_t ckpt_s3_get(ckpt_s3 *s, const char *key, void *buf, size_t cap, siz
     char full[S3_KEY_MAX];
     gpl_result_t rc = GPL_OK;
     CURL *c = NULL;
-    s3_req *r = malloc(sizeof *r);
+    s3_req *r = NULL;
     *len = 0;
-    if (r == NULL)
-        return gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory");
-    GB_CHECK_GOTO(s3_key(s, key, full, err), rc, out);
-    s3_req_init(r, "GET", "GET", full);
+    GB_CHECK_GOTO(begin(s, "GET", key, full, &r, &c, err), rc, out);
     r->out = buf;
     r->out_cap = cap;
-    c = s3_easy_get(s);
-    if (c == NULL) {
-        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no curl handle");
-        goto out;
-    }
     GB_CHECK_GOTO(s3_do(s, c, r, err), rc, out);
     *len = (size_t)r->out_len;
 out:
@@ -284,16 +284,8 @@ gpl_result_t ckpt_s3_delete(ckpt_s3 *s, const char *key, gb_err *err) {
     gb_err e = GB_ERR_INIT;
     gpl_result_t rc = GPL_OK;
     CURL *c = NULL;
-    s3_req *r = malloc(sizeof *r);
-    if (r == NULL)
-        return gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory");
-    GB_CHECK_GOTO(s3_key(s, key, full, err), rc, out);
-    s3_req_init(r, "DELETE", "DELETE", full);
-    c = s3_easy_get(s);
-    if (c == NULL) {
-        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no curl handle");
-        goto out;
-    }
+    s3_req *r = NULL;
+    GB_CHECK_GOTO(begin(s, "DELETE", key, full, &r, &c, err), rc, out);
     rc = s3_do(s, c, r, &e);
     if (rc == GPL_ERR_NOT_FOUND && strcmp(r->code, "NoSuchBucket") != 0)
         rc = GPL_OK; /* some S3-compatible servers answer 404 for a missing key */
