@@ -99,6 +99,8 @@ def run_proxy(args):
             return "CompleteMultipartUpload"
         if method == "DELETE" and "uploadId" in q:
             return "AbortMultipartUpload"
+        if method == "GET" and "uploadId" in q:
+            return "ListParts"
         if method == "GET" and "list-type" in q:
             return "ListObjectsV2"
         if not has_key:

@@ -298,16 +298,32 @@ out:
     return rc;
 }
 
-/* Aborts the upload so that no parts stay billed; failures only logged. */
-static void s3_mpu_abort(s3_job *j, CURL *c, s3_req *r) {
+/* Aborts the upload so that no parts stay billed; failures only logged. A
+ * part still in flight when the abort arrives may yet be stored (S3's
+ * documentation of AbortMultipartUpload), so the abort is checked with
+ * ListParts and sent again until the server no longer knows the upload. */
+static void s3_mpu_abort(s3_job *j, CURL *c, s3_req *r, char *xml) {
     gb_err e = GB_ERR_INIT;
     for (int attempt = 0; attempt < S3_ABORT_TRIES; attempt++) {
+        if (attempt > 0)
+            s3_sleep_ms((uint64_t)S3_BACKOFF_BASE_MS << attempt, NULL);
         gb_clearerr(&e);
         s3_req_init(r, "AbortMultipartUpload", "DELETE", j->key);
         if (s3_qadd(r->query, sizeof r->query, "uploadId", j->upload_id))
             return;
-        if (s3_do(j->s, c, r, &e) == GPL_OK || r->status == 404)
+        if (s3_do(j->s, c, r, &e) != GPL_OK && r->status != 404)
+            continue;
+        gb_clearerr(&e);
+        s3_req_init(r, "ListParts", "GET", j->key);
+        if (s3_qadd(r->query, sizeof r->query, "max-parts", "1") ||
+            s3_qadd(r->query, sizeof r->query, "uploadId", j->upload_id))
             return;
+        r->out = xml;
+        r->out_cap = S3_XML_MAX - 1;
+        if (s3_do(j->s, c, r, &e) != GPL_OK && r->status == 404)
+            return; /* NoSuchUpload: gone with its parts */
+        if (e.code == GPL_OK)
+            gb_seterr(&e, GPL_ERR_STATE, "the upload was still listed after it was aborted");
     }
     GB_WARN("could not abort the multipart upload of '%s' in bucket '%s' (its parts stay billed "
             "until a lifecycle rule removes them): %s",
@@ -389,7 +405,7 @@ gpl_result_t ckpt_s3_put_file(ckpt_s3 *s, const char *key, int fd, uint64_t size
             if (rc == GPL_OK)
                 break;
         }
-        s3_mpu_abort(j, c, r);
+        s3_mpu_abort(j, c, r, xml);
         if (!lost || restart >= S3_RESTARTS || atomic_load(&j->x.abort)) {
             rc = gb_seterr(err, e.code, "%s", e.msg);
             goto out;
