@@ -631,6 +631,8 @@ int main(int argc, char **argv) {
         co.async_save = !ckpt_sync;
         co.every_steps = ckpt_every;
         co.every_seconds = ckpt_every_s;
+        if (rank == 0) /* rank 0 saves the replicated state */
+            co.state_bytes = (m.n_w1 + m.n_b1 + m.n_w2 + m.n_b2 + m.n_extra) * sizeof(float);
         int64_t got = ri.copy ? ri.step : -1;
         if (gpl_ckpt_setup(comm, &co, save_cb, load_cb, &m) != GPL_OK ||
             (!ri.copy && gpl_ckpt_restore(comm, &got) != GPL_OK)) {

@@ -21,7 +21,9 @@ proxy  --upstream PORT [--clock-offset S]
     Requests whose X-Amz-Date is over 15 minutes from this proxy's clock
     (--clock-offset shifts it) get S3's 403 RequestTimeTooSkewed with the
     proxy's time in the Date header, as S3 answers them. A body whose
-    Content-MD5 does not match gets S3's 400 BadDigest (moto does not check).
+    Content-MD5 does not match gets S3's 400 BadDigest, one whose
+    x-amz-content-sha256 does not, 400 XAmzContentSHA256Mismatch (moto checks
+    neither).
 
 imds   --key K --secret S --token T [--expires-in S] [--role NAME]
     An EC2 instance metadata service that speaks IMDSv2 only: a GET without a
@@ -83,7 +85,7 @@ class Quiet(http.server.ThreadingHTTPServer):
 def run_proxy(args):
     lock = threading.Lock()
     st = {"requests": 0, "kinds": {}, "inflight": {}, "max_inflight": {}, "injected": 0,
-          "resets": 0, "skew_refused": 0, "md5_checked": 0, "md5_bad": 0, "with_token": 0, "dup_date": 0, "down_resets": 0}
+          "resets": 0, "skew_refused": 0, "md5_checked": 0, "md5_bad": 0, "sha_checked": 0, "sha_bad": 0, "with_token": 0, "dup_date": 0, "down_resets": 0}
     ctl = {"fail_code": 0, "fail_n": 0, "reset_n": 0, "delay_ms": 0, "down": False}
 
     def kind_of(method, path):
@@ -223,6 +225,18 @@ def run_proxy(args):
                 rst(self.connection)
                 return
             body = self.rfile.read(n) if n else b""
+            sha = self.headers.get("x-amz-content-sha256", "")
+            if re.fullmatch(r"[0-9a-f]{64}", sha):
+                # S3 checks a signed payload's hash (moto does not): 400
+                ok = hashlib.sha256(body).hexdigest() == sha
+                with lock:
+                    st["sha_checked" if ok else "sha_bad"] += 1
+                if not ok:
+                    self.reply(400, xml_error("XAmzContentSHA256Mismatch", "The provided "
+                                              "'x-amz-content-sha256' header does not match what "
+                                              "was computed."),
+                               [("Content-Type", "application/xml")])
+                    return
             md5 = self.headers.get("Content-MD5")
             if md5 is not None:
                 # S3 checks Content-MD5 (moto does not): 400 BadDigest

@@ -456,6 +456,50 @@ Test(ckpt, the_staging_buffer_is_faulted_in_after_a_restore_before_the_first_sav
     free(b.data);
 }
 
+/* A state size given at setup: the staging buffer is faulted in then, in the
+ * background, so that the first save of a fresh run too stalls for the copy
+ * alone; without it, nothing is faulted in before the first save. */
+Test(ckpt, a_state_size_given_at_setup_faults_the_staging_buffer_in_before_the_first_save) {
+    struct utsname u;
+    int major = 0, minor = 0;
+    if (uname(&u) == 0 && sscanf(u.release, "%d.%d", &major, &minor) == 2 &&
+        (major < 5 || (major == 5 && minor < 14))) {
+        cr_skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u.release);
+    }
+    blob b = {malloc(64u << 20), 64u << 20, 0, 0};
+    cr_assert_not_null(b.data);
+    memset(b.data, 5, b.len);
+    for (int hint = 0; hint <= 1; hint++) {
+        gpl_comm_t c = NULL;
+        cr_assert_eq(gpl_init(NULL, &c), GPL_OK);
+        gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+        o.dir = dir;
+        o.every_steps = 1;
+        o.handle_sigterm = 0;
+        o.state_bytes = hint ? b.len : 0;
+        long before = rss_kib(), after = before;
+        cr_assert_eq(gpl_ckpt_setup(c, &o, blob_save, blob_load, &b), GPL_OK, "%s",
+                     gpl_last_error(c));
+        long want = before + (long)(b.len / 1024) * 9 / 10;
+        for (int i = 0; i < (hint ? 500 : 30) && after < want; i++) {
+            usleep(10000);
+            after = rss_kib();
+        }
+        cr_log_info("state_bytes %s: RSS %ld -> %ld KiB before the first save (state %zu KiB)",
+                    hint ? "64 MiB" : "0", before, after, b.len / 1024);
+        if (hint)
+            cr_expect_geq(after, want, "the staging buffer was not faulted in: RSS %ld -> %ld KiB",
+                          before, after);
+        else
+            cr_expect_lt(after, want, "faulted in with no size given: RSS %ld -> %ld KiB", before,
+                         after);
+        cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
+        cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+        gpl_finalize(c);
+    }
+    free(b.data);
+}
+
 Test(ckpt, a_durable_directory_outlives_the_local_one_and_mends_a_torn_local_file) {
     char local[128], durable[128], cmd[512];
     snprintf(local, sizeof local, "%s/nvme", dir);

@@ -134,6 +134,10 @@ gpl_result_t gpl_ckpt_setup(gpl_comm_t c, const gpl_ckpt_options *o, gpl_save_fn
         GB_CHECK_GOTO(ckpt_stage_init(&k->stage, &c->err), rc, out);
         GB_CHECK_GOTO(ckpt_bg_start(&k->bg, k->first, k->drainto, &k->stage, &c->err), rc, out);
         k->bg_started = 1;
+        /* the first save's page faults taken now, in the background; the
+         * slack covers each file's 64-byte alignment in the buffer */
+        if (k->o.async_save && k->o.state_bytes > 0)
+            ckpt_bg_prefault(&k->bg, k->o.state_bytes + CKPT_STAGE_SLACK);
     }
     k->o.dir = k->o.durable = NULL; /* do not keep the caller's pointers */
     k->save = save;

@@ -107,6 +107,7 @@ int main(int argc, char **argv) {
         o.every_steps = every;
         o.async_save = async;
         o.keep = 2;
+        o.state_bytes = s.n;
         if (gpl_ckpt_setup(c, &o, save, NULL, &s) != GPL_OK) {
             fprintf(stderr, "ckpt_bench: %s\n", gpl_last_error(c));
             return 1;

@@ -48,7 +48,7 @@ gpl_result_t ckpt_s3_put(ckpt_s3 *s, const char *key, const void *buf, size_t le
 
 /* The whole file open at fd (pread; never read whole into memory): one PUT
  * below the part size, else a multipart upload with up to
- * GPULAUNCH_S3_PARALLEL parts in flight, each with Content-MD5. A failed
+ * GPULAUNCH_S3_PARALLEL parts in flight, each signed with its SHA-256. A failed
  * multipart upload is aborted (no parts left billed); one whose upload the
  * server lost (NoSuchUpload, e.g. a restarted server) is started again once. */
 gpl_result_t ckpt_s3_put_file(ckpt_s3 *s, const char *key, int fd, uint64_t size,

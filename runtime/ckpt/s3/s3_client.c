@@ -247,13 +247,11 @@ gpl_result_t ckpt_s3_put(ckpt_s3 *s, const char *key, const void *buf, size_t le
     r->has_body = 1;
     r->mem = buf ? buf : (const unsigned char *)"";
     r->len = len;
-    if (s3_digest(EVP_md5(), r->mem, len, d) != 0) {
-        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no MD5 from OpenSSL");
+    if (s3_digest(EVP_sha256(), r->mem, len, d) != 0) {
+        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no SHA-256 from OpenSSL");
         goto out;
     }
-    s3_b64(d, 16, r->md5_b64);
-    if (len <= S3_SHA256_BODY_MAX && s3_digest(EVP_sha256(), r->mem, len, d) == 0)
-        s3_hexstr(d, 32, r->sha256);
+    s3_hexstr(d, 32, r->sha256);
     rc = s3_do(s, c, r, err);
 out:
     s3_easy_put(s, c);

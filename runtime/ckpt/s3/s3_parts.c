@@ -18,7 +18,6 @@ struct s3_job {
     s3_part_fn part_fn;
     char upload_id[S3_UPLOAD_ID_MAX];
     char (*etag)[S3_ETAG_MAX];
-    unsigned char (*md5)[16];
     char if_match[S3_ETAG_MAX + 16];
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -144,7 +143,6 @@ static void s3_job_fini(s3_job *j) {
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
     free(j->etag);
-    free(j->md5);
 }
 
 static gpl_result_t s3_up_part(s3_job *j, CURL *c, int i, unsigned char *buf, gb_err *err) {
@@ -155,8 +153,8 @@ static gpl_result_t s3_up_part(s3_job *j, CURL *c, int i, unsigned char *buf, gb
     s3_req *r = malloc(sizeof *r);
     if (r == NULL)
         return gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory");
-    GB_CHECK_GOTO(s3_md5_fd(j->fd, off, len, buf, j->md5[i], err), rc, out);
     s3_req_init(r, "UploadPart", "PUT", j->key);
+    GB_CHECK_GOTO(s3_sha256_fd(j->fd, off, len, buf, r->sha256, err), rc, out);
     snprintf(num, sizeof num, "%d", i + 1);
     if (s3_qadd(r->query, sizeof r->query, "partNumber", num) ||
         s3_qadd(r->query, sizeof r->query, "uploadId", j->upload_id)) {
@@ -167,7 +165,6 @@ static gpl_result_t s3_up_part(s3_job *j, CURL *c, int i, unsigned char *buf, gb
     r->fd = j->fd;
     r->off = off;
     r->len = len;
-    s3_b64(j->md5[i], 16, r->md5_b64);
     r->x = &j->x;
     rc = s3_do(j->s, c, r, err);
     if (rc != GPL_OK) {
@@ -208,19 +205,39 @@ static gpl_result_t s3_mpu_create(s3_job *j, CURL *c, s3_req *r, char *xml, gb_e
     return GPL_OK;
 }
 
-/* The ETag S3 gives a multipart object: MD5 of the parts' MD5s, "-" parts. */
+static int s3_nibble(char c) {
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* The ETag S3 gives a multipart object: MD5 of the parts' MD5s, "-" parts;
+ * the parts' MD5s are their ETags as the server answered them. "" when an
+ * ETag is not a plain MD5 (e.g. SSE-KMS): nothing to compare then. */
 static void s3_mpu_etag(const s3_job *j, char *out, size_t cap) {
     unsigned char *all = malloc((size_t)j->nparts * 16), d[16];
     char hex[40];
     out[0] = '\0';
     if (all == NULL)
         return;
-    for (int i = 0; i < j->nparts; i++)
-        memcpy(all + 16 * i, j->md5[i], 16);
+    for (int i = 0; i < j->nparts; i++) {
+        const char *t = j->etag[i] + (j->etag[i][0] == '"');
+        for (int b = 0; b < 16; b++) {
+            int hi = s3_nibble(t[2 * b]), lo = hi < 0 ? -1 : s3_nibble(t[2 * b + 1]);
+            if (lo < 0)
+                goto out;
+            all[16 * i + b] = (unsigned char)(hi << 4 | lo);
+        }
+    }
     if (s3_digest(EVP_md5(), all, (size_t)j->nparts * 16, d) == 0) {
         s3_hexstr(d, 16, hex);
         snprintf(out, cap, "\"%s-%d\"", hex, j->nparts);
     }
+out:
     free(all);
 }
 
@@ -333,7 +350,6 @@ static void s3_mpu_abort(s3_job *j, CURL *c, s3_req *r, char *xml) {
 /* The whole fd by one PUT (below the part size). */
 static gpl_result_t s3_put_single(ckpt_s3 *s, const char *full, int fd, uint64_t size,
                                   ckpt_s3_progress_fn fn, void *user, gb_err *err) {
-    unsigned char md5[16];
     gpl_result_t rc = GPL_OK;
     s3_xfer x = {.total = size, .fn = fn, .user = user, .direct = 1, .last_ms = gb_now_ms()};
     CURL *c = s3_easy_get(s);
@@ -343,12 +359,11 @@ static gpl_result_t s3_put_single(ckpt_s3 *s, const char *full, int fd, uint64_t
         rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory");
         goto out;
     }
-    GB_CHECK_GOTO(s3_md5_fd(fd, 0, size, buf, md5, err), rc, out);
     s3_req_init(r, "PUT", "PUT", full);
+    GB_CHECK_GOTO(s3_sha256_fd(fd, 0, size, buf, r->sha256, err), rc, out);
     r->has_body = 1;
     r->fd = fd;
     r->len = size;
-    s3_b64(md5, 16, r->md5_b64);
     r->x = &x;
     GB_CHECK_GOTO(s3_do(s, c, r, err), rc, out);
     s3_report(&x, 1);
@@ -389,8 +404,7 @@ gpl_result_t ckpt_s3_put_file(ckpt_s3 *s, const char *key, int fd, uint64_t size
     s3_job_init(j, s, full, fd, size, fn, user);
     j->part_fn = s3_up_part;
     j->etag = calloc((size_t)j->nparts, sizeof *j->etag);
-    j->md5 = calloc((size_t)j->nparts, sizeof *j->md5);
-    if (j->etag == NULL || j->md5 == NULL) {
+    if (j->etag == NULL) {
         rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: out of memory for %d parts", j->nparts);
         goto out;
     }
@@ -398,10 +412,14 @@ gpl_result_t ckpt_s3_put_file(ckpt_s3 *s, const char *key, int fd, uint64_t size
         gb_err e = GB_ERR_INIT;
         int lost = 0;
         GB_CHECK_GOTO(s3_mpu_create(j, c, r, xml, err), rc, out);
+        uint64_t t0 = gb_now_ms();
         rc = s3_run_parts(j, &e);
         lost = j->lost;
         if (rc == GPL_OK) {
+            uint64_t t1 = gb_now_ms();
             rc = s3_mpu_complete(j, c, r, xml, &lost, &e);
+            GB_DEBUG("'%s': %d parts in %" PRIu64 " ms, completed in %" PRIu64 " ms", full,
+                     j->nparts, t1 - t0, gb_now_ms() - t1);
             if (rc == GPL_OK)
                 break;
         }

@@ -392,8 +392,6 @@ static int s3_attempt(ckpt_s3 *s, CURL *c, s3_req *r, char *why, size_t whycap, 
     int bad = s3_hadd(&h, "x-amz-content-sha256: %s", sha);
     if (cr->token[0])
         bad |= s3_hadd(&h, "x-amz-security-token: %s", cr->token);
-    if (r->md5_b64[0])
-        bad |= s3_hadd(&h, "Content-MD5: %s", r->md5_b64);
     for (int i = 0; i < 2; i++)
         if (r->extra[i][0])
             bad |= s3_hadd(&h, "%s", r->extra[i]);

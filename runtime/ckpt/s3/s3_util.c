@@ -68,14 +68,15 @@ void s3_b64(const unsigned char *d, int n, char *out) {
     EVP_EncodeBlock((unsigned char *)out, d, n); /* 16 bytes -> 24 chars + NUL */
 }
 
-/* MD5 of fd's [off, off+len) read in S3_IO_CHUNK pieces into buf. */
-gpl_result_t s3_md5_fd(int fd, uint64_t off, uint64_t len, unsigned char *buf,
-                       unsigned char md5[16], gb_err *err) {
+/* SHA-256 of fd's [off, off+len) read in S3_IO_CHUNK pieces into buf, as hex. */
+gpl_result_t s3_sha256_fd(int fd, uint64_t off, uint64_t len, unsigned char *buf, char hex[65],
+                          gb_err *err) {
     gpl_result_t rc = GPL_OK;
     unsigned int n = 0;
+    unsigned char d[32];
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_md5(), NULL) != 1) {
-        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no MD5 from OpenSSL (a FIPS-only build?)");
+    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        rc = gb_seterr(err, GPL_ERR_NOMEM, "S3: no SHA-256 from OpenSSL");
         goto out;
     }
     for (uint64_t done = 0; done < len;) {
@@ -92,7 +93,8 @@ gpl_result_t s3_md5_fd(int fd, uint64_t off, uint64_t len, unsigned char *buf,
         EVP_DigestUpdate(ctx, buf, (size_t)got);
         done += (uint64_t)got;
     }
-    EVP_DigestFinal_ex(ctx, md5, &n);
+    EVP_DigestFinal_ex(ctx, d, &n);
+    s3_hexstr(d, 32, hex);
 out:
     EVP_MD_CTX_free(ctx);
     return rc;

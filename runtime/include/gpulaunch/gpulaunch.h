@@ -185,7 +185,7 @@ typedef gpl_result_t (*gpl_load_fn)(gpl_ckpt_t ck, int64_t step, void *user);
 
 /* Version 2 added durable, keep_durable and async_save; a version 1 struct
  * (its smaller size) is still taken, with their defaults. */
-#define GPL_CKPT_OPTIONS_VERSION 2
+#define GPL_CKPT_OPTIONS_VERSION 3
 typedef struct gpl_ckpt_options {
     size_t size;
     uint32_t version;
@@ -204,9 +204,13 @@ typedef struct gpl_ckpt_options {
     int async_save;      /* 1 (default): step_end stalls only for the copy of the state into
                             a staging buffer in host memory, and the files are written in the
                             background; 0: step_end returns once this rank's files are written */
+    /* version 3 */
+    uint64_t state_bytes; /* this rank's checkpoint size when known (0: not known): with
+                             async_save its staging buffer is faulted in at setup, in the
+                             background, so that the first save too stalls only for the copy */
 } gpl_ckpt_options;
 #define GPL_CKPT_OPTIONS_INIT                                                                      \
-    { sizeof(gpl_ckpt_options), GPL_CKPT_OPTIONS_VERSION, NULL, 3, 0, 0.0, 1, NULL, 0, 1 }
+    { sizeof(gpl_ckpt_options), GPL_CKPT_OPTIONS_VERSION, NULL, 3, 0, 0.0, 1, NULL, 0, 1, 0 }
 
 GPL_API gpl_result_t gpl_ckpt_setup(gpl_comm_t comm, const gpl_ckpt_options *opts, gpl_save_fn save,
                                     gpl_load_fn load, void *user);
