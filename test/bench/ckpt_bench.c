@@ -52,6 +52,7 @@ static int cmp_double(const void *a, const void *b) {
 int main(int argc, char **argv) {
     long mib = 64, steps = 50, every = 10, step_ms = 20;
     const char *mode = "async", *dir = "/tmp/ckpt_bench", *durable = NULL;
+    int known = 1; /* --state-size-known 0: no state_bytes at setup */
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (strcmp(a, "--state-mib") == 0)
@@ -68,6 +69,8 @@ int main(int argc, char **argv) {
             dir = v;
         else if (strcmp(a, "--durable") == 0)
             durable = v;
+        else if (strcmp(a, "--state-size-known") == 0)
+            known = strcmp(v, "0") != 0;
         else {
             fprintf(stderr, "ckpt_bench: unknown option %s\n", a);
             return 2;
@@ -107,7 +110,7 @@ int main(int argc, char **argv) {
         o.every_steps = every;
         o.async_save = async;
         o.keep = 2;
-        o.state_bytes = s.n;
+        o.state_bytes = known ? s.n : 0;
         if (gpl_ckpt_setup(c, &o, save, NULL, &s) != GPL_OK) {
             fprintf(stderr, "ckpt_bench: %s\n", gpl_last_error(c));
             return 1;
