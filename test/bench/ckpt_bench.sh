@@ -61,5 +61,10 @@ if [ -x "$s3py" ]; then
     -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" "http://127.0.0.1:$port/bench/curl-single" >/dev/null
   t1=$(date +%s.%N)
   echo "curl -T (one PUT): $(echo "$mib $t0 $t1" | awk '{printf "%.3f s, %.1f MB/s", $3-$2, $1*1.048576/($3-$2)}')"
-  "$build/test/bench/s3_bench" s3://bench/job "$dir/file"
+  # multipart (the parts, then the server's assembly of them, from the debug log)
+  GPULAUNCH_LOG_LEVEL=debug "$build/test/bench/s3_bench" s3://bench/job "$dir/file" 2>&1 |
+    grep -oE "[0-9]+ parts in [0-9]+ ms, completed in [0-9]+ ms|s3_bench .*"
+  # the client's single PUT of the same file
+  GPULAUNCH_S3_PART_BYTES=5g "$build/test/bench/s3_bench" s3://bench/single "$dir/file" |
+    sed 's/^s3_bench/s3_bench (one PUT)/'
 fi
