@@ -51,6 +51,12 @@ static void on_tick(uv_timer_t *t) {
         return;
     }
     if (h->g->nrunning == 0) { /* they ended by themselves meanwhile */
+        /* e.g. another node's notice reached them through the job's
+         * checkpoint agreement between two ticks */
+        fprintf(stderr,
+                "gpulaunch: every worker ended by itself while its stop was held (%.1f s after "
+                "they started): nothing left to stop\n",
+                (double)(gb_now_ns() - h->t_spawn_ns) / 1e9);
         uv_timer_stop(t);
         h->on_gone();
         return;

@@ -272,15 +272,18 @@ uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault) {
 /* Skips the test (visibly) unless the interpreter imports torch; points the
  * workers at the package in the source tree and the library in the build tree
  * (the launchers pass their environment on). */
-void require_torch(void) {
+uint64_t require_torch(void) {
     proc p;
     char *argv[] = {TORCH_PYTHON, "-c", "import torch", NULL};
+    uint64_t t0 = now_ms();
     int st = access(TORCH_PYTHON, X_OK) == 0 && proc_start(&p, argv, NULL) == 0
                  ? proc_wait(&p, 60000)
                  : -1;
+    uint64_t took = now_ms() - t0;
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
         cr_skip_test("%s cannot import torch: install python3-torch (scripts/deps.sh)",
                      TORCH_PYTHON);
     setenv("PYTHONPATH", GPL_SOURCE_DIR "/python", 1);
     setenv("GPULAUNCH_LIBRARY", GPL_BUILD_DIR "/runtime/libgpulaunch.so.0", 1);
+    return took;
 }

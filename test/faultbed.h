@@ -71,6 +71,8 @@ void start_job(const job_args *ja);
  * the last survivor was told, after *t_fault. */
 uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault);
 /* Skips the test unless the interpreter imports torch. */
-void require_torch(void);
+/* Skips the test unless TORCH_PYTHON imports torch; returns how long one
+ * import took (ms): a program's own start, for bounds that include it. */
+uint64_t require_torch(void);
 
 #endif

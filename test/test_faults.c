@@ -159,7 +159,7 @@ Test(faults, node_vanishes_elastic_2_of_3_heals_within_heartbeat_timeout_plus_3s
     enum { N3 = 3 };
     static const int three[N3] = {1, 2, 3}, surv[N3 - 1] = {1, 2};
     setup_bed("2d-vanish-elastic-2of3-heal", N3 + 1, 0, 0);
-    require_torch();
+    uint64_t import_ms = require_torch();
     start_server(0);
     job_args ja = {.nnodes = "2:3",
                    .steps = "100000",
@@ -219,13 +219,20 @@ Test(faults, node_vanishes_elastic_2_of_3_heals_within_heartbeat_timeout_plus_3s
                   "round 2 formed %llu ms after the fault (bound: the heartbeat timeout + 2 s; "
                   "the last call would be 30 s)",
                   (unsigned long long)worst_formed);
-    /* the goal is the heartbeat timeout + 3 s (heal_bench measures it: about 7 s);
-     * the rest is Python importing torch on a shared 2-core machine, so the test
-     * leaves it room */
-    cr_expect_leq(healed, (HB_TIMEOUT_S + 6) * 1000ull,
+    /* the goal is the heartbeat timeout + 3 s (heal_bench measures it: about 7 s)
+     * plus the program's own start: the restarted ranks import torch again, 4
+     * of them on 2 cores, so twice one import measured on this machine just
+     * before (a loaded machine's import takes seconds more) */
+    uint64_t bound = (HB_TIMEOUT_S + 3) * 1000ull + 2 * import_ms;
+    if (bound < (HB_TIMEOUT_S + 6) * 1000ull)
+        bound = (HB_TIMEOUT_S + 6) * 1000ull;
+    cr_log_info("scenario 2d: one `import torch` took %llu ms here; bound %llu ms",
+                (unsigned long long)import_ms, (unsigned long long)bound);
+    cr_expect_leq(healed, bound,
                   "the first step in the 4-rank world came %llu ms after the fault (goal: the "
-                  "heartbeat timeout + 3 s = %d ms)",
-                  (unsigned long long)healed, (HB_TIMEOUT_S + 3) * 1000);
+                  "heartbeat timeout + 3 s = %d ms, + twice one import of torch here, %llu ms)",
+                  (unsigned long long)healed, (HB_TIMEOUT_S + 3) * 1000,
+                  (unsigned long long)(2 * import_ms));
     expect_resumed(surv, N3 - 1);
 }
 

@@ -34,11 +34,11 @@
 #define CKPT_MAX_STEPS 4096                /* step directories looked at by restore and keep */
 #define CKPT_MAX_FILES 1024                /* files one rank saves in one checkpoint */
 #define CKPT_STAGE_RESERVE                                                                         \
-    (1ull << 40)                      /* address space of the staging buffer: a rank's             \
-                                         checkpoint is at most 1 TiB */
-#define CKPT_STAGE_GROW (64ull << 20) /* the staging buffer grows by this much at least */
+    (1ull << 40)                       /* address space of the staging buffer: a rank's            \
+                                          checkpoint is at most 1 TiB */
+#define CKPT_STAGE_GROW (64ull << 20)  /* the staging buffer grows by this much at least */
 #define CKPT_STAGE_SLACK (64ull << 10) /* prefaulted beyond a known state size: alignment */
-#define CKPT_IO_PIECE (4u << 20)      /* bytes written, read or hashed at once */
+#define CKPT_IO_PIECE (4u << 20)       /* bytes written, read or hashed at once */
 /* up to this world size, a rank that finishes a step looks for every rank's
  * manifest in the tier and marks the step COMPLETE at once (a shared tier);
  * larger jobs wait for the next agreement */

@@ -100,11 +100,11 @@
 #define S3_RETRIES_MAX 30
 #define S3_BACKOFF_BASE_MS 100
 #define S3_BACKOFF_CAP_MS 5000
-#define S3_SKEW_RETRIES 2             /* re-signings with the server's time in a row */
-#define S3_RESTARTS 1                 /* whole uploads started again after NoSuchUpload */
-#define S3_ABORT_TRIES 3              /* attempts at AbortMultipartUpload */
-#define S3_POOL_MAX 16                /* idle curl handles kept (their connections stay open) */
-#define S3_IO_CHUNK (1u << 20)        /* bytes read at once to hash a body */
+#define S3_SKEW_RETRIES 2      /* re-signings with the server's time in a row */
+#define S3_RESTARTS 1          /* whole uploads started again after NoSuchUpload */
+#define S3_ABORT_TRIES 3       /* attempts at AbortMultipartUpload */
+#define S3_POOL_MAX 16         /* idle curl handles kept (their connections stay open) */
+#define S3_IO_CHUNK (1u << 20) /* bytes read at once to hash a body */
 #define S3_CONNECT_TIMEOUT_MS 10000
 #define S3_STALL_BYTES 1024     /* a transfer under this many bytes/s ... */
 #define S3_STALL_S 60           /* ... for this long is cut and retried */
