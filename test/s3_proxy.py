@@ -10,6 +10,8 @@ proxy  --upstream PORT [--clock-offset S]
                                         (503 SlowDown, 500 InternalError)
       POST /__proxy/reset-part?n=1      the next n UploadPart bodies are cut
                                         halfway by a connection reset
+      POST /__proxy/corrupt-part?n=1    the next n UploadPart bodies get one
+                                        bit flipped on their way
       POST /__proxy/delay-part?ms=100   every UploadPart waits ms before moto
       POST /__proxy/down, /__proxy/up   while down, every connection is reset
                                         (the server is gone)
@@ -85,8 +87,8 @@ class Quiet(http.server.ThreadingHTTPServer):
 def run_proxy(args):
     lock = threading.Lock()
     st = {"requests": 0, "kinds": {}, "inflight": {}, "max_inflight": {}, "injected": 0,
-          "resets": 0, "skew_refused": 0, "md5_checked": 0, "md5_bad": 0, "sha_checked": 0, "sha_bad": 0, "with_token": 0, "dup_date": 0, "down_resets": 0}
-    ctl = {"fail_code": 0, "fail_n": 0, "reset_n": 0, "delay_ms": 0, "down": False}
+          "resets": 0, "skew_refused": 0, "md5_checked": 0, "md5_bad": 0, "sha_checked": 0, "sha_bad": 0, "corrupted": 0, "with_token": 0, "dup_date": 0, "down_resets": 0}
+    ctl = {"fail_code": 0, "fail_n": 0, "reset_n": 0, "corrupt_n": 0, "delay_ms": 0, "down": False}
 
     def kind_of(method, path):
         u = urllib.parse.urlsplit(path)
@@ -139,6 +141,8 @@ def run_proxy(args):
                     ctl["fail_code"], ctl["fail_n"] = int(q.get("code", 503)), int(q.get("n", 1))
                 elif op == "reset-part":
                     ctl["reset_n"] = int(q.get("n", 1))
+                elif op == "corrupt-part":
+                    ctl["corrupt_n"] = int(q.get("n", 1))
                 elif op == "delay-part":
                     ctl["delay_ms"] = int(q.get("ms", 0))
                 elif op in ("down", "up"):
@@ -203,18 +207,22 @@ def run_proxy(args):
                     ctl["fail_n"] -= 1
                     st["injected"] += 1
                     code = ctl["fail_code"]
+                flip = kind == "UploadPart" and ctl["corrupt_n"] > 0
+                if flip:
+                    ctl["corrupt_n"] -= 1
+                    st["corrupted"] += 1
                 cut = kind == "UploadPart" and ctl["reset_n"] > 0
                 if cut:
                     ctl["reset_n"] -= 1
                     st["resets"] += 1
                 delay = ctl["delay_ms"] if kind == "UploadPart" else 0
             try:
-                self.forward_one(kind, fail and code, cut, delay)
+                self.forward_one(kind, fail and code, cut, delay, flip)
             finally:
                 with lock:
                     st["inflight"][kind] -= 1
 
-        def forward_one(self, kind, fail_code, cut, delay):
+        def forward_one(self, kind, fail_code, cut, delay, flip=False):
             if self.skewed():  # no Expect: 100-continue (small bodies)
                 self.refuse_skewed()
                 return
@@ -225,6 +233,8 @@ def run_proxy(args):
                 rst(self.connection)
                 return
             body = self.rfile.read(n) if n else b""
+            if flip and body:  # one bit damaged on the way, as a bad NIC or switch would
+                body = bytes([body[0] ^ 1]) + body[1:]
             sha = self.headers.get("x-amz-content-sha256", "")
             if re.fullmatch(r"[0-9a-f]{64}", sha):
                 # S3 checks a signed payload's hash (moto does not): 400

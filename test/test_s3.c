@@ -622,6 +622,32 @@ Test(s3, connection_reset_inside_a_part) {
     ckpt_s3_close(s);
 }
 
+/* A part damaged on its way: the server's hash of the body differs from the
+ * signed one (XAmzContentSHA256Mismatch); the part is sent again and the
+ * object reads back bit for bit. */
+Test(s3, a_part_damaged_on_its_way_is_refused_and_sent_again) {
+    NEED_SERVER();
+    servers(1, 0, "0");
+    setenv("GPULAUNCH_S3_PART_BYTES", "5MiB", 1);
+    ckpt_s3 *s = open_ok("s3://" BUCKET "/job7");
+    size_t n = 12 * MiB;
+    unsigned char *b = pattern(n, 4);
+    int fd = file_with("opt", b, n);
+    gb_err e = GB_ERR_INIT;
+    ctl("corrupt-part?n=1");
+    cr_assert_eq(ckpt_s3_put_file(s, "step-1/r0-opt", fd, n, NULL, NULL, &e), GPL_OK, "%s", e.msg);
+    cr_assert_eq(stat_of("corrupted", NULL), 1);
+    cr_assert_eq(stat_of("sha_bad", NULL), 1);
+    cr_assert_eq(stat_of("kinds", "UploadPart"), 4); /* 3 parts, one of them twice */
+    ckpt_s3_stats st;
+    ckpt_s3_stats_get(s, &st);
+    cr_assert_eq(st.retries, 1);
+    cr_assert(same_as(s, "step-1/r0-opt", b, n));
+    close(fd);
+    free(b);
+    ckpt_s3_close(s);
+}
+
 /* moto in memory loses everything when it dies: the bucket is made again
  * (as an operator would), the upload id is gone, and the client must start
  * the upload over once, not hang and not claim success. */

@@ -502,8 +502,12 @@ static int s3_attempt(ckpt_s3 *s, CURL *c, s3_req *r, char *why, size_t whycap, 
     }
     s3_parse_error(r);
     snprintf(why, whycap, "%s (%ld)%s%s", r->code, r->status, r->msg[0] ? ": " : "", r->msg);
+    /* a body damaged on its way (the server's hash of it differs from the
+     * one signed) is sent again from the file, like a reset connection */
     if (r->status >= 500 || r->status == 408 || r->status == 429 ||
-        (r->status == 400 && strcmp(r->code, "RequestTimeout") == 0)) {
+        (r->status == 400 &&
+         (strcmp(r->code, "RequestTimeout") == 0 || strcmp(r->code, "BadDigest") == 0 ||
+          strcmp(r->code, "XAmzContentSHA256Mismatch") == 0))) {
         k = S3_RETRY;
     } else if (r->status == 403 && strcmp(r->code, "RequestTimeTooSkewed") == 0) {
         time_t server = r->date[0] ? curl_getdate(r->date, NULL) : (time_t)-1;
