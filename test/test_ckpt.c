@@ -421,16 +421,21 @@ Test(ckpt, host_memory_stays_flat_over_100_async_saves) {
     free(b.data);
 }
 
+/* Skips a test on kernels before 5.14 (no MADV_POPULATE_WRITE). */
+#define NEED_POPULATE_WRITE()                                                                      \
+    do {                                                                                           \
+        struct utsname u_;                                                                         \
+        int major_ = 0, minor_ = 0;                                                                \
+        if (uname(&u_) == 0 && sscanf(u_.release, "%d.%d", &major_, &minor_) == 2 &&               \
+            (major_ < 5 || (major_ == 5 && minor_ < 14)))                                          \
+            cr_skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u_.release);               \
+    } while (0)
+
 /* After a restore the staging buffer is faulted in by the writer thread, in
  * the background, to the restored state's size: the first save then stalls
  * for the copy alone. Seen as RSS growing by that size before any save. */
 Test(ckpt, the_staging_buffer_is_faulted_in_after_a_restore_before_the_first_save) {
-    struct utsname u;
-    int major = 0, minor = 0;
-    if (uname(&u) == 0 && sscanf(u.release, "%d.%d", &major, &minor) == 2 &&
-        (major < 5 || (major == 5 && minor < 14))) {
-        cr_skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u.release);
-    }
+    NEED_POPULATE_WRITE();
     blob b = {malloc(64u << 20), 64u << 20, 0, 0};
     cr_assert_not_null(b.data);
     memset(b.data, 3, b.len);
@@ -460,12 +465,7 @@ Test(ckpt, the_staging_buffer_is_faulted_in_after_a_restore_before_the_first_sav
  * background, so that the first save of a fresh run too stalls for the copy
  * alone; without it, nothing is faulted in before the first save. */
 Test(ckpt, a_state_size_given_at_setup_faults_the_staging_buffer_in_before_the_first_save) {
-    struct utsname u;
-    int major = 0, minor = 0;
-    if (uname(&u) == 0 && sscanf(u.release, "%d.%d", &major, &minor) == 2 &&
-        (major < 5 || (major == 5 && minor < 14))) {
-        cr_skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u.release);
-    }
+    NEED_POPULATE_WRITE();
     blob b = {malloc(64u << 20), 64u << 20, 0, 0};
     cr_assert_not_null(b.data);
     memset(b.data, 5, b.len);

@@ -205,16 +205,6 @@ static gpl_result_t s3_mpu_create(s3_job *j, CURL *c, s3_req *r, char *xml, gb_e
     return GPL_OK;
 }
 
-static int s3_nibble(char c) {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The ETag S3 gives a multipart object: MD5 of the parts' MD5s, "-" parts;
  * the parts' MD5s are their ETags as the server answered them. "" when an
  * ETag is not a plain MD5 (e.g. SSE-KMS): nothing to compare then. */
@@ -227,7 +217,7 @@ static void s3_mpu_etag(const s3_job *j, char *out, size_t cap) {
     for (int i = 0; i < j->nparts; i++) {
         const char *t = j->etag[i] + (j->etag[i][0] == '"');
         for (int b = 0; b < 16; b++) {
-            int hi = s3_nibble(t[2 * b]), lo = hi < 0 ? -1 : s3_nibble(t[2 * b + 1]);
+            int hi = s3_hex(t[2 * b]), lo = hi < 0 ? -1 : s3_hex(t[2 * b + 1]);
             if (lo < 0)
                 goto out;
             all[16 * i + b] = (unsigned char)(hi << 4 | lo);
