@@ -12,6 +12,10 @@ proxy  --upstream PORT [--clock-offset S]
                                         halfway by a connection reset
       POST /__proxy/corrupt-part?n=1    the next n UploadPart bodies get one
                                         bit flipped on their way
+      POST /__proxy/lose-complete?n=1   the next n CompleteMultipartUpload are
+                                        done by moto, their replies replaced
+                                        by a connection reset; a retry of one
+                                        gets 404 NoSuchUpload
       POST /__proxy/delay-part?ms=100   every UploadPart waits ms before moto
       POST /__proxy/down, /__proxy/up   while down, every connection is reset
                                         (the server is gone)
@@ -87,8 +91,13 @@ class Quiet(http.server.ThreadingHTTPServer):
 def run_proxy(args):
     lock = threading.Lock()
     st = {"requests": 0, "kinds": {}, "inflight": {}, "max_inflight": {}, "injected": 0,
-          "resets": 0, "skew_refused": 0, "md5_checked": 0, "md5_bad": 0, "sha_checked": 0, "sha_bad": 0, "corrupted": 0, "with_token": 0, "dup_date": 0, "down_resets": 0}
-    ctl = {"fail_code": 0, "fail_n": 0, "reset_n": 0, "corrupt_n": 0, "delay_ms": 0, "down": False}
+          "resets": 0, "skew_refused": 0, "md5_checked": 0, "md5_bad": 0, "sha_checked": 0, "sha_bad": 0, "corrupted": 0, "replies_lost": 0, "with_token": 0, "dup_date": 0, "down_resets": 0}
+    completed_unseen = set()  # upload ids whose completion's reply was lost
+    ctl = {"fail_code": 0, "fail_n": 0, "reset_n": 0, "corrupt_n": 0, "lose_n": 0, "delay_ms": 0, "down": False}
+
+    def upload_id_of(path):
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+        return (q.get("uploadId") or [""])[0]
 
     def kind_of(method, path):
         u = urllib.parse.urlsplit(path)
@@ -143,6 +152,8 @@ def run_proxy(args):
                     ctl["reset_n"] = int(q.get("n", 1))
                 elif op == "corrupt-part":
                     ctl["corrupt_n"] = int(q.get("n", 1))
+                elif op == "lose-complete":
+                    ctl["lose_n"] = int(q.get("n", 1))
                 elif op == "delay-part":
                     ctl["delay_ms"] = int(q.get("ms", 0))
                 elif op in ("down", "up"):
@@ -223,6 +234,14 @@ def run_proxy(args):
                     st["inflight"][kind] -= 1
 
         def forward_one(self, kind, fail_code, cut, delay, flip=False):
+            if kind == "CompleteMultipartUpload":
+                with lock:
+                    gone = upload_id_of(self.path) in completed_unseen
+                if gone:  # S3 may answer a completed upload's retry so
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    self.reply(404, xml_error("NoSuchUpload", "The specified upload does not exist."),
+                               [("Content-Type", "application/xml")])
+                    return
             if self.skewed():  # no Expect: 100-continue (small bodies)
                 self.refuse_skewed()
                 return
@@ -290,6 +309,18 @@ def run_proxy(args):
                     self.reply(404, xml_error("NoSuchUpload", "The specified upload does not exist."),
                                [("Content-Type", "application/xml")])
                     up.close()
+                    return
+            if kind == "CompleteMultipartUpload" and resp.status == 200:
+                with lock:
+                    lose = ctl["lose_n"] > 0
+                    if lose:
+                        ctl["lose_n"] -= 1
+                        st["replies_lost"] += 1
+                if lose:  # done at the server, the reply lost on its way back
+                    with lock:
+                        completed_unseen.add(upload_id_of(self.path))
+                    self.close_connection = True
+                    rst(self.connection)
                     return
             self.send_response_only(resp.status, resp.reason)
             for k, v in resp.getheaders():

@@ -431,6 +431,19 @@ Test(ckpt, host_memory_stays_flat_over_100_async_saves) {
             cr_skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u_.release);               \
     } while (0)
 
+Test(ckpt, a_state_size_over_the_staging_limit_is_refused_at_setup) {
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init(NULL, &c), GPL_OK);
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = dir;
+    o.handle_sigterm = 0;
+    o.state_bytes = (1ull << 40) + 1;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, NULL, NULL, NULL), GPL_ERR_LIMIT);
+    cr_assert(strstr(gpl_last_error(c), "state_bytes") && strstr(gpl_last_error(c), "1024 GiB"),
+              "%s", gpl_last_error(c));
+    gpl_finalize(c);
+}
+
 /* After a restore the staging buffer is faulted in by the writer thread, in
  * the background, to the restored state's size: the first save then stalls
  * for the copy alone. Seen as RSS growing by that size before any save. */

@@ -634,6 +634,31 @@ Test(s3, a_part_damaged_on_its_way_is_refused_and_sent_again) {
     cr_assert_eq(stat_of("sha_bad", NULL), 1);
 }
 
+/* CompleteMultipartUpload done by the server but its reply lost: the retry
+ * finds no upload (NoSuchUpload), and the object's ETag (MD5 of the parts'
+ * ETags) shows it is this upload's: success, nothing uploaded again. */
+Test(s3, a_completion_whose_reply_is_lost_is_recognised_by_its_etag) {
+    NEED_SERVER();
+    servers(1, 0, "0");
+    setenv("GPULAUNCH_S3_PART_BYTES", "5MiB", 1);
+    ckpt_s3 *s = open_ok("s3://" BUCKET "/job7");
+    size_t n = 12 * MiB;
+    unsigned char *b = pattern(n, 5);
+    int fd = file_with("opt", b, n);
+    gb_err e = GB_ERR_INIT;
+    ctl("lose-complete?n=1");
+    cr_assert_eq(ckpt_s3_put_file(s, "step-1/r0-opt", fd, n, NULL, NULL, &e), GPL_OK, "%s", e.msg);
+    cr_assert_eq(stat_of("replies_lost", NULL), 1);
+    cr_assert_eq(stat_of("kinds", "CompleteMultipartUpload"), 2);
+    cr_assert_geq(stat_of("kinds", "HeadObject"), 1);
+    cr_assert_eq(stat_of("kinds", "CreateMultipartUpload"), 1); /* not started again */
+    cr_assert_eq(stat_of("kinds", "UploadPart"), 3);
+    cr_assert(same_as(s, "step-1/r0-opt", b, n));
+    close(fd);
+    free(b);
+    ckpt_s3_close(s);
+}
+
 /* moto in memory loses everything when it dies: the bucket is made again
  * (as an operator would), the upload id is gone, and the client must start
  * the upload over once, not hang and not claim success. */

@@ -130,6 +130,14 @@ gpl_result_t gpl_ckpt_setup(gpl_comm_t c, const gpl_ckpt_options *o, gpl_save_fn
     }
     k->first = k->o.dir && *k->o.dir ? &k->local : durable ? &k->durable : NULL;
     k->drainto = k->first == &k->local && durable ? &k->durable : NULL;
+    if (k->o.state_bytes > CKPT_STAGE_RESERVE) {
+        rc = gb_seterr(&c->err, GPL_ERR_LIMIT,
+                       "gpl_ckpt_setup: state_bytes %llu is over %llu GiB, the most one rank can "
+                       "checkpoint (CKPT_STAGE_RESERVE): save less a rank (more ranks, or shards)",
+                       (unsigned long long)k->o.state_bytes,
+                       (unsigned long long)(CKPT_STAGE_RESERVE >> 30));
+        goto out;
+    }
     if (k->first) {
         GB_CHECK_GOTO(ckpt_stage_init(&k->stage, &c->err), rc, out);
         GB_CHECK_GOTO(ckpt_bg_start(&k->bg, k->first, k->drainto, &k->stage, &c->err), rc, out);
