@@ -223,6 +223,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_ckpt_temp_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
     "gpl_ckpt_commit": (c_result, [_P, ctypes.c_char_p]),
     "gpl_ckpt_path": (c_result, [_P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpl_ckpt_rank_path": (c_result, [_P, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "gpl_ckpt_saved_world": (ctypes.c_int, [_P]),
     "gpl_ckpt_stage": (c_result, [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(_P)]),
     "gpl_ckpt_wait": (c_result, [_P]),
     "gpl_ckpt_status_get": (c_result, [_P, ctypes.POINTER(CkptStatus)]),

@@ -106,6 +106,19 @@ class CheckpointWriter(_Files):
         ptr = self._stage(name, plan.size)
         plan.fill(ptr, self._pins)
 
+    def save_sharded(self, name: str, state_dict: dict[str, Any]) -> None:
+        """Saves a state sharded across ranks (FSDP2 or HSDP: DTensors, as
+        torch.distributed.checkpoint.state_dict.get_state_dict returns them,
+        optimizer included) through torch.distributed.checkpoint: a
+        collective, every rank writes its own shards (a replicated tensor
+        once, by one rank) as its file `name`, into the staging buffer, and
+        the plan as rank 0's `name`.metadata. Loaded by
+        CheckpointReader.load_sharded into a world of any size."""
+        self._live("save_sharded", name)
+        from . import _dcp
+
+        _dcp.save(self, name, state_dict)
+
     def _stage(self, name: str, size: int) -> int:
         """size bytes of the staging buffer that become file `name`
         (gpl_ckpt_stage); the address is valid until save_fn returns."""
@@ -133,6 +146,34 @@ class CheckpointReader(_Files):
     def path(self, name: str) -> str:
         """The path of file `name` (Error GPL_ERR_NOT_FOUND when there is none)."""
         return self._path_call("gpl_ckpt_path", name)
+
+    @property
+    def saved_world(self) -> int:
+        """How many ranks saved this checkpoint (this job may have another world size)."""
+        ck, _ = self._live("saved_world", "-")
+        return int(N.fn("gpl_ckpt_saved_world")(ck))
+
+    def rank_path(self, rank: int, name: str) -> str:
+        """The path of file `name` as rank `rank` of the saving world saved it
+        (sharded state read into another world), checked against that rank's
+        manifest (size, SHA-256) and fetched from the durable tier when this
+        node's disk lacks it."""
+        ck, raw = self._live("rank_path", name)
+        out = ctypes.create_string_buffer(N.CKPT_PATH_MAX)
+        rc = N.fn("gpl_ckpt_rank_path")(ck, int(rank), raw, out, N.CKPT_PATH_MAX)
+        if rc != N.GPL_OK:
+            raise self._comm._error(rc)
+        return os.fsdecode(out.value)
+
+    def load_sharded(self, name: str, state_dict: dict[str, Any]) -> None:
+        """Loads what save_sharded saved as `name` into state_dict in place
+        (torch.distributed.checkpoint's load: DTensor shards of FSDP2 or HSDP
+        state are read from whichever saving rank holds them, into this
+        world's layout, whatever its size)."""
+        self._live("load_sharded", name)
+        from . import _dcp
+
+        _dcp.load(self, name, state_dict)
 
     def read(self, name: str) -> bytes:
         """The contents of file `name`."""

@@ -40,6 +40,9 @@ struct gpl_ckpt {
     char stepdir[PATH_MAX];
     int saving, loading; /* inside the save / load callback */
     uint64_t loaded_own; /* bytes of this rank's own files the load callback found */
+    int64_t load_step;   /* the step being loaded ... */
+    int load_world;      /* ... the world that saved it ... */
+    int load_durable;    /* ... and whether the durable tier has it COMPLETE */
     uint32_t push_seen;  /* the rendezvous' checkpoint notices acted on ... */
     int push_reforms;    /* ... on the connection of this re-formation */
     int64_t local_marked, durable_marked; /* newest steps every rank wrote / drained */
@@ -581,11 +584,14 @@ gpl_result_t gpl_ckpt_status_get(gpl_comm_t c, gpl_ckpt_status *out) {
 
 /* ---- restore's side of the callbacks (the choice of step: ckpt_restore.c) ---- */
 
-gpl_result_t gpl__ckpt_restore_load(gpl_ckpt_t k, int64_t step) {
+gpl_result_t gpl__ckpt_restore_load(gpl_ckpt_t k, int64_t step, int world, int durable_ok) {
     gpl_comm_t c = k->c;
     char sname[32];
     ckpt_step_name(step, sname, sizeof sname);
     snprintf(k->stepdir, sizeof k->stepdir, "%s/%s", k->first->where, sname);
+    k->load_step = step;
+    k->load_world = world;
+    k->load_durable = durable_ok;
     k->loading = 1;
     k->loaded_own = 0;
     gpl_result_t rc = k->load ? k->load(k, step, k->user) : GPL_OK;
@@ -658,3 +664,27 @@ gpl_result_t gpl_ckpt_read(gpl_ckpt_t k, const char *name, void *data, size_t le
         return gb_seterr(&c->err, GPL_ERR_SYSTEM, "reading %s: %s", path, strerror(errno));
     return GPL_OK;
 }
+
+gpl_result_t gpl_ckpt_rank_path(gpl_ckpt_t k, int rank, const char *name, char *path, size_t len) {
+    if (k == NULL || path == NULL || len == 0)
+        return GPL_ERR_INVALID_ARG;
+    gpl_result_t rc = check_name(k, "gpl_ckpt_rank_path", name);
+    if (rc != GPL_OK)
+        return rc;
+    gpl_comm_t c = k->c;
+    if (!k->loading)
+        return gb_seterr(&c->err, GPL_ERR_STATE,
+                         "gpl_ckpt_rank_path outside the load callback: call it from the function "
+                         "given to gpl_ckpt_setup as load");
+    if (rank < 0 || rank >= k->load_world)
+        return gb_seterr(&c->err, GPL_ERR_INVALID_ARG,
+                         "gpl_ckpt_rank_path: rank %d is not one of the %d ranks that saved %s "
+                         "(gpl_ckpt_saved_world)",
+                         rank, k->load_world, k->stepdir);
+    char file[CKPT_FILE_MAX];
+    snprintf(file, sizeof file, "r%d-%s", rank, name);
+    return ckpt_restore_rank_file(c, k->load_step, k->load_world, k->load_durable, rank, file,
+                                  path, len);
+}
+
+int gpl_ckpt_saved_world(gpl_ckpt_t k) { return k && k->loading ? k->load_world : 0; }

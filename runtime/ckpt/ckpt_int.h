@@ -220,8 +220,15 @@ gpl_result_t ckpt_bg_mark_durable_now(ckpt_bg *b, int64_t step, int world, gb_er
 void ckpt_bg_stop(ckpt_bg *b);
 
 /* ---- restore's view of the handle (ckpt.c) ---- */
-/* The load callback called for step (its files in the first tier's step directory). */
-gpl_result_t gpl__ckpt_restore_load(gpl_ckpt_t k, int64_t step);
+/* The load callback called for step (its files in the first tier's step
+ * directory), saved by a world of `world` ranks; durable_ok: the durable tier
+ * has it COMPLETE too (files missing here are fetched from there). */
+gpl_result_t gpl__ckpt_restore_load(gpl_ckpt_t k, int64_t step, int world, int durable_ok);
+/* Rank `rank`'s file (r<rank>-<name>) of that step, checked against its
+ * manifest's size and SHA-256, fetched from the durable tier when missing or
+ * damaged here: its path (ckpt_restore.c). */
+gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int durable_ok,
+                                    int rank, const char *file, char *path, size_t len);
 ckpt_tier *gpl__ckpt_first(gpl_ckpt_t k);   /* NULL: nowhere to restore from */
 ckpt_tier *gpl__ckpt_durable(gpl_ckpt_t k); /* NULL: no tier to fetch from */
 

@@ -27,6 +27,8 @@ typedef struct restore_ctx {
     int64_t *first_steps, *durable_steps;
     int nfirst, ndurable;
     uint64_t fetched; /* bytes copied from the durable tier */
+    int world;        /* the world of the step usable() last looked at */
+    int durable_ok;   /* ... and whether the durable tier has that step COMPLETE */
 } restore_ctx;
 
 /* The COMPLETE marker of step in tier t: 1 with *world set. */
@@ -137,6 +139,8 @@ static int usable(restore_ctx *x, int64_t step, char *why, size_t whylen) {
     }
     if (!local_complete)
         world = wd;
+    x->world = world;
+    x->durable_ok = durable_ok;
     char dir[PATH_MAX], sname[32];
     ckpt_step_name(step, sname, sizeof sname);
     snprintf(dir, sizeof dir, "%s/%s", x->first->where, sname);
@@ -187,7 +191,7 @@ static gpl_result_t restore(gpl_comm_t c, int64_t *out) {
         return c ? gb_seterr(&c->err, GPL_ERR_STATE, "gpl_ckpt_restore before gpl_ckpt_setup")
                  : GPL_ERR_INVALID_ARG;
     gb_clearerr(&c->err);
-    restore_ctx x = {c, gpl__ckpt_first(k), gpl__ckpt_durable(k), NULL, NULL, 0, 0, 0};
+    restore_ctx x = {c, gpl__ckpt_first(k), gpl__ckpt_durable(k), NULL, NULL, 0, 0, 0, 0, 0};
     gpl_result_t rc = GPL_OK;
     int64_t chosen = -1, bound = INT64_MAX;
     double t0 = gb_wall_s();
@@ -235,7 +239,7 @@ static gpl_result_t restore(gpl_comm_t c, int64_t *out) {
                 "durable tier %s in %.3f s\n",
                 c->rank, (long long)chosen, (double)x.fetched / 1e6, x.durable->where,
                 gb_wall_s() - t0);
-    GB_CHECK_GOTO(gpl__ckpt_restore_load(k, chosen), rc, out);
+    GB_CHECK_GOTO(gpl__ckpt_restore_load(k, chosen, x.world, x.durable_ok), rc, out);
     *out = chosen;
 out:
     free(x.first_steps);
@@ -247,5 +251,63 @@ gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
     gb_progress_set_state(GB_PROGRESS_SAVING); /* checkpoint I/O: the hang watchdog waits */
     gpl_result_t rc = restore(c, out);
     gb_progress_set_state(GB_PROGRESS_RUNNING);
+    return rc;
+}
+
+/* Another rank's file of the step being loaded (a sharded state read into
+ * another world): its line in that rank's manifest, the file in the first
+ * tier with that size and SHA-256, else fetched from the durable tier and
+ * checked. */
+gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int durable_ok,
+                                    int rank, const char *file, char *path, size_t len) {
+    restore_ctx x = {c, gpl__ckpt_first(c->ckpt), gpl__ckpt_durable(c->ckpt), NULL, NULL, 0, 0, 0,
+                     world, durable_ok};
+    char dir[PATH_MAX], sname[32], why[512] = "";
+    ckpt_step_name(step, sname, sizeof sname);
+    snprintf(dir, sizeof dir, "%s/%s", x.first->where, sname);
+    char *man = malloc(CKPT_MANIFEST_MAX);
+    gpl_result_t rc = GPL_OK;
+    size_t mlen = 0;
+    int found = 0;
+    if (man == NULL)
+        return gb_seterr(&c->err, GPL_ERR_NOMEM, "rank %d: out of memory", c->rank);
+    if (!get_manifest(&x, step, rank, durable_ok && x.durable, man, CKPT_MANIFEST_MAX, &mlen)) {
+        rc = gb_seterr(&c->err, GPL_ERR_NOT_FOUND,
+                       "rank %d: rank %d's manifest of %s/%s is missing%s", c->rank, rank,
+                       x.first->where, sname,
+                       x.durable ? " in both tiers" : " (no durable tier to fetch it from)");
+        goto out;
+    }
+    for (const char *l = man; *l && !found;) {
+        char f[CKPT_FILE_MAX], hex[65];
+        unsigned long long size;
+        if (sscanf(l, "%159s %llu %64s", f, &size, hex) == 3 && strcmp(f, file) == 0) {
+            found = 1;
+            if (!get_file(&x, step, dir, file, size, hex, 1, durable_ok && x.durable, why,
+                          sizeof why)) {
+                rc = gb_seterr(&c->err, GPL_ERR_CORRUPT, "rank %d: checkpoint %s/%s: %s", c->rank,
+                               x.first->where, sname, why);
+                goto out;
+            }
+        }
+        const char *nl = strchr(l, '\n');
+        l = nl ? nl + 1 : l + strlen(l);
+    }
+    if (!found) {
+        rc = gb_seterr(&c->err, GPL_ERR_NOT_FOUND,
+                       "rank %d: rank %d saved no file %s in %s/%s; was it saved under another "
+                       "name?",
+                       c->rank, rank, file, x.first->where, sname);
+        goto out;
+    }
+    if (x.fetched)
+        fprintf(stderr, "gpulaunch runtime: rank %d: step %lld: %s fetched from %s (%.1f MB)\n",
+                c->rank, (long long)step, file, x.durable->where, (double)x.fetched / 1e6);
+    int n = snprintf(path, len, "%s/%s", dir, file);
+    if (n < 0 || (size_t)n >= len)
+        rc = gb_seterr(&c->err, GPL_ERR_LIMIT, "the path of %s/%s does not fit in %zu bytes", dir,
+                       file, len);
+out:
+    free(man);
     return rc;
 }

@@ -243,6 +243,17 @@ GPL_API gpl_result_t gpl_ckpt_commit(gpl_ckpt_t ck, const char *name);
 /* In the load callback: the path of this rank's file `name`, else rank 0's
  * (GPL_ERR_NOT_FOUND when neither exists), for the caller's own reader. */
 GPL_API gpl_result_t gpl_ckpt_path(gpl_ckpt_t ck, const char *name, char *path, size_t len);
+/* In the load callback, for state sharded across ranks (each rank saved its
+ * own part; a world of another size reads the parts it now owns): the path of
+ * file `name` as rank `rank` of the saving world saved it, checked against
+ * that rank's manifest (size and SHA-256; GPL_ERR_CORRUPT when no tier has a
+ * good copy), fetched from the durable tier when it is not in the first one
+ * (a node's local disk holds its own ranks' files only). GPL_ERR_NOT_FOUND
+ * when that rank saved no such file. */
+GPL_API gpl_result_t gpl_ckpt_rank_path(gpl_ckpt_t ck, int rank, const char *name, char *path,
+                                        size_t len);
+/* In the load callback: how many ranks saved the step being loaded (0 outside it). */
+GPL_API int gpl_ckpt_saved_world(gpl_ckpt_t ck);
 /* The communicator a save or load callback's checkpoint belongs to. */
 GPL_API gpl_comm_t gpl_ckpt_comm(gpl_ckpt_t ck);
 

@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""train_fsdp: a small decoder-only language model whose state is sharded
+across ranks (PyTorch's FSDP2, `fully_shard` per block), checkpointed with
+gpulaunch's Checkpointer through torch.distributed.checkpoint, and resumed on
+any number of ranks.
+
+    gpulaunch --standalone --nproc-per-node 3 train_fsdp.py --steps 40 \\
+        --checkpoint-dir ckpt --checkpoint-every 10
+    gpulaunch --standalone --nproc-per-node 2 train_fsdp.py --steps 60 \\
+        --checkpoint-dir ckpt      # resumes step 40's checkpoint on 2 ranks
+
+--mode fsdp (default) shards parameters, gradients and AdamW's state over
+every rank; --mode hsdp shards them inside a group of --shard ranks (default:
+the ranks of a node, LOCAL_WORLD_SIZE) and replicates across the groups
+(a 2-D device mesh "replicate" x "shard"), as an LLM on several 8-GPU nodes is
+trained. Gloo on the CPU, NCCL when CUDA is available.
+
+The data position is global: step s trains on samples [s x G, (s + 1) x G)
+of a synthetic token stream (G: --global-batch, default 12, a multiple of the
+world size), rank r of W taking its G / W of them; a sample's tokens depend
+on its index alone. A job resumed on fewer or more ranks therefore trains on
+exactly the samples an unchanged run would have, and the loss is the mean
+over the global batch whatever W is.
+
+The checkpoint (--checkpoint-dir, every --checkpoint-every steps and on
+preemption) holds the model's and the optimizer's sharded
+state (get_state_dict: DTensors) saved with CheckpointWriter.save_sharded,
+each rank writing its own shards, and the sample count in rank 0's
+`train.state` (save_state, no pickle). Restore reads it into this world's
+layout with CheckpointReader.load_sharded, whatever the saving world was.
+--checkpoint-durable adds the durable tier (a shared directory or
+s3://bucket/prefix) the checkpoints drain to.
+
+For comparisons: --dcp-save DIR also saves the final state with DCP's own
+FileSystemWriter, and --dcp-load DIR starts from such a checkpoint (read by
+DCP's FileSystemReader) instead of gpulaunch's. Every rank prints
+`params_sha256` of the full parameters (gathered) after loading and at the
+end, and rank 0 the samples each step trains on with --print-samples."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import sys
+import time
+from typing import Any, NamedTuple, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:
+    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+except ImportError:  # pragma: no cover - 2.4 and 2.5
+    from torch.distributed._composable.fsdp import fully_shard  # type: ignore[no-redef]
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+
+import gpulaunch as gl
+
+STATE_FILE = "train.state"  # rank 0's: the sample count (no pickle)
+SHARDED = "train"  # every rank's shards, and rank 0's train.metadata
+
+
+class Size(NamedTuple):
+    vocab: int
+    seq: int
+    dim: int
+    heads: int
+    layers: int
+
+
+SIZES = {
+    "tiny": Size(vocab=64, seq=16, dim=32, heads=2, layers=2),
+    "small": Size(vocab=256, seq=32, dim=64, heads=4, layers=4),
+    "medium": Size(vocab=2048, seq=64, dim=512, heads=8, layers=8),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, s: Size) -> None:
+        super().__init__()
+        self.heads = s.heads
+        self.ln1 = nn.LayerNorm(s.dim)
+        self.qkv = nn.Linear(s.dim, 3 * s.dim)
+        self.proj = nn.Linear(s.dim, s.dim)
+        self.ln2 = nn.LayerNorm(s.dim)
+        self.fc = nn.Linear(s.dim, 4 * s.dim)
+        self.out = nn.Linear(4 * s.dim, s.dim)
+        self.register_buffer("causal", torch.full((s.seq, s.seq), float("-inf")).triu(1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        hd = d // self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, hd).transpose(1, 2) for z in (q, k, v))
+        att = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd)) + self.causal[:t, :t]).softmax(dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, s: Size) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(s.vocab, s.dim)
+        self.pos = nn.Embedding(s.seq, s.dim)
+        self.blocks = nn.ModuleList(Block(s) for _ in range(s.layers))
+        self.ln = nn.LayerNorm(s.dim)
+        self.head = nn.Linear(s.dim, s.vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied: both in the root's shard group
+        g = torch.Generator().manual_seed(1234)
+        for name, p in self.named_parameters():
+            if name.endswith("weight") and p.dim() == 2:
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def sample_tokens(seed: int, index: int, s: Size) -> torch.Tensor:
+    """Sample `index` of the stream: seq + 1 tokens, a fixed successor table
+    with 10 % noise (so the loss goes down), a function of (seed, index)."""
+    succ = torch.randperm(s.vocab, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed * 1_000_003 + index + 1)
+    noise = torch.randint(s.vocab, (s.seq + 1,), generator=g)
+    keep = torch.rand(s.seq + 1, generator=g) >= 0.1
+    x = noise.clone()
+    for t in range(1, s.seq + 1):
+        x[t] = succ[x[t - 1]] if keep[t] else noise[t]
+    return x
+
+
+def full_params_sha256(model: nn.Module) -> str:
+    """SHA-256 of the full parameters in name order (a collective: every rank
+    gathers each sharded one)."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        h.update(name.encode())
+        h.update(full.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--steps", type=int, default=40, help="steps in all (default 40)")
+    ap.add_argument("--mode", choices=("fsdp", "hsdp"), default="fsdp")
+    ap.add_argument("--shard", type=int, default=0,
+                    help="hsdp: ranks a shard group spans (default LOCAL_WORLD_SIZE)")
+    ap.add_argument("--model", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--global-batch", type=int, default=12, help="sequences a step, all ranks (default 12)")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--checkpoint-dir", default=None)
+    ap.add_argument("--checkpoint-every", type=int, default=0)
+    ap.add_argument("--checkpoint-durable", default=None)
+    ap.add_argument("--sync-checkpoint", action="store_true",
+                    help="step_end waits until the checkpoint is written (default: asynchronous)")
+    ap.add_argument("--step-sleep-ms", type=float, default=0.0)
+    ap.add_argument("--print-every", type=int, default=10)
+    ap.add_argument("--print-samples", action="store_true")
+    ap.add_argument("--dcp-save", default=None, help="also save the final state with DCP's FileSystemWriter")
+    ap.add_argument("--dcp-load", default=None, help="start from DCP's FileSystemReader checkpoint instead")
+    a = ap.parse_args(argv)
+    if a.steps < 0 or a.global_batch < 1 or a.checkpoint_every < 0:
+        ap.error("--steps and --checkpoint-every must be >= 0, --global-batch >= 1")
+    return a
+
+
+def main(argv: list[str]) -> int:
+    a = parse_args(argv)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(0 if torch.cuda.device_count() == 1 else int(os.environ.get("LOCAL_RANK", "0")))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group(backend="nccl" if cuda else "gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if a.global_batch % world:
+        print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the world size {world}",
+              file=sys.stderr)
+        return 2
+    dev = "cuda" if cuda else "cpu"
+    if a.mode == "hsdp":
+        shard = a.shard or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        if shard < 1 or world % shard:
+            print(f"train_fsdp: --mode hsdp: {world} ranks do not split into groups of {shard} (--shard)",
+                  file=sys.stderr)
+            return 2
+        mesh = init_device_mesh(dev, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(dev, (world,), mesh_dim_names=("shard",))
+
+    s = SIZES[a.model]
+    torch.manual_seed(a.seed)  # the biases' initial values: the same on every rank and run
+    model = TinyGPT(s).to(device)
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    per_rank = a.global_batch // world
+    samples = 0  # global: samples trained on by every rank together
+
+    def state() -> dict[str, Any]:
+        msd, osd = get_state_dict(model, optim)
+        return {"model": msd, "optim": osd}
+
+    def apply(st: dict[str, Any]) -> None:
+        set_state_dict(model, optim, model_state_dict=st["model"], optim_state_dict=st["optim"])
+
+    def save(w: gl.CheckpointWriter) -> None:
+        w.save_sharded(SHARDED, state())
+        if w.rank == 0:
+            w.save_state(STATE_FILE, {"samples": samples, "world": world, "mode": a.mode})
+
+    def load(r: gl.CheckpointReader) -> None:
+        nonlocal samples
+        st = state()
+        r.load_sharded(SHARDED, st)
+        apply(st)
+        samples = int(r.load_state(STATE_FILE)["samples"])
+        if rank == 0:
+            print(f"train_fsdp: step {r.step}'s checkpoint of {r.saved_world} ranks loaded into {world} "
+                  f"({a.mode}), at sample {samples}", flush=True)
+
+    ckpt: Optional[gl.Checkpointer] = None
+    start = 0
+    if a.dcp_load:
+        st = state()
+        dcp.load(st, checkpoint_id=a.dcp_load)
+        apply(st)
+        extra = torch.zeros(1, dtype=torch.int64)
+        if rank == 0:
+            with open(os.path.join(a.dcp_load, "samples")) as f:
+                extra[0] = int(f.read())
+        dist.broadcast(extra, 0)
+        samples = int(extra[0])
+        start = samples // a.global_batch
+    if a.checkpoint_dir:
+        ckpt = gl.Checkpointer(a.checkpoint_dir, every_steps=a.checkpoint_every,
+                               durable=a.checkpoint_durable, async_save=not a.sync_checkpoint)
+        if not a.dcp_load:
+            got = ckpt.restore(load)
+            if got is not None:
+                start = got
+                if samples != got * a.global_batch:
+                    print(f"train_fsdp: the checkpoint of step {got} is at sample {samples}, not "
+                          f"{got * a.global_batch}: saved with another --global-batch?", file=sys.stderr)
+                    return 2
+    print(f"rank {rank} loaded params_sha256 {full_params_sha256(model)}", flush=True)
+
+    preempted = False
+    t0 = time.monotonic()
+    for step in range(start, a.steps):
+        first = samples + rank * per_rank
+        x = torch.stack([sample_tokens(a.seed, i, s) for i in range(first, first + per_rank)]).to(device)
+        if a.print_samples and rank == 0:
+            print(f"step {step} samples {samples}..{samples + a.global_batch - 1}", flush=True)
+        logits = model(x[:, :-1])
+        # the mean over the global batch: FSDP averages gradients over the
+        # ranks, so each rank's sum is scaled by W / G
+        loss = F.cross_entropy(logits.reshape(-1, s.vocab), x[:, 1:].reshape(-1), reduction="sum")
+        (loss * (world / (a.global_batch * s.seq))).backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        samples += a.global_batch
+        if a.step_sleep_ms > 0:
+            time.sleep(a.step_sleep_ms / 1000.0)
+        if a.print_every and (step + 1) % a.print_every == 0:
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            if rank == 0:
+                print(f"step {step + 1} loss {total.item() / (a.global_batch * s.seq):.6f}", flush=True)
+        if ckpt is not None and ckpt.step_end(step + 1, save):
+            preempted = True
+            break
+    took = time.monotonic() - t0
+    if ckpt is not None and not preempted:
+        ckpt.wait()
+    if a.dcp_save:
+        dcp.save(state(), checkpoint_id=a.dcp_save)
+        if rank == 0:
+            with open(os.path.join(a.dcp_save, "samples"), "w") as f:
+                f.write(str(samples))
+    print(f"rank {rank} params_sha256 {full_params_sha256(model)}", flush=True)
+    if rank == 0:
+        n = max(a.steps - start, 0)
+        print(f"train_fsdp: {n} steps in {took:.3f} s on {world} ranks ({a.mode}), sample {samples}", flush=True)
+    if ckpt is not None:
+        ckpt.close()
+    dist.destroy_process_group()
+    return gl.EXIT_PREEMPTED if preempted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
