@@ -183,6 +183,105 @@ Test(ckpt, temp_path_and_commit_round_trip_over_external_collectives) {
     }
 }
 
+/* Sharded state: a world of one reads what each rank of a world of two saved. */
+typedef struct sharded {
+    int world;
+    gpl_result_t rank1, rank2, missing;
+    int rank1_ok;
+} sharded;
+
+static gpl_result_t sharded_load(gpl_ckpt_t ck, int64_t step, void *user) {
+    sharded *s = user;
+    char path[4096];
+    s->world = gpl_ckpt_saved_world(ck);
+    s->rank1 = gpl_ckpt_rank_path(ck, 1, "state", path, sizeof path);
+    if (s->rank1 == GPL_OK) {
+        FILE *f = fopen(path, "rb");
+        size_t i = 0;
+        int ch, ok = f != NULL;
+        while (f && (ch = fgetc(f)) != EOF)
+            ok = ok && ch == pattern(i++, 1);
+        if (f)
+            fclose(f);
+        s->rank1_ok = ok && i == BIG;
+    }
+    s->rank2 = gpl_ckpt_rank_path(ck, 2, "state", path, sizeof path);
+    s->missing = gpl_ckpt_rank_path(ck, 1, "nope", path, sizeof path);
+    return GPL_OK;
+}
+
+static void sharded_restore(const char *local, const char *durable, sharded *s) {
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init(NULL, &c), GPL_OK);
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = local;
+    o.durable = durable;
+    o.handle_sigterm = 0;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, save_cb, sharded_load, s), GPL_OK, "%s",
+                 gpl_last_error(c));
+    int64_t step = -1;
+    memset(s, 0, sizeof *s);
+    cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(step, 4);
+    gpl_finalize(c);
+}
+
+Test(ckpt, another_ranks_file_is_read_checked_and_fetched_from_the_durable_tier) {
+    char local[128], durable[128], cmd[512];
+    snprintf(local, sizeof local, "%s/nvme", dir);
+    snprintf(durable, sizeof durable, "%s/pvc", dir);
+    calls k0 = {0}, k1 = {0};
+    gpl_comm_t c0 = external(0, &k0), c1 = external(1, &k1);
+    for (int r = 0; r < 2; r++) {
+        gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+        o.dir = local;
+        o.durable = durable;
+        o.every_steps = 2;
+        o.handle_sigterm = 0;
+        cr_assert_eq(gpl_ckpt_setup(r ? c1 : c0, &o, save_cb, load_cb, NULL), GPL_OK);
+    }
+    cr_assert_eq(gpl_step_end(c1, 4), GPL_OK, "%s", gpl_last_error(c1));
+    cr_assert_eq(gpl_step_end(c0, 4), GPL_OK, "%s", gpl_last_error(c0));
+    cr_assert_eq(gpl_ckpt_wait(c1), GPL_OK, "%s", gpl_last_error(c1));
+    cr_assert_eq(gpl_ckpt_wait(c0), GPL_OK, "%s", gpl_last_error(c0));
+    gpl_finalize(c0);
+    gpl_finalize(c1);
+
+    sharded s;
+    sharded_restore(local, durable, &s);
+    cr_expect_eq(s.world, 2);
+    cr_expect_eq(s.rank1, GPL_OK);
+    cr_expect(s.rank1_ok, "rank 1's file read by the rank of a world of one");
+    cr_expect_eq(s.rank2, GPL_ERR_INVALID_ARG, "no rank 2 saved step 4");
+    cr_expect_eq(s.missing, GPL_ERR_NOT_FOUND);
+
+    /* rank 1 was on another node: its file is not on this disk, nor its manifest */
+    snprintf(cmd, sizeof cmd, "rm %s/step-000000000004/r1-* %s/step-000000000004/rank-1.manifest",
+             local, local);
+    cr_assert_eq(system(cmd), 0);
+    sharded_restore(local, durable, &s);
+    cr_expect_eq(s.rank1, GPL_OK);
+    cr_expect(s.rank1_ok, "fetched from the durable tier");
+
+    /* damaged here: fetched again; damaged in both: GPL_ERR_CORRUPT */
+    snprintf(cmd, sizeof cmd,
+             "printf x | dd of=%s/step-000000000004/r1-state bs=1 seek=100 conv=notrunc "
+             "status=none",
+             local);
+    cr_assert_eq(system(cmd), 0);
+    sharded_restore(local, durable, &s);
+    cr_expect_eq(s.rank1, GPL_OK);
+    cr_expect(s.rank1_ok, "a damaged copy is fetched again");
+    cr_assert_eq(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "printf x | dd of=%s/step-000000000004/r1-state bs=1 seek=100 conv=notrunc "
+             "status=none",
+             durable);
+    cr_assert_eq(system(cmd), 0);
+    sharded_restore(local, durable, &s);
+    cr_expect_eq(s.rank1, GPL_ERR_CORRUPT, "no good copy anywhere");
+}
+
 Test(ckpt, a_torn_file_written_by_path_is_skipped) {
     calls k0 = {0}, k1 = {0};
     save_two_ranks(&k0, &k1);
