@@ -8,7 +8,8 @@ rank's manifest, fetched from the durable tier when this node lacks it).
 
 Layout of a state saved as `name`: each rank's file r<rank>-<name> holds its
 items back to back (tensors as their raw bytes, C order, 64-byte aligned;
-DCP's byte items as they are), and rank 0's r0-<name>.metadata holds DCP's
+DCP's byte items as they are; CUDA shards copied into the pinned staging
+buffer on a side stream, as save_state does), and rank 0's r0-<name>.metadata holds DCP's
 plan (Metadata) with, for each item, the rank, offset, length, dtype and
 shape that find it. The metadata is a pickle, as DCP's own; it is read only
 after its SHA-256 matched the manifest, and through an unpickler that builds
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import importlib
 import io
 import mmap
 import os
 import pickle
 from typing import TYPE_CHECKING, Any, Optional
+
+from . import _statefile
 
 if TYPE_CHECKING:
     from .checkpoint import CheckpointReader, CheckpointWriter
@@ -46,8 +50,9 @@ class Location:
 def _torch() -> Any:
     try:
         import torch
-        import torch.distributed.checkpoint  # noqa: F401
-    except ImportError as e:  # pragma: no cover - torch is what the caller has
+
+        importlib.import_module("torch.distributed.checkpoint")
+    except Exception as e:  # noqa: BLE001 - ImportError, or torch 1.13's failing under Python 3.11
         raise RuntimeError(f"gpulaunch: sharded checkpoints need torch.distributed.checkpoint: {e}") from e
     if not hasattr(torch.distributed.checkpoint, "StorageWriter"):
         raise RuntimeError(
@@ -92,6 +97,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
 
 
+def _mod(name: str) -> Any:
+    return importlib.import_module(name)
+
+
 def _future(value: Any) -> Any:
     torch = _torch()
     fut: Any = torch.futures.Future()
@@ -100,12 +109,12 @@ def _future(value: Any) -> Any:
 
 
 def _writer_class() -> Any:
-    _torch()
-    from torch.distributed.checkpoint import StorageWriter
-    from torch.distributed.checkpoint.planner import WriteItemType
-    from torch.distributed.checkpoint.storage import WriteResult
+    torch = _torch()
+    StorageWriter = _mod("torch.distributed.checkpoint").StorageWriter
+    WriteItemType = _mod("torch.distributed.checkpoint.planner").WriteItemType
+    WriteResult = _mod("torch.distributed.checkpoint.storage").WriteResult
 
-    class Writer(StorageWriter):  # type: ignore[misc]
+    class Writer(StorageWriter):  # type: ignore[misc,valid-type]
         def __init__(self, w: "CheckpointWriter", name: str) -> None:
             super().__init__()
             self.w, self.name = w, name
@@ -127,35 +136,34 @@ def _writer_class() -> Any:
             return plans
 
         def write_data(self, plan: Any, planner: Any) -> Any:
-            items: list[tuple[Any, Any, int, str, tuple[int, ...]]] = []
+            # every item's place first (the file's size), then one stage and the copies:
+            # host tensors by memcpy, CUDA ones on a side stream into the pinned buffer
+            placed: list[tuple[Any, Any, int, int]] = []
             size = 0
             for item in plan.items:
                 data = planner.resolve_data(item)
                 if item.type == WriteItemType.BYTE_IO:
-                    raw = bytes(data.getbuffer())
-                    items.append((item, raw, size, "", ()))
-                    n = len(raw)
+                    data = bytes(data.getbuffer())
+                    n = len(data)
                 else:
-                    t = data.detach()
-                    if t.device.type != "cpu":
-                        t = t.cpu()
-                    t = t.contiguous()
-                    n = t.numel() * t.element_size()
-                    items.append((item, t, size, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+                    data = data.detach()
+                    n = data.numel() * data.element_size()
+                placed.append((item, data, size, n))
                 size += (n + ALIGN - 1) // ALIGN * ALIGN
             base = self.w._stage(self.name, size)
+            tensors = [(off, n, data) for _, data, off, n in placed if not isinstance(data, bytes)]
+            _statefile.stage_tensors(torch, base, size, tensors, self.w._pins)
             results = []
-            rank = self.w.rank
-            for item, data, off, dtype, shape in items:
+            for item, data, off, n in placed:
+                pad = (n + ALIGN - 1) // ALIGN * ALIGN - n
+                if pad:  # the same state makes the same file
+                    ctypes.memset(base + off + n, 0, pad)
                 if isinstance(data, bytes):
-                    n = len(data)
                     ctypes.memmove(base + off, data, n)
+                    where = Location(self.w.rank, off, n, "", ())
                 else:
-                    n = data.numel() * data.element_size()
-                    if n:
-                        ctypes.memmove(base + off, data.data_ptr(), n)
-                results.append(WriteResult(index=item.index, size_in_bytes=n,
-                                           storage_data=Location(rank, off, n, dtype, shape)))
+                    where = Location(self.w.rank, off, n, str(data.dtype).removeprefix("torch."), tuple(data.shape))
+                results.append(WriteResult(index=item.index, size_in_bytes=n, storage_data=where))
             return _future(results)
 
         def finish(self, metadata: Any, results: list[list[Any]]) -> None:
@@ -170,12 +178,12 @@ def _writer_class() -> Any:
 
 def _reader_class() -> Any:
     torch = _torch()
-    from torch.distributed.checkpoint import StorageReader
-    from torch.distributed.checkpoint.planner import LoadItemType
+    StorageReader = _mod("torch.distributed.checkpoint").StorageReader
+    LoadItemType = _mod("torch.distributed.checkpoint.planner").LoadItemType
 
-    from torch.distributed.checkpoint.filesystem import narrow_tensor_by_index
+    narrow_tensor_by_index = _mod("torch.distributed.checkpoint.filesystem").narrow_tensor_by_index
 
-    class Reader(StorageReader):  # type: ignore[misc]
+    class Reader(StorageReader):  # type: ignore[misc,valid-type]
         def __init__(self, r: "CheckpointReader", name: str) -> None:
             super().__init__()
             self.r, self.name = r, name
@@ -250,13 +258,9 @@ def _reader_class() -> Any:
 
 def save(w: "CheckpointWriter", name: str, state_dict: dict[str, Any]) -> None:
     _torch()
-    import torch.distributed.checkpoint as dcp
-
-    dcp.save(state_dict, storage_writer=_writer_class()(w, name))
+    _mod("torch.distributed.checkpoint").save(state_dict, storage_writer=_writer_class()(w, name))
 
 
 def load(r: "CheckpointReader", name: str, state_dict: dict[str, Any]) -> None:
     _torch()
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(state_dict, storage_reader=_reader_class()(r, name))
+    _mod("torch.distributed.checkpoint").load(state_dict, storage_reader=_reader_class()(r, name))

@@ -179,34 +179,43 @@ class Plan:
             at = start + entry["nbytes"]
         if self.size > at:
             ctypes.memset(ptr + at, 0, self.size - at)
-        staged = torch.frombuffer((ctypes.c_uint8 * self.size).from_address(ptr), dtype=torch.uint8)
-        cuda = [(e, s) for e, s in zip(self.table, self.sources) if s.is_cuda and e["nbytes"]]
-        streams: list[Any] = []
-        try:
-            if cuda:  # first, so that the GPUs copy while the host tensors are copied
-                lo = min(self.data_start + e["offset"] for e, _ in cuda)
-                hi = max(self.data_start + e["offset"] + e["nbytes"] for e, _ in cuda)
-                pinned = pins is not None and pins.ensure(ptr + lo, ptr + hi)
-                for e, s in cuda:
-                    a = self.data_start + e["offset"]
-                    if not pinned:  # a plain copy, done when copy_ returns
-                        staged[a:a + e["nbytes"]].copy_(_bytes_of(torch, s))
-                        continue
-                    assert pins is not None
-                    stream = pins.stream(torch, s.device)
-                    if stream not in streams:  # after what the program's stream does to the tensors
-                        stream.wait_stream(torch.cuda.current_stream(s.device))
-                        streams.append(stream)
-                    with torch.cuda.stream(stream):
-                        staged[a:a + e["nbytes"]].copy_(_bytes_of(torch, s), non_blocking=True)
-            for e, s in zip(self.table, self.sources):
-                if e["nbytes"] and not s.is_cuda:
-                    a = self.data_start + e["offset"]
-                    _copy_host(torch, staged[a:a + e["nbytes"]], s)
-        finally:
-            for stream in streams:  # the staging buffer is the writer's once save_fn returns
-                stream.synchronize()
-        del staged
+        stage_tensors(torch, ptr, self.size,
+                      [(self.data_start + e["offset"], e["nbytes"], s) for e, s in zip(self.table, self.sources)],
+                      pins)
+
+
+def stage_tensors(torch: Any, ptr: int, size: int, items: "list[tuple[int, int, Any]]",
+                  pins: "Optional[StagePins]") -> None:
+    """Copies each (offset, nbytes, tensor) into the size bytes at ptr (the
+    staging buffer), in C order: CUDA tensors first, on a side stream into
+    the pinned range of the buffer (a plain copy where pinning fails), then
+    the host ones while the GPUs copy; returns once every copy is done."""
+    staged = torch.frombuffer((ctypes.c_uint8 * size).from_address(ptr), dtype=torch.uint8)
+    cuda = [(a, n, s) for a, n, s in items if s.is_cuda and n]
+    streams: list[Any] = []
+    try:
+        if cuda:
+            lo = min(a for a, _, _ in cuda)
+            hi = max(a + n for a, n, _ in cuda)
+            pinned = pins is not None and pins.ensure(ptr + lo, ptr + hi)
+            for a, n, s in cuda:
+                if not pinned:  # a plain copy, done when copy_ returns
+                    staged[a:a + n].copy_(_bytes_of(torch, s))
+                    continue
+                assert pins is not None
+                stream = pins.stream(torch, s.device)
+                if stream not in streams:  # after what the program's stream does to the tensors
+                    stream.wait_stream(torch.cuda.current_stream(s.device))
+                    streams.append(stream)
+                with torch.cuda.stream(stream):
+                    staged[a:a + n].copy_(_bytes_of(torch, s), non_blocking=True)
+        for a, n, s in items:
+            if n and not s.is_cuda:
+                _copy_host(torch, staged[a:a + n], s)
+    finally:
+        for stream in streams:  # the staging buffer is the writer's once save_fn returns
+            stream.synchronize()
+    del staged
 
 
 def _bytes_of(torch: Any, t: Any) -> Any:
