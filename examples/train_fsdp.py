@@ -47,10 +47,13 @@ import sys
 import time
 from typing import Any, NamedTuple, Optional
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
+# deterministic cuBLAS (use_deterministic_algorithms needs it on CUDA), before torch loads it
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 try:
     from torch.distributed.fsdp import fully_shard  # torch >= 2.6

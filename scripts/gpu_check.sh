@@ -75,6 +75,28 @@ else
   echo "train_ddp on NCCL: FAILED: the resumed run differs"
 fi
 rm -rf "$ck"
+echo "== FSDP2 on NCCL (train_fsdp.py, 1 rank): sharded state saved from the GPU (pinned staging, side stream), resumed run bitwise equal"
+run_fsdp() {
+  PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
+    $b/launcher/gpulaunch --standalone --nproc-per-node 1 --no-python "$py" examples/train_fsdp.py \
+    --global-batch 8 --model small "$@"
+}
+ck=$(mktemp -d)
+if "$py" -c 'from torch.distributed.fsdp import fully_shard' 2>/dev/null; then
+  run_fsdp --steps 40 2>&1 | tee "$out/fsdp-full.log" | grep -E 'rank 0 params_sha256|steps in|Error'
+  run_fsdp --steps 20 --checkpoint-dir "$ck" --checkpoint-every 10 2>&1 | grep -E 'checkpoint:|Error'
+  run_fsdp --steps 40 --checkpoint-dir "$ck" 2>&1 | tee "$out/fsdp-resumed.log" |
+    grep -E 'loaded into|rank 0 params_sha256|Error'
+  if [ "$(grep 'rank 0 params_sha256' "$out/fsdp-full.log")" = \
+       "$(grep 'rank 0 params_sha256' "$out/fsdp-resumed.log")" ]; then
+    echo "train_fsdp on NCCL: resumed run bitwise equal"
+  else
+    echo "train_fsdp on NCCL: FAILED: the resumed run differs"
+  fi
+else
+  echo "train_fsdp skipped: $("$py" -c 'import torch; print("torch", torch.__version__)') has no FSDP2 (torch >= 2.6)"
+fi
+rm -rf "$ck"
 echo "== live re-formation on NCCL with one GPU (world 1): a node joins with a worker that never makes the communicator and is killed; the GPU rank gives up the communicator being made (ncclCommAbort of a non-blocking init, torch's abort) and re-forms alone in place"
 scripts/reform_check.sh $b "$out" dp-nccl $b/examples/dp_train --steps 3000 --step-sleep-ms 5 --device --reform
 PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
