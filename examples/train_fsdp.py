@@ -170,11 +170,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--step-sleep-ms", type=float, default=0.0)
     ap.add_argument("--print-every", type=int, default=10)
     ap.add_argument("--print-samples", action="store_true")
+    ap.add_argument("--reform", action="store_true",
+                    help="a lost or added node re-forms the survivors in place (gpulaunch.ShardedElastic)")
+    ap.add_argument("--hold", action="append", default=[], metavar="R:S",
+                    help="tests: rank R waits before step S until its round is over (once)")
     ap.add_argument("--dcp-save", default=None, help="also save the final state with DCP's FileSystemWriter")
     ap.add_argument("--dcp-load", default=None, help="start from DCP's FileSystemReader checkpoint instead")
     a = ap.parse_args(argv)
     if a.steps < 0 or a.global_batch < 1 or a.checkpoint_every < 0:
         ap.error("--steps and --checkpoint-every must be >= 0, --global-batch >= 1")
+    try:
+        a.hold = {(int(h.split(":")[0]), int(h.split(":")[1])) for h in a.hold}
+    except (ValueError, IndexError):
+        ap.error("--hold takes RANK:STEP")
+    if a.reform and (a.dcp_load or a.dcp_save):
+        ap.error("--reform does not go with --dcp-load or --dcp-save")
     return a
 
 
@@ -189,33 +199,33 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
-    dist.init_process_group(backend="nccl" if cuda else "gloo", init_method="env://")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    if a.global_batch % world:
-        print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the world size {world}",
-              file=sys.stderr)
-        return 2
+    backend = "nccl" if cuda else "gloo"
     dev = "cuda" if cuda else "cpu"
-    if a.mode == "hsdp":
-        shard = a.shard or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        if shard < 1 or world % shard:
-            print(f"train_fsdp: --mode hsdp: {world} ranks do not split into groups of {shard} (--shard)",
-                  file=sys.stderr)
-            return 2
-        mesh = init_device_mesh(dev, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
-    else:
-        mesh = init_device_mesh(dev, (world,), mesh_dim_names=("shard",))
-
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     s = SIZES[a.model]
-    torch.manual_seed(a.seed)  # the biases' initial values: the same on every rank and run
-    model = TinyGPT(s).to(device)
-    for blk in model.blocks:
-        fully_shard(blk, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    optim = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
-    per_rank = a.global_batch // world
+
+    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model sharded over this process group's ranks, and AdamW."""
+        world = dist.get_world_size()
+        if a.mode == "hsdp":
+            shard = a.shard or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+            if shard < 1 or world % shard:
+                raise SystemExit(f"train_fsdp: --mode hsdp: {world} ranks do not split into groups of "
+                                 f"{shard} (--shard)")
+            mesh = init_device_mesh(dev, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(dev, (world,), mesh_dim_names=("shard",))
+        torch.manual_seed(a.seed)  # the biases' initial values: the same on every rank and run
+        m = TinyGPT(s).to(device)
+        for blk in m.blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(m, mesh=mesh)
+        return m, torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.01)
+
     samples = 0  # global: samples trained on by every rank together
+    el: Any = None
+    model: Any = None
+    optim: Any = None
 
     def state() -> dict[str, Any]:
         msd, osd = get_state_dict(model, optim)
@@ -227,7 +237,7 @@ def main(argv: list[str]) -> int:
     def save(w: gl.CheckpointWriter) -> None:
         w.save_sharded(SHARDED, state())
         if w.rank == 0:
-            w.save_state(STATE_FILE, {"samples": samples, "world": world, "mode": a.mode})
+            w.save_state(STATE_FILE, {"samples": samples, "world": dist.get_world_size(), "mode": a.mode})
 
     def load(r: gl.CheckpointReader) -> None:
         nonlocal samples
@@ -235,66 +245,139 @@ def main(argv: list[str]) -> int:
         r.load_sharded(SHARDED, st)
         apply(st)
         samples = int(r.load_state(STATE_FILE)["samples"])
-        if rank == 0:
-            print(f"train_fsdp: step {r.step}'s checkpoint of {r.saved_world} ranks loaded into {world} "
-                  f"({a.mode}), at sample {samples}", flush=True)
+        if dist.get_rank() == 0:
+            print(f"train_fsdp: step {r.step}'s checkpoint of {r.saved_world} ranks loaded into "
+                  f"{dist.get_world_size()} ({a.mode}), at sample {samples}", flush=True)
 
     ckpt: Optional[gl.Checkpointer] = None
-    start = 0
-    if a.dcp_load:
-        st = state()
-        dcp.load(st, checkpoint_id=a.dcp_load)
-        apply(st)
-        extra = torch.zeros(1, dtype=torch.int64)
-        if rank == 0:
-            with open(os.path.join(a.dcp_load, "samples")) as f:
-                extra[0] = int(f.read())
-        dist.broadcast(extra, 0)
-        samples = int(extra[0])
-        start = samples // a.global_batch
     if a.checkpoint_dir:
         ckpt = gl.Checkpointer(a.checkpoint_dir, every_steps=a.checkpoint_every,
                                durable=a.checkpoint_durable, async_save=not a.sync_checkpoint)
-        if not a.dcp_load:
-            got = ckpt.restore(load)
-            if got is not None:
-                start = got
-                if samples != got * a.global_batch:
-                    print(f"train_fsdp: the checkpoint of step {got} is at sample {samples}, not "
-                          f"{got * a.global_batch}: saved with another --global-batch?", file=sys.stderr)
-                    return 2
+
+    def restore() -> Optional[int]:
+        got = ckpt.restore(load) if ckpt is not None else None
+        if got is not None and samples != got * a.global_batch:
+            raise SystemExit(f"train_fsdp: the checkpoint of step {got} is at sample {samples}, not "
+                             f"{got * a.global_batch}: saved with another --global-batch?")
+        return got
+
+    start = 0
+    if a.reform:
+        def get_extra() -> Any:
+            return {"samples": samples}
+
+        def set_extra(extra: Any) -> None:
+            nonlocal samples
+            samples = int(extra["samples"])
+
+        def built() -> tuple[nn.Module, torch.optim.Optimizer]:
+            nonlocal model, optim
+            model, optim = build()  # load() and save() reach the current ones
+            return model, optim
+
+        el = gl.ShardedElastic(built, backend=backend, checkpointer=ckpt, get_extra=get_extra,
+                               set_extra=set_extra)
+        if not el.enabled and el.rank == 0:
+            print("train_fsdp: --reform: not under a gpulaunch that hands rounds over: a lost node "
+                  "restarts the workers", file=sys.stderr)
+        print(f"rank {el.rank} pid {os.getpid()} round {el.round}", flush=True)
+        start = el.start(restore)
+        model, optim = el.model, el.optimizer
+        j = el.last
+        if j is not None and j.copied and j.mine:
+            print(f"rank {el.rank}: joined round {j.round}: step {j.step}'s shards taken from the "
+                  f"memory of {j.survivors} ranks in {1000.0 * j.copy_s:.1f} ms, nothing read from storage",
+                  flush=True)
+    else:
+        dist.init_process_group(backend=backend, init_method="env://")
+        model, optim = build()
+        if a.dcp_load:
+            st = state()
+            dcp.load(st, checkpoint_id=a.dcp_load)
+            apply(st)
+            extra = torch.zeros(1, dtype=torch.int64)
+            if dist.get_rank() == 0:
+                with open(os.path.join(a.dcp_load, "samples")) as f:
+                    extra[0] = int(f.read())
+            dist.broadcast(extra, 0)
+            samples = int(extra[0])
+            start = samples // a.global_batch
+        else:
+            start = restore() or 0
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if a.global_batch % world:
+        print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the world size {world}",
+              file=sys.stderr)
+        return 2
     print(f"rank {rank} loaded params_sha256 {full_params_sha256(model)}", flush=True)
 
     preempted = False
+    round_errors: tuple[type[BaseException], ...] = el.round_errors if el is not None else ()
+    done = start
+    first = True
+    held: set[tuple[int, int]] = set()
+    reached: set[int] = set()
+    hold_steps = {st for _, st in a.hold}
     t0 = time.monotonic()
-    for step in range(start, a.steps):
-        first = samples + rank * per_rank
-        x = torch.stack([sample_tokens(a.seed, i, s) for i in range(first, first + per_rank)]).to(device)
-        if a.print_samples and rank == 0:
-            print(f"step {step} samples {samples}..{samples + a.global_batch - 1}", flush=True)
-        logits = model(x[:, :-1])
-        # the mean over the global batch: FSDP averages gradients over the
-        # ranks, so each rank's sum is scaled by W / G
-        loss = F.cross_entropy(logits.reshape(-1, s.vocab), x[:, 1:].reshape(-1), reduction="sum")
-        (loss * (world / (a.global_batch * s.seq))).backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        samples += a.global_batch
-        if a.step_sleep_ms > 0:
-            time.sleep(a.step_sleep_ms / 1000.0)
-        if a.print_every and (step + 1) % a.print_every == 0:
-            total = loss.detach().clone()
-            dist.all_reduce(total)
-            if rank == 0:
-                print(f"step {step + 1} loss {total.item() / (a.global_batch * s.seq):.6f}", flush=True)
-        if ckpt is not None and ckpt.step_end(step + 1, save):
-            preempted = True
+    while True:
+        try:
+            while done < a.steps:
+                step = done
+                if step in hold_steps and step not in reached:
+                    reached.add(step)  # this rank's steps before it are done (tests wait for it)
+                    print(f"rank {rank} reached step {step}", flush=True)
+                if (rank, step) in a.hold and (rank, step) not in held:
+                    held.add((rank, step))
+                    print(f"rank {rank} holding before step {step}", flush=True)
+                    while el is None or not el.round_over:
+                        time.sleep(0.01)
+                per_rank = a.global_batch // world
+                first_sample = samples + rank * per_rank
+                x = torch.stack([sample_tokens(a.seed, i, s)
+                                 for i in range(first_sample, first_sample + per_rank)]).to(device)
+                if a.print_samples and rank == 0:
+                    print(f"step {step} samples {samples}..{samples + a.global_batch - 1}", flush=True)
+                logits = model(x[:, :-1])
+                # the mean over the global batch: FSDP averages gradients over the
+                # ranks, so each rank's sum is scaled by W / G
+                loss = F.cross_entropy(logits.reshape(-1, s.vocab), x[:, 1:].reshape(-1), reduction="sum")
+                (loss * (world / (a.global_batch * s.seq))).backward()
+                optim.step()
+                optim.zero_grad(set_to_none=True)
+                samples += a.global_batch
+                done = step + 1
+                if first and rank == 0:
+                    print(f"first step in a world of {world}: step {step}", flush=True)
+                first = False
+                if a.step_sleep_ms > 0:
+                    time.sleep(a.step_sleep_ms / 1000.0)
+                if a.print_every and done % a.print_every == 0:
+                    total = loss.detach().clone()
+                    dist.all_reduce(total)
+                    if rank == 0:
+                        print(f"step {done} loss {total.item() / (a.global_batch * s.seq):.6f}", flush=True)
+                if ckpt is not None and ckpt.step_end(done, save):
+                    preempted = True
+                    break
+            if el is not None and not preempted:
+                dist.barrier()  # every rank is at the end: none waits for a round
             break
+        except round_errors:
+            was = rank
+            done = el.reform(done)
+            r = el.last
+            model, optim = el.model, el.optimizer
+            rank, world = el.rank, el.world_size
+            print(f"rank {rank} (was {was}): round {r.round} re-formed in place, world {world}, going on "
+                  f"after step {r.step} ({r.lost} lost), shards from the memory of {r.survivors} ranks in "
+                  f"{1000.0 * r.seconds:.1f} ms (the copy {1000.0 * r.copy_s:.1f} ms)", flush=True)
+            first = True
     took = time.monotonic() - t0
     if ckpt is not None and not preempted:
         ckpt.wait()
     if a.dcp_save:
         dcp.save(state(), checkpoint_id=a.dcp_save)
+        rank = dist.get_rank()
         if rank == 0:
             with open(os.path.join(a.dcp_save, "samples"), "w") as f:
                 f.write(str(samples))
@@ -304,7 +387,10 @@ def main(argv: list[str]) -> int:
         print(f"train_fsdp: {n} steps in {took:.3f} s on {world} ranks ({a.mode}), sample {samples}", flush=True)
     if ckpt is not None:
         ckpt.close()
-    dist.destroy_process_group()
+    if el is not None:
+        el.close()
+    else:
+        dist.destroy_process_group()
     return gl.EXIT_PREEMPTED if preempted else 0
 
 

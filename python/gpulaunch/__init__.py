@@ -15,7 +15,9 @@ waits for whom (stragglers). Elastic keeps a DDP program's processes when a
 node is lost or added: it re-makes the process group and DDP for the next
 round and copies the state to the ranks without it (gpulaunch.elastic);
 await_round() is where a worker started before its node had a round (a
-warm join) waits for it: Elastic and Comm call it.
+warm join) waits for it: Elastic and Comm call it. ShardedElastic does the
+same for a model sharded by FSDP2 or HSDP: the model is built again on the
+new world's mesh and filled from the survivors' memory (gpulaunch.sharded).
 """
 
 from ._firstround import await_round
@@ -25,6 +27,7 @@ from .checkpoint import Checkpointer, CheckpointReader, CheckpointStatus, Checkp
 from .comm import Comm
 from .elastic import Elastic, Reformed
 from .progress import _register_stack_dump, allreduce_hook, progress
+from .sharded import ShardedElastic
 
 __version__ = "0.1.0"
 
@@ -35,6 +38,7 @@ __all__ = [
     "Error",
     "Comm",
     "Elastic",
+    "ShardedElastic",
     "Reformed",
     "Checkpointer",
     "CheckpointWriter",

@@ -137,12 +137,12 @@ class Job:
         self.procs.append(p)
         return p
 
-    def node(self, name: str, *args: str) -> Proc:
+    def node(self, name: str, *args: str, program: Path = TRAIN) -> Proc:
         return self.start(name, [
             str(LAUNCHER), "--nnodes", "2:3", "--nproc-per-node", "2", "--rdzv-backend", "gpulaunch",
             "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "elastic",
             "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "3",
-            "--no-python", PY, str(TRAIN), "--reform", *args])
+            "--no-python", PY, str(program), "--reform", *args])
 
     def close(self) -> None:
         for p in self.procs:

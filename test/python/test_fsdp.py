@@ -25,7 +25,7 @@ REPO = HERE.parents[1]
 BUILD = Path(os.environ.get("GPULAUNCH_BUILD_DIR", REPO / "build" / "test"))
 LIB = os.environ.get("GPULAUNCH_LIBRARY") or str(BUILD / "runtime" / "libgpulaunch.so.0")
 LAUNCHER = BUILD / "launcher" / "gpulaunch"
-TRAIN = REPO / "examples" / "train_fsdp.py"
+TRAIN = TRAIN_FSDP = REPO / "examples" / "train_fsdp.py"
 PY = sys.executable
 
 torch = pytest.importorskip("torch", reason=f"torch is not installed for {PY}")
@@ -192,3 +192,81 @@ def test_the_plan_file_runs_no_code_of_its_own() -> None:
     with pytest.raises(pickle.UnpicklingError):
         _dcp._enum_member(Color, "__class__")
     assert _dcp._enum_member(Color, "RED") is Color.RED
+
+
+# ---- live re-formation of sharded state (gpulaunch.ShardedElastic) ----
+
+from test_elastic import HOLD, Job, first_step_after, job, pids, shas, wait_for  # noqa: E402,F401
+
+
+def test_hsdp_node_killed_survivors_reshard_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
+    """HSDP over 3 nodes x 2 ranks (a node is one replica group): a node's
+    launcher and workers SIGKILLed while the job waits for its rank 4 before
+    step 10; the survivors keep their processes, take the shards they now own
+    from the memory of the other group (nothing read from storage), lose no
+    step, and end with full parameters equal, bit for bit, to 4 new ranks
+    restored from the checkpoint of the same step."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
+    args = ("--mode", "hsdp", "--shard", "2", "--steps", "30", "--print-every", "5")
+    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", *args, "--checkpoint-dir", str(ck),
+                      "--checkpoint-every", str(HOLD), program=TRAIN_FSDP) for i in range(3)]
+    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
+    wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
+    until = time.monotonic() + 30
+    while not list(ck.glob("*/COMPLETE")):  # the checkpoint of step HOLD is whole
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    shutil.copytree(ck, ck_copy)
+    survivors = [p for p in nodes if p is not held]
+    before = {p.name: pids(p) for p in survivors}
+    t_kill = time.monotonic()
+    held.signal(signal.SIGKILL)
+    for p in survivors:
+        assert p.wait(180) == 0, job.dump()
+    held.wait(10)
+    took = first_step_after(job, survivors, 4, t_kill)
+    for p in survivors:
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    pat = (r"^rank (\d+) \(was \d+\): round \d+ re-formed in place, world 4, going on after step (\d+) "
+           r"\((\d+) lost\), shards from the memory of (\d+) ranks in ([\d.]+) ms \(the copy ([\d.]+) ms\)$")
+    got = [m for p in survivors for _, m in p.find(pat)]
+    assert len(got) == 4, job.dump()
+    assert {(m[2], m[3]) for m in got} == {(str(HOLD), "0")}, job.dump()
+    assert not any(p.find("loaded into") for p in survivors), "the survivors read a checkpoint"
+    sha = shas(survivors)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+
+    restart = train(4, *args[:4], "--steps", "30", "--checkpoint-dir", str(ck_copy),
+                    "--checkpoint-every", str(HOLD))
+    assert restart.has(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(hsdp\), at sample "
+                       rf"{12 * HOLD}"), str(restart)
+    assert restart.sha() == set(sha.values()).pop(), f"live re-formation and restart differ:\n{job.dump()}\n{restart}"
+    print(f"test_fsdp: HSDP node killed: first step in the 4-rank world {took:.2f} s after SIGKILL; "
+          f"re-formation {', '.join(m[5] for m in got)} ms (copies {', '.join(m[6] for m in got)} ms)")
+
+
+def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
+    """FSDP over every rank: the killed node's shards exist nowhere else; the
+    survivors say which shards are gone and their launchers restart the
+    workers, which restore the checkpoint resharded into 4 ranks."""
+    ck = tmp_path / "ck"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5", "--checkpoint-dir", str(ck),
+            "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", *args, program=TRAIN_FSDP) for i in range(3)]
+    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
+    wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
+    until = time.monotonic() + 30
+    while not list(ck.glob("*/COMPLETE")):
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    held.signal(signal.SIGKILL)
+    survivors = [p for p in nodes if p is not held]
+    for p in survivors:
+        assert p.wait(180) == 0, job.dump()
+    held.wait(10)
+    text = "\n".join(p.text() for p in survivors)
+    assert re.search(r"shards \[[\d, ]+\] of the state \(6-way sharded\) were held only by ranks that are gone",
+                     text), job.dump()
+    assert re.search(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(fsdp\)", text), job.dump()
+    sha = shas(survivors)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
