@@ -199,17 +199,20 @@ def test_the_plan_file_runs_no_code_of_its_own() -> None:
 from test_elastic import HOLD, Job, first_step_after, job, pids, shas, wait_for  # noqa: E402,F401
 
 
-def test_hsdp_node_killed_survivors_reshard_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
-    """HSDP over 3 nodes x 2 ranks (a node is one replica group): a node's
+def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
+    """HSDP over 3 nodes x 2 ranks (a node is one replica group). A node's
     launcher and workers SIGKILLed while the job waits for its rank 4 before
-    step 10; the survivors keep their processes, take the shards they now own
-    from the memory of the other group (nothing read from storage), lose no
-    step, and end with full parameters equal, bit for bit, to 4 new ranks
-    restored from the checkpoint of the same step."""
+    step 10: the survivors keep their processes, take the shards they now own
+    from the memory of the other group (nothing read from storage) and lose
+    no step. A new node joins while rank 0 holds before step 20: its ranks
+    take their shards from the survivors' memory. The job ends with full
+    parameters equal, bit for bit, to a restart replay of the same sequence
+    (4 ranks from the checkpoint of step 10, then 6 from that of step 20)."""
     ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
     args = ("--mode", "hsdp", "--shard", "2", "--steps", "30", "--print-every", "5")
-    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", *args, "--checkpoint-dir", str(ck),
-                      "--checkpoint-every", str(HOLD), program=TRAIN_FSDP) for i in range(3)]
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", "--hold", f"0:{2 * HOLD}", *args, *ckargs,
+                      program=TRAIN_FSDP) for i in range(3)]
     (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
     wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
     until = time.monotonic() + 30
@@ -221,28 +224,43 @@ def test_hsdp_node_killed_survivors_reshard_from_memory_as_a_restart_would(job: 
     before = {p.name: pids(p) for p in survivors}
     t_kill = time.monotonic()
     held.signal(signal.SIGKILL)
-    for p in survivors:
-        assert p.wait(180) == 0, job.dump()
     held.wait(10)
+    wait_for(job, survivors, rf"^rank 0 holding before step {2 * HOLD}$", 1, 120)
     took = first_step_after(job, survivors, 4, t_kill)
+    t_join = time.monotonic()
+    late = job.node("node3", *args, *ckargs, program=TRAIN_FSDP)
+    everyone = [*survivors, late]
+    for p in everyone:
+        assert p.wait(180) == 0, job.dump()
+    joined = first_step_after(job, everyone, 6, t_join)
     for p in survivors:
         assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
-    pat = (r"^rank (\d+) \(was \d+\): round \d+ re-formed in place, world 4, going on after step (\d+) "
+    pat = (r"^rank (\d+) \(was \d+\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
            r"\((\d+) lost\), shards from the memory of (\d+) ranks in ([\d.]+) ms \(the copy ([\d.]+) ms\)$")
     got = [m for p in survivors for _, m in p.find(pat)]
-    assert len(got) == 4, job.dump()
-    assert {(m[2], m[3]) for m in got} == {(str(HOLD), "0")}, job.dump()
-    assert not any(p.find("loaded into") for p in survivors), "the survivors read a checkpoint"
-    sha = shas(survivors)
-    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+    after_kill = [m for m in got if m[2] == "4"]
+    after_join = [m for m in got if m[2] == "6"]
+    assert len(after_kill) == 4 and len(after_join) == 4, job.dump()
+    assert {(m[3], m[4]) for m in after_kill} == {(str(HOLD), "0")}, job.dump()
+    assert {(m[3], m[4]) for m in after_join} == {(str(2 * HOLD), "0")}, job.dump()
+    new = late.find(rf"^rank \d: joined round \d+: step {2 * HOLD}'s shards taken from the memory of 4 ranks")
+    assert len(new) == 2, job.dump()
+    assert not any(p.find("loaded into") for p in everyone), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas(everyone)
+    assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()
 
-    restart = train(4, *args[:4], "--steps", "30", "--checkpoint-dir", str(ck_copy),
-                    "--checkpoint-every", str(HOLD))
-    assert restart.has(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(hsdp\), at sample "
-                       rf"{12 * HOLD}"), str(restart)
-    assert restart.sha() == set(sha.values()).pop(), f"live re-formation and restart differ:\n{job.dump()}\n{restart}"
+    # the restart replay: 4 ranks from step 10's checkpoint to step 20, then 6 ranks to the end
+    four = train(4, *args[:4], "--steps", str(2 * HOLD), "--checkpoint-dir", str(ck_copy),
+                 "--checkpoint-every", str(HOLD))
+    assert four.has(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(hsdp\), at sample "
+                    rf"{12 * HOLD}"), str(four)
+    six = train(6, *args[:4], "--steps", "30", "--checkpoint-dir", str(ck_copy))
+    assert six.has(rf"train_fsdp: step {2 * HOLD}'s checkpoint of 4 ranks loaded into 6 \(hsdp\), at sample "
+                   rf"{24 * HOLD}"), str(six)
+    assert six.sha() == set(sha.values()).pop(), f"live re-formation and restart differ:\n{job.dump()}\n{six}"
     print(f"test_fsdp: HSDP node killed: first step in the 4-rank world {took:.2f} s after SIGKILL; "
-          f"re-formation {', '.join(m[5] for m in got)} ms (copies {', '.join(m[6] for m in got)} ms)")
+          f"re-formation {', '.join(m[6] for m in after_kill)} ms (copies {', '.join(m[7] for m in after_kill)} "
+          f"ms); a node joined: first step in the 6-rank world {joined:.2f} s after it started")
 
 
 def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
