@@ -43,6 +43,8 @@ struct rdzv_client {
     uv_getaddrinfo_t gai;
     int state;
     int want_join; /* send JOIN once ready */
+    int pending;   /* a JOIN for a new round was sent, its ASSIGNED has not come: the server holds
+                      this node for the next round (a new connection asks again) */
     int assigned;  /* holds a running assignment */
     rdzv_assignment a;
     uint32_t join_req, next_req;
@@ -222,6 +224,7 @@ static void send_join(rdzv_client *c) {
         m.flags = RDZV_JOIN_WARM;
     c->join_req = m.req_id;
     c->want_join = 0;
+    c->pending = !c->assigned;
     send_msg(c, &m);
     if (c->node_flags && c->server_warm) { /* a new connection's member knows nothing yet */
         rdzv_msg n = {.type = RDZV_NODE, .flags = c->node_flags, .req_id = ++c->next_req};
@@ -262,11 +265,12 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         c->down_since_ms = 0;
         c->noticed = 0;
         uv_timer_stop(&c->notice);
-        if (c->want_join || c->assigned)
+        if (c->want_join || c->assigned || c->pending)
             send_join(c);
         return;
     case RDZV_ASSIGNED:
         c->assigned = 1;
+        c->pending = 0;
         c->a.round = m->u.assigned.round;
         c->a.node_rank = m->u.assigned.node_rank;
         c->a.nnodes = m->u.assigned.nnodes;
@@ -534,6 +538,11 @@ void *rdzv_client_data(rdzv_client *c) { return c->cb.data; }
 
 void rdzv_client_rejoin(rdzv_client *c) {
     c->assigned = 0;
+    /* a JOIN already waiting for the next round stands: that round is the one
+     * asked for (a launcher whose re-formation failed after it had joined
+     * restarts its workers into it); a second JOIN would be refused */
+    if (c->pending && c->state == CS_READY)
+        return;
     c->want_join = 1;
     if (c->state == CS_READY)
         send_join(c);

@@ -217,8 +217,7 @@ static void sharded_restore(const char *local, const char *durable, sharded *s) 
     o.dir = local;
     o.durable = durable;
     o.handle_sigterm = 0;
-    cr_assert_eq(gpl_ckpt_setup(c, &o, save_cb, sharded_load, s), GPL_OK, "%s",
-                 gpl_last_error(c));
+    cr_assert_eq(gpl_ckpt_setup(c, &o, save_cb, sharded_load, s), GPL_OK, "%s", gpl_last_error(c));
     int64_t step = -1;
     memset(s, 0, sizeof *s);
     cr_assert_eq(gpl_ckpt_restore(c, &step), GPL_OK, "%s", gpl_last_error(c));

@@ -94,9 +94,8 @@ static void pump(int ms) {
     } while (now_ms() < end);
 }
 
-static node *start_nodes(const char *run, uint32_t n, uint32_t nproc) {
-    node *nodes = calloc(n, sizeof *nodes);
-    for (uint32_t i = 0; i < n; i++) {
+static void start_client(node *nodes, const char *run, uint32_t i, uint32_t n, uint32_t nproc) {
+    {
         char host[64], addr[64], inst[64];
         snprintf(host, sizeof host, "%s-node-%u", run, i);
         snprintf(addr, sizeof addr, "10.0.%u.%u", i / 250, i % 250 + 1);
@@ -124,6 +123,12 @@ static node *start_nodes(const char *run, uint32_t n, uint32_t nproc) {
         cr_assert_eq(rdzv_client_start(&loop, &o, &jp, &cb, &nodes[i].c, err, sizeof err), GPL_OK,
                      "%s", err);
     }
+}
+
+static node *start_nodes(const char *run, uint32_t n, uint32_t nproc) {
+    node *nodes = calloc(n, sizeof *nodes);
+    for (uint32_t i = 0; i < n; i++)
+        start_client(nodes, run, i, n, nproc);
     uint64_t deadline = now_ms() + 20000;
     uint32_t ready = 0;
     while (now_ms() < deadline) {
@@ -1137,5 +1142,26 @@ Test(health, dp_train_checkpoints_reach_the_server, .timeout = 90) {
                   l[i].out);
     }
     tmpdir_remove(dir);
+    stop_server();
+}
+
+/* A launcher whose re-formation failed after it had joined the next round
+ * restarts its workers and asks for a round again: the JOIN waiting stands,
+ * no second one is refused ("already joined"), and the round forms. */
+Test(health, a_rejoin_while_the_join_waits_keeps_it) {
+    start_server(NULL);
+    node *nodes = calloc(2, sizeof *nodes);
+    start_client(nodes, "pending", 0, 2, 1);
+    pump(300); /* node 0 joined; the round waits for node 1 */
+    cr_assert(!nodes[0].assigned);
+    rdzv_client_rejoin(nodes[0].c);
+    pump(300);
+    start_client(nodes, "pending", 1, 2, 1);
+    uint64_t deadline = now_ms() + 10000;
+    while (now_ms() < deadline && !(nodes[0].assigned && nodes[1].assigned))
+        pump(5);
+    cr_expect(nodes[0].assigned && nodes[1].assigned, "the round did not form");
+    cr_expect_eq(nodes[0].errors, 0, "the rejoin was refused");
+    close_nodes(nodes, 2);
     stop_server();
 }

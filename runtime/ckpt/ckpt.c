@@ -683,8 +683,8 @@ gpl_result_t gpl_ckpt_rank_path(gpl_ckpt_t k, int rank, const char *name, char *
                          rank, k->load_world, k->stepdir);
     char file[CKPT_FILE_MAX];
     snprintf(file, sizeof file, "r%d-%s", rank, name);
-    return ckpt_restore_rank_file(c, k->load_step, k->load_world, k->load_durable, rank, file,
-                                  path, len);
+    return ckpt_restore_rank_file(c, k->load_step, k->load_world, k->load_durable, rank, file, path,
+                                  len);
 }
 
 int gpl_ckpt_saved_world(gpl_ckpt_t k) { return k && k->loading ? k->load_world : 0; }

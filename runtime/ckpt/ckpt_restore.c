@@ -258,10 +258,11 @@ gpl_result_t gpl_ckpt_restore(gpl_comm_t c, int64_t *out) {
  * another world): its line in that rank's manifest, the file in the first
  * tier with that size and SHA-256, else fetched from the durable tier and
  * checked. */
-gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int durable_ok,
-                                    int rank, const char *file, char *path, size_t len) {
-    restore_ctx x = {c, gpl__ckpt_first(c->ckpt), gpl__ckpt_durable(c->ckpt), NULL, NULL, 0, 0, 0,
-                     world, durable_ok};
+gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int durable_ok, int rank,
+                                    const char *file, char *path, size_t len) {
+    restore_ctx x = {
+        c,         gpl__ckpt_first(c->ckpt), gpl__ckpt_durable(c->ckpt), NULL, NULL, 0, 0, 0, world,
+        durable_ok};
     char dir[PATH_MAX], sname[32], why[512] = "";
     ckpt_step_name(step, sname, sizeof sname);
     snprintf(dir, sizeof dir, "%s/%s", x.first->where, sname);

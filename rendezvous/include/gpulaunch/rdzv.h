@@ -143,7 +143,8 @@ gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
                                const rdzv_join_params *jp, const rdzv_client_callbacks *cb,
                                rdzv_client **out, char *err, size_t errlen);
 void *rdzv_client_data(rdzv_client *c);
-/* Joins the next round (after on_round_over, or to restart). */
+/* Joins the next round (after on_round_over, or to restart); a JOIN already
+ * waiting for the next round stands (no second one is sent). */
 void rdzv_client_rejoin(rdzv_client *c);
 /* The port this node offers for rank 0's store from its next JOIN on (a
  * re-formed round's store must not take the port of the last one, which its
