@@ -309,7 +309,8 @@ def main(argv: list[str]) -> int:
         print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the world size {world}",
               file=sys.stderr)
         return 2
-    print(f"rank {rank} loaded params_sha256 {full_params_sha256(model)}", flush=True)
+    if el is None:  # a collective: with --reform, a joining node's ranks would gather alone
+        print(f"rank {rank} loaded params_sha256 {full_params_sha256(model)}", flush=True)
 
     preempted = False
     round_errors: tuple[type[BaseException], ...] = el.round_errors if el is not None else ()

@@ -28,14 +28,14 @@ the workers, which restore the newest checkpoint resharded (start()'s load).
 
 How pieces move: the survivors agree (one all_gather of each rank's steps
 and place in the old world) on the step (the smallest any rank holds; a
-rank ahead of it is refilled) and, for each old shard index, the lowest rank
-holding it. Then, tensor by tensor (parameters in name order, then each one's
-optimizer state), each old shard is broadcast from its holder, the full
-tensor is put together and each rank keeps its new shard (distribute_tensor
-without communication). At most one full tensor is in memory at a time
-beyond the state itself. Tensors that are not sharded (an optimizer's step
-counter) are broadcast from the lowest holder, with the optimizer's
-hyperparameters and get_extra()'s value (a data position)."""
+rank ahead of it is refilled) and, for each old shard index, the ranks
+holding it. Then, tensor by tensor (parameters in name order, then each
+one's optimizer state), each rank takes the rows it owns in the new layout:
+each overlap with an old shard from itself when it holds that shard, else
+from a holder, by point-to-point transfers of the overlaps alone. Tensors
+that are not sharded (an optimizer's step counter) are broadcast from the
+lowest holder, with the optimizer's hyperparameters and get_extra()'s
+value (a data position)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from .elastic import Elastic
 class _Plan:
     step: int
     shards: int  # the old world's size along the sharded dimension
-    source: dict[int, int]  # old shard index -> the rank (this round) that sends it
+    holders: dict[int, list[int]]  # old shard index -> the ranks (this round) holding it
     root: int  # the lowest holder: what is not sharded comes from it
 
 
@@ -144,21 +144,21 @@ class ShardedElastic(Elastic):
         infos: list[Any] = [None] * self.world_size
         dist.all_gather_object(infos, mine)
         self._new_model()
-        holders = [(r, h, place) for r, (h, place) in enumerate(infos) if h >= 0 and place is not None]
-        if not holders:
+        stated = [(r, h, place) for r, (h, place) in enumerate(infos) if h >= 0 and place is not None]
+        if not stated:
             self._plan = None
             return -1, -1, 0, False, False
-        step = min(h for _, h, _ in holders)
-        at = [(r, place) for r, h, place in holders if h == step]
+        step = min(h for _, h, _ in stated)
+        at = [(r, place) for r, h, place in stated if h == step]
         shards = {place[2] for _, place in at}
         if len(shards) != 1:
             raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: the ranks holding step {step} were "
                         f"sharded {sorted(shards)} ways: not one job's state", "GPL_ERR_STATE")
         s = shards.pop()
-        source: dict[int, int] = {}
+        holders: dict[int, list[int]] = {}
         for r, (_, old_rank, _) in at:
-            source.setdefault(old_rank % s, r)
-        missing = [j for j in range(s) if j not in source]
+            holders.setdefault(old_rank % s, []).append(r)
+        missing = [j for j in range(s) if j not in holders]
         if missing:
             raise Error(
                 N.GPL_ERR_STATE,
@@ -168,8 +168,8 @@ class ShardedElastic(Elastic):
                 f"newest checkpoint resharded",
                 "GPL_ERR_STATE",
             )
-        root = min(source.values())
-        self._plan = _Plan(step, s, source, root)
+        root = min(min(h) for h in holders.values())
+        self._plan = _Plan(step, s, holders, root)
         replaced = held is None or done != step
         return step, root, len(at), True, replaced
 
@@ -179,11 +179,11 @@ class ShardedElastic(Elastic):
         plan: _Plan = got_plan
         t, dist = self._torch, self._dist
         tensor_mod = importlib.import_module("torch.distributed.tensor")
-        DTensor, distribute_tensor = tensor_mod.DTensor, tensor_mod.distribute_tensor
+        DTensor, Shard = tensor_mod.DTensor, tensor_mod.Shard
 
         self._via = self.backend
         old_model, old_opt = self._old if self._old is not None else (None, None)
-        have = self.rank in plan.source.values() or self.rank == plan.root
+        have = any(self.rank in h for h in plan.holders.values())
         old_params = dict(old_model.named_parameters()) if have and old_model is not None else {}
         # the structure (every rank builds the same model; the optimizer's state and
         # hyperparameters are the holders')
@@ -201,36 +201,57 @@ class ShardedElastic(Elastic):
         got = head[0]
         dev = self._device()
 
-        def whole(name: str, key: Optional[str], shape: tuple[int, ...], dtype: Any) -> Any:
-            """The full tensor, put together from the old shards' holders."""
-            pieces = []
+        def old_local(name: str, key: Optional[str]) -> Any:
+            x = old_params[name]
+            if key is not None:
+                assert old_opt is not None
+                x = old_opt.state[x][key]
+            return (x.to_local() if isinstance(x, DTensor) else x).detach().to(dev)
+
+        def move(name: str, key: Optional[str], shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
+            """This rank's rows of the new layout of one tensor (like: the new
+            parameter, whose mesh and placements it takes): each row range
+            from a rank that holds it at the agreed step, itself when it
+            does, by point-to-point transfers of the overlaps only."""
+            n = shape[0]
+            shard_dim = next((d for d, pl in enumerate(like.placements) if isinstance(pl, Shard)), None)
+            mesh = like.device_mesh
+            if shard_dim is None:
+                parts, coord = 1, {r: 0 for r in range(self.world_size)}
+            else:
+                parts = int(mesh.size(shard_dim))
+                layout = mesh.mesh
+                coord = {int(r): int((layout == r).nonzero()[0][shard_dim]) for r in layout.flatten()}
+            need = {r: _chunk_rows(n, parts, coord[r]) for r in coord}
+            ma, mb = need[self.rank]
+            out = t.empty((mb - ma, *shape[1:]), dtype=dtype, device=dev)
+            ops = []
             for j in range(plan.shards):
-                a, b = _chunk_rows(shape[0], plan.shards, j)
-                if a == b:
-                    continue
-                src = plan.source[j]
-                if self.rank == src:
-                    p = old_params[name]
-                    if key is not None:
-                        assert old_opt is not None
-                        p = old_opt.state[p][key]
-                    buf = (p.to_local() if isinstance(p, DTensor) else p).detach().to(dev).contiguous()
-                else:
-                    buf = t.empty((b - a, *shape[1:]), dtype=dtype, device=dev)
-                dist.broadcast(buf, src)
-                pieces.append(buf)
-            return t.cat(pieces) if pieces else t.empty(shape, dtype=dtype, device=dev)
+                a, b = _chunk_rows(n, plan.shards, j)
+                holders = plan.holders[j]
+                for r, (ra, rb) in need.items():
+                    lo, hi = max(a, ra), min(b, rb)
+                    if lo >= hi:
+                        continue
+                    sender = r if r in holders else holders[r % len(holders)]
+                    if sender == self.rank and r == self.rank:
+                        out[lo - ma:hi - ma].copy_(old_local(name, key)[lo - a:hi - a])
+                    elif sender == self.rank:
+                        ops.append(dist.P2POp(dist.isend, old_local(name, key)[lo - a:hi - a].contiguous(), r, tag=j))
+                    elif r == self.rank:
+                        ops.append(dist.P2POp(dist.irecv, out[lo - ma:hi - ma], sender, tag=j))
+            if ops:
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
+            return out
 
         params = dict(self.model.named_parameters())
         with t.no_grad():
             for name in sorted(params):
                 p = params[name]
-                full = whole(name, None, tuple(p.shape), p.dtype)
-                if isinstance(p, DTensor):
-                    p.to_local().copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local())
-                else:
-                    p.copy_(full)
-                del full
+                local = move(name, None, tuple(p.shape), p.dtype, p)
+                (p.to_local() if isinstance(p, DTensor) else p).copy_(local)
+                del local
             for name in sorted(got["state"]):
                 p = params[name]
                 st: dict[str, Any] = {}
@@ -240,9 +261,9 @@ class ShardedElastic(Elastic):
                         continue
                     sharded, shape, dtype = v
                     if sharded:
-                        full = whole(name, k, shape, dtype)
-                        st[k] = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
-                        del full
+                        local = move(name, k, shape, dtype, p)
+                        st[k] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
+                                                   shape=p.shape, stride=p.stride())
                     else:
                         if self.rank == plan.root:
                             assert old_opt is not None

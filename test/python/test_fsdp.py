@@ -288,3 +288,38 @@ def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Jo
     assert re.search(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(fsdp\)", text), job.dump()
     sha = shas(survivors)
     assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+
+
+def test_fsdp_node_joining_reshards_4_ways_into_6_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
+    """FSDP over every rank, 2 nodes x 2: a third node joins while rank 0
+    holds before step 10; every rank keeps or takes the rows of its new
+    6-way shard from the 4-way shards in the survivors' memory (no
+    storage), and the job ends bitwise equal to a restart replay (4 ranks to
+    step 10, then 6 from its checkpoint)."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-replay"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP) for i in range(2)]
+    wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
+    t_join = time.monotonic()
+    late = job.node("node2", *args, *ckargs, program=TRAIN_FSDP)
+    everyone = [*nodes, late]
+    for p in everyone:
+        assert p.wait(180) == 0, job.dump()
+    joined = first_step_after(job, everyone, 6, t_join)
+    pat = r"^rank \d \(was \d\): round \d+ re-formed in place, world 6, going on after step (\d+) \((\d+) lost\)"
+    got = [m for p in nodes for _, m in p.find(pat)]
+    assert len(got) == 4 and {(m[1], m[2]) for m in got} == {(str(HOLD), "0")}, job.dump()
+    assert len(late.find(rf"^rank \d: joined round \d+: step {HOLD}'s shards taken from the memory of 4 ranks")) == 2, \
+        job.dump()
+    assert not any(p.find("loaded into") for p in everyone), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas(everyone)
+    assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()
+
+    train(4, *args[:2], "--steps", str(HOLD), "--checkpoint-dir", str(ck_copy), "--checkpoint-every", str(HOLD))
+    six = train(6, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
+    assert six.has(rf"train_fsdp: step {HOLD}'s checkpoint of 4 ranks loaded into 6 \(fsdp\), at sample "
+                   rf"{12 * HOLD}"), str(six)
+    assert six.sha() == set(sha.values()).pop(), f"live resharding and restart differ:\n{job.dump()}\n{six}"
+    print(f"test_fsdp: FSDP 4 -> 6 ranks from memory: first step in the 6-rank world {joined:.2f} s after the "
+          f"node started")
