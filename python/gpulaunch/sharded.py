@@ -88,7 +88,8 @@ class ShardedElastic(Elastic):
         self._build = build
         self._plan: Optional[_Plan] = None
         self._place: Optional[tuple[int, int, int]] = None  # (world, rank, shards) the state was built in
-        self._old: Optional[tuple[Any, Any]] = None  # the last round's model and optimizer
+        self._old: Optional[tuple[dict[str, Any], Any]] = None  # the last round's parameters and optimizer
+        self._sharded: dict[str, Any] = {}  # this round's sharded parameters by name
 
     # ---- Elastic's steps, for sharded state ----
 
@@ -113,8 +114,12 @@ class ShardedElastic(Elastic):
         mesh's own connections count as the group's (the watcher shuts them
         down too when the round ends)."""
         if self.model is not None:
-            self._old = (self.model, self.optimizer)
+            self._old = (self._sharded, self.optimizer)
         self.model, self.optimizer = self._build()
+        # the sharded parameters by name, as they are now: FSDP2 puts the
+        # gathered ones on the module during forward and backward, and a step
+        # cut short may leave them there (these stay what the optimizer steps)
+        self._sharded = dict(self.model.named_parameters())
         shards = self._shard_count(self.model)
         self._place = (self.world_size, self.rank, shards)
         if self.enabled:
@@ -182,9 +187,7 @@ class ShardedElastic(Elastic):
         DTensor, Shard = tensor_mod.DTensor, tensor_mod.Shard
 
         self._via = self.backend
-        old_model, old_opt = self._old if self._old is not None else (None, None)
-        have = any(self.rank in h for h in plan.holders.values())
-        old_params = dict(old_model.named_parameters()) if have and old_model is not None else {}
+        old_params, old_opt = self._old if self._old is not None else ({}, None)
         # the structure (every rank builds the same model; the optimizer's state and
         # hyperparameters are the holders')
         head: list[Any] = [None]
@@ -245,7 +248,7 @@ class ShardedElastic(Elastic):
                     w.wait()
             return out
 
-        params = dict(self.model.named_parameters())
+        params = self._sharded
         with t.no_grad():
             for name in sorted(params):
                 p = params[name]
