@@ -1,0 +1,143 @@
+"""Live re-formation of sharded state (gpulaunch.ShardedElastic) with
+examples/train_fsdp.py --reform under a gpulaunch-rdzv server and three
+launchers of two workers each (--nnodes 2:3): HSDP survivors of a killed node
+and a joining node take their shards from memory, an FSDP job resharded 4
+ways into 6 from memory when a node joins, and FSDP without a replica falls
+back to a restart from the checkpoint; live results are bitwise equal to a
+restart replay of the same sequence. Needs torch >= 2.6 (fully_shard)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from test_elastic import HOLD, Job, first_step_after, job, pids, shas, wait_for  # noqa: F401
+from test_fsdp import TRAIN_FSDP, train
+
+def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
+    """HSDP over 3 nodes x 2 ranks (a node is one replica group). A node's
+    launcher and workers SIGKILLed while the job waits for its rank 4 before
+    step 10: the survivors keep their processes, take the shards they now own
+    from the memory of the other group (nothing read from storage) and lose
+    no step. A new node joins while rank 0 holds before step 20: its ranks
+    take their shards from the survivors' memory. The job ends with full
+    parameters equal, bit for bit, to a restart replay of the same sequence
+    (4 ranks from the checkpoint of step 10, then 6 from that of step 20)."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
+    args = ("--mode", "hsdp", "--shard", "2", "--steps", "30", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", "--hold", f"0:{2 * HOLD}", *args, *ckargs,
+                      program=TRAIN_FSDP) for i in range(3)]
+    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
+    wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
+    until = time.monotonic() + 30
+    while not list(ck.glob("*/COMPLETE")):  # the checkpoint of step HOLD is whole
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    shutil.copytree(ck, ck_copy)
+    survivors = [p for p in nodes if p is not held]
+    before = {p.name: pids(p) for p in survivors}
+    t_kill = time.monotonic()
+    held.signal(signal.SIGKILL)
+    held.wait(10)
+    wait_for(job, survivors, rf"^rank 0 holding before step {2 * HOLD}$", 1, 120)
+    took = first_step_after(job, survivors, 4, t_kill)
+    t_join = time.monotonic()
+    late = job.node("node3", *args, *ckargs, program=TRAIN_FSDP)
+    everyone = [*survivors, late]
+    for p in everyone:
+        assert p.wait(180) == 0, job.dump()
+    joined = first_step_after(job, everyone, 6, t_join)
+    for p in survivors:
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    pat = (r"^rank (\d+) \(was \d+\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
+           r"\((\d+) lost\), shards from the memory of (\d+) ranks in ([\d.]+) ms \(the copy ([\d.]+) ms\)$")
+    got = [m for p in survivors for _, m in p.find(pat)]
+    after_kill = [m for m in got if m[2] == "4"]
+    after_join = [m for m in got if m[2] == "6"]
+    assert len(after_kill) == 4 and len(after_join) == 4, job.dump()
+    assert {(m[3], m[4]) for m in after_kill} == {(str(HOLD), "0")}, job.dump()
+    assert {(m[3], m[4]) for m in after_join} == {(str(2 * HOLD), "0")}, job.dump()
+    new = late.find(rf"^rank \d: joined round \d+: step {2 * HOLD}'s shards taken from the memory of 4 ranks")
+    assert len(new) == 2, job.dump()
+    assert not any(p.find("loaded into") for p in everyone), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas(everyone)
+    assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()
+
+    # the restart replay: 4 ranks from step 10's checkpoint to step 20, then 6 ranks to the end
+    four = train(4, *args[:4], "--steps", str(2 * HOLD), "--checkpoint-dir", str(ck_copy),
+                 "--checkpoint-every", str(HOLD))
+    assert four.has(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(hsdp\), at sample "
+                    rf"{12 * HOLD}"), str(four)
+    six = train(6, *args[:4], "--steps", "30", "--checkpoint-dir", str(ck_copy))
+    assert six.has(rf"train_fsdp: step {2 * HOLD}'s checkpoint of 4 ranks loaded into 6 \(hsdp\), at sample "
+                   rf"{24 * HOLD}"), str(six)
+    assert six.sha() == set(sha.values()).pop(), f"live re-formation and restart differ:\n{job.dump()}\n{six}"
+    print(f"test_fsdp: HSDP node killed: first step in the 4-rank world {took:.2f} s after SIGKILL; "
+          f"re-formation {', '.join(m[6] for m in after_kill)} ms (copies {', '.join(m[7] for m in after_kill)} "
+          f"ms); a node joined: first step in the 6-rank world {joined:.2f} s after it started")
+
+
+def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
+    """FSDP over every rank: the killed node's shards exist nowhere else; the
+    survivors say which shards are gone and their launchers restart the
+    workers, which restore the checkpoint resharded into 4 ranks."""
+    ck = tmp_path / "ck"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5", "--checkpoint-dir", str(ck),
+            "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", *args, program=TRAIN_FSDP) for i in range(3)]
+    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
+    wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
+    until = time.monotonic() + 30
+    while not list(ck.glob("*/COMPLETE")):
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    held.signal(signal.SIGKILL)
+    survivors = [p for p in nodes if p is not held]
+    for p in survivors:
+        assert p.wait(180) == 0, job.dump()
+    held.wait(10)
+    text = "\n".join(p.text() for p in survivors)
+    assert re.search(r"shards \[[\d, ]+\] of the state \(6-way sharded\) were held only by ranks that are gone",
+                     text), job.dump()
+    assert re.search(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 4 \(fsdp\)", text), job.dump()
+    sha = shas(survivors)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+
+
+def test_fsdp_node_joining_reshards_4_ways_into_6_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
+    """FSDP over every rank, 2 nodes x 2: a third node joins while rank 0
+    holds before step 10; every rank keeps or takes the rows of its new
+    6-way shard from the 4-way shards in the survivors' memory (no
+    storage), and the job ends bitwise equal to a restart replay (4 ranks to
+    step 10, then 6 from its checkpoint)."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-replay"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP) for i in range(2)]
+    wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
+    t_join = time.monotonic()
+    late = job.node("node2", *args, *ckargs, program=TRAIN_FSDP)
+    everyone = [*nodes, late]
+    for p in everyone:
+        assert p.wait(180) == 0, job.dump()
+    joined = first_step_after(job, everyone, 6, t_join)
+    pat = r"^rank \d \(was \d\): round \d+ re-formed in place, world 6, going on after step (\d+) \((\d+) lost\)"
+    got = [m for p in nodes for _, m in p.find(pat)]
+    assert len(got) == 4 and {(m[1], m[2]) for m in got} == {(str(HOLD), "0")}, job.dump()
+    assert len(late.find(rf"^rank \d: joined round \d+: step {HOLD}'s shards taken from the memory of 4 ranks")) == 2, \
+        job.dump()
+    assert not any(p.find("loaded into") for p in everyone), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas(everyone)
+    assert sorted(sha) == list(range(6)) and len(set(sha.values())) == 1, job.dump()
+
+    train(4, *args[:2], "--steps", str(HOLD), "--checkpoint-dir", str(ck_copy), "--checkpoint-every", str(HOLD))
+    six = train(6, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
+    assert six.has(rf"train_fsdp: step {HOLD}'s checkpoint of 4 ranks loaded into 6 \(fsdp\), at sample "
+                   rf"{12 * HOLD}"), str(six)
+    assert six.sha() == set(sha.values()).pop(), f"live resharding and restart differ:\n{job.dump()}\n{six}"
+    print(f"test_fsdp: FSDP 4 -> 6 ranks from memory: first step in the 6-rank world {joined:.2f} s after the "
+          f"node started")
