@@ -81,6 +81,7 @@ SIZES = {
     "tiny": Size(vocab=64, seq=16, dim=32, heads=2, layers=2),
     "small": Size(vocab=256, seq=32, dim=64, heads=4, layers=4),
     "medium": Size(vocab=2048, seq=64, dim=512, heads=8, layers=8),
+    "large": Size(vocab=4096, seq=16, dim=1024, heads=16, layers=8),  # 105M parameters: 1.26 GB with AdamW
 }
 
 
@@ -305,6 +306,10 @@ def main(argv: list[str]) -> int:
         else:
             start = restore() or 0
     rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0 and start == 0:
+        n = sum(p.numel() for p in model.parameters())
+        print(f"train_fsdp: {n} parameters, {n * 12 / 1e6:.0f} MB of parameters and AdamW state in all "
+              f"({a.mode} over {world} ranks)", flush=True)
     if a.global_batch % world:
         print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the world size {world}",
               file=sys.stderr)

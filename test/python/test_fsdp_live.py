@@ -14,8 +14,11 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from test_elastic import HOLD, Job, first_step_after, job, pids, shas, wait_for  # noqa: F401
-from test_fsdp import TRAIN_FSDP, train
+from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
+
+pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
 
 def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
     """HSDP over 3 nodes x 2 ranks (a node is one replica group). A node's

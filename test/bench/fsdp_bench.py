@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""fsdp_bench: what losing a node costs a sharded (HSDP) job, side by side in
+one run: 3 nodes x 2 workers of examples/train_fsdp.py on this host
+(--nnodes 2:3, HSDP: a node is one replica group, --model large: about
+1.2 GB of parameters and AdamW state in all), one node killed (SIGKILL of its
+launcher and workers) while the job waits for its rank 4 before step --at.
+For each way of going on it prints the time from the kill to the survivors'
+first step in the 4-rank world, the steps lost, and the bytes read from
+storage:
+
+  live      gpulaunch, train_fsdp.py --reform (ShardedElastic): the survivors
+            keep their processes and take their shards from memory
+  restart   gpulaunch without --reform: the launchers restart the workers,
+            which restore the newest checkpoint (DCP, resharded)
+  torchrun  torchrun --nnodes 2:3 (c10d rendezvous): its agents restart the
+            workers, which restore the same way
+
+    python3 test/bench/fsdp_bench.py --build build [--python PY] [--model large]
+        [--at 4] [--steps 6] [--ways live,restart,torchrun]
+
+PY is an interpreter with torch >= 2.6 (FSDP2); torchrun is PY -m
+torch.distributed.run. A checkpoint is written every --at steps, so the
+restarts lose no step either: what they pay is the restart and the read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train_fsdp.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Node:
+    """A process in its own session, its output lines kept with their time."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.lines: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                  start_new_session=True)
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for ln in self.p.stdout:
+            with self.lock:
+                self.lines.append((time.monotonic(), re.sub(r"^\[\w+?\d+\]:", "", ln.rstrip("\n"))))
+
+    def find(self, pattern: str) -> list[tuple[float, re.Match[str]]]:
+        with self.lock:
+            return [(t, m) for t, ln in self.lines for m in [re.search(pattern, ln)] if m]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        try:
+            os.killpg(self.p.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(nodes: list[Node], pattern: str, count: int, timeout: float) -> list[tuple[float, re.Match[str]]]:
+    until = time.monotonic() + timeout
+    while True:
+        got = [x for n in nodes for x in n.find(pattern)]
+        if len(got) >= count:
+            return got
+        if time.monotonic() > until:
+            dump = "\n".join(f"--- {n.name}\n" + "\n".join(ln for _, ln in n.lines[-30:]) for n in nodes)
+            raise SystemExit(f"fsdp_bench: {count} x {pattern!r} not seen within {timeout:.0f} s\n{dump}")
+        time.sleep(0.05)
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+
+
+def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, object]:
+    tmp = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
+    ck = tmp / "ck"
+    port = free_port()
+    prog = ["--mode", "hsdp", "--shard", "2", "--model", a.model, "--global-batch", "6",
+            "--steps", str(a.steps), "--print-every", "1", "--checkpoint-dir", str(ck),
+            "--checkpoint-every", str(a.at), "--hold", f"4:{a.at}"]
+    procs: list[Node] = []
+    rdzv: Optional[Node] = None
+    try:
+        if way == "torchrun":
+            cmds = [[a.python, "-m", "torch.distributed.run", "--nnodes", "2:3", "--nproc-per-node", "2",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+                     "--max-restarts", "3", str(TRAIN), *prog] for _ in range(3)]
+        else:
+            rdzv = Node("rdzv", [str(a.build / "rendezvous" / "gpulaunch-rdzv"), "--listen", f"127.0.0.1:{port}"],
+                        env)
+            time.sleep(0.5)
+            extra = ["--reform"] if way == "live" else []
+            cmds = [[str(a.build / "launcher" / "gpulaunch"), "--nnodes", "2:3", "--nproc-per-node", "2",
+                     "--rdzv-backend", "gpulaunch", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+                     "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "3",
+                     "--no-python", a.python, str(TRAIN), *prog, *extra] for _ in range(3)]
+        for i, c in enumerate(cmds):
+            procs.append(Node(f"node{i}", c, env))
+            if way == "torchrun" and i == 0:
+                time.sleep(2.0)  # the first agent hosts the c10d store
+        t_start = time.monotonic()
+        wait_for(procs, rf"^rank 4 holding before step {a.at}$", 1, a.timeout)
+        held = next(n for n in procs if n.find(rf"^rank 4 holding before step {a.at}$"))
+        if way == "torchrun" and held is procs[0]:
+            raise SystemExit("fsdp_bench: rank 4 landed on the node hosting torchrun's store; run again")
+        until = time.monotonic() + 120
+        while not list(ck.glob(f"step-{a.at:012d}/COMPLETE")):
+            if time.monotonic() > until:
+                raise SystemExit(f"fsdp_bench: {way}: the checkpoint of step {a.at} did not complete")
+            time.sleep(0.05)
+        ck_bytes = dir_bytes(ck / f"step-{a.at:012d}")
+        state = [m[1] for n in procs for _, m in n.find(r"^train_fsdp: (\d+ parameters, .*)$")]
+        t_kill = time.monotonic()
+        held.kill()
+        survivors = [n for n in procs if n is not held]
+        first = wait_for(survivors, r"^first step in a world of 4: step (\d+)$", 1, a.timeout)
+        t_first, fm = min(first, key=lambda x: x[0])
+        for n in survivors:
+            try:
+                n.p.wait(timeout=a.timeout)
+            except subprocess.TimeoutExpired:
+                n.kill()
+        loaded = any(n.find("loaded into") for n in survivors)
+        reform = [float(m[1]) for n in survivors
+                  for _, m in n.find(r"re-formed in place, .* in ([\d.]+) ms \(the copy")]
+        return {"way": way, "told_to_first_s": t_first - t_kill, "first_step": int(fm[1]),
+                "lost": a.at - int(fm[1]), "read": ck_bytes if loaded else 0, "reform_ms": reform,
+                "startup_s": t_kill - t_start, "state": state[0] if state else "?"}
+    finally:
+        for n in procs:
+            n.kill()
+        if rdzv is not None:
+            rdzv.kill()
+        for n in [*procs, *([rdzv] if rdzv else [])]:
+            try:
+                n.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--build", type=Path, required=True)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--model", default="large")
+    ap.add_argument("--at", type=int, default=4, help="the step the node is killed before (default 4)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--ways", default="live,restart,torchrun")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    a = ap.parse_args()
+    a.build = a.build.resolve()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAUNCH_", "PET_", "TORCH"))}
+    env.update(PYTHONPATH=str(REPO / "python"), GPULAUNCH_LIBRARY=str(a.build / "runtime" / "libgpulaunch.so.0"),
+               PET_SHM_MIN="16m", PET_PREEMPTION_SOURCE="none", PET_SLURM="off", PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1")
+    rows = []
+    for way in a.ways.split(","):
+        r = run_way(way, a, env)
+        rows.append(r)
+        print(f"fsdp_bench: {way}: {r['state']}; started in {r['startup_s']:.1f} s", flush=True)
+        print(f"fsdp_bench: {way}: first step in the 4-rank world {r['told_to_first_s']:.2f} s after the kill, "
+              f"{r['lost']} steps lost, {int(r['read']) / 1e6:.0f} MB read from storage"
+              + (f", re-formation {', '.join(f'{x:.0f}' for x in r['reform_ms'])} ms"  # type: ignore[union-attr]
+                 if r["reform_ms"] else ""), flush=True)
+    print(f"\n{'way':10} {'kill -> first step (s)':>24} {'steps lost':>11} {'read (MB)':>10}")
+    for r in rows:
+        print(f"{r['way']:10} {r['told_to_first_s']:>24.2f} {r['lost']:>11} {int(r['read']) / 1e6:>10.0f}")  # type: ignore[call-overload]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
