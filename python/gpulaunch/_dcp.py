@@ -108,32 +108,37 @@ def _future(value: Any) -> Any:
     return fut
 
 
+class _AsIs:
+    """What gpulaunch's writer and reader leave as DCP plans it: the plans,
+    and no checkpoint id (the Checkpointer names the step)."""
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        pass
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return True
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        return plan
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        return plans
+
+
 def _writer_class() -> Any:
     torch = _torch()
     StorageWriter = _mod("torch.distributed.checkpoint").StorageWriter
     WriteItemType = _mod("torch.distributed.checkpoint.planner").WriteItemType
     WriteResult = _mod("torch.distributed.checkpoint.storage").WriteResult
 
-    class Writer(StorageWriter):  # type: ignore[misc,valid-type]
+    class Writer(_AsIs, StorageWriter):  # type: ignore[misc,valid-type]
         def __init__(self, w: "CheckpointWriter", name: str) -> None:
             super().__init__()
             self.w, self.name = w, name
 
-        def reset(self, checkpoint_id: Any = None) -> None:
-            pass
-
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-            return True
-
         def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
             self.coordinator = is_coordinator
-
-        def prepare_local_plan(self, plan: Any) -> Any:
-            return plan
-
-        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-            return plans
 
         def write_data(self, plan: Any, planner: Any) -> Any:
             # every item's place first (the file's size), then one stage and the copies:
@@ -183,18 +188,11 @@ def _reader_class() -> Any:
 
     narrow_tensor_by_index = _mod("torch.distributed.checkpoint.filesystem").narrow_tensor_by_index
 
-    class Reader(StorageReader):  # type: ignore[misc,valid-type]
+    class Reader(_AsIs, StorageReader):  # type: ignore[misc,valid-type]
         def __init__(self, r: "CheckpointReader", name: str) -> None:
             super().__init__()
             self.r, self.name = r, name
             self.paths: dict[int, str] = {}
-
-        def reset(self, checkpoint_id: Any = None) -> None:
-            pass
-
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-            return True
 
         def path(self, rank: int) -> str:
             if rank not in self.paths:  # checked (SHA-256) once, fetched when missing
@@ -207,12 +205,6 @@ def _reader_class() -> Any:
 
         def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
             self.metadata = metadata
-
-        def prepare_local_plan(self, plan: Any) -> Any:
-            return plan
-
-        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-            return plans
 
         def read_data(self, plan: Any, planner: Any) -> Any:
             maps: dict[int, mmap.mmap] = {}

@@ -227,8 +227,8 @@ gpl_result_t gpl__ckpt_restore_load(gpl_ckpt_t k, int64_t step, int world, int d
 /* Rank `rank`'s file (r<rank>-<name>) of that step, checked against its
  * manifest's size and SHA-256, fetched from the durable tier when missing or
  * damaged here: its path (ckpt_restore.c). */
-gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int durable_ok,
-                                    int rank, const char *file, char *path, size_t len);
+gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int durable_ok, int rank,
+                                    const char *file, char *path, size_t len);
 ckpt_tier *gpl__ckpt_first(gpl_ckpt_t k);   /* NULL: nowhere to restore from */
 ckpt_tier *gpl__ckpt_durable(gpl_ckpt_t k); /* NULL: no tier to fetch from */
 

@@ -48,15 +48,7 @@ pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
 sys.path.insert(0, str(REPO / "python"))
 os.environ["GPULAUNCH_LIBRARY"] = LIB
 
-
-def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAUNCH_", "PET_", "TORCH"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "python"), os.environ.get("PYTHONPATH")])),
-               GPULAUNCH_LIBRARY=LIB, PET_SHM_MIN="16m", PET_PREEMPTION_SOURCE="none", PET_SLURM="off",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return env
+from test_elastic import child_env  # noqa: E402
 
 
 def cmd(nproc: int, *args: str) -> list[str]:
