@@ -374,6 +374,10 @@ def main(argv: list[str]) -> int:
             r = el.last
             model, optim = el.model, el.optimizer
             rank, world = el.rank, el.world_size
+            if a.global_batch % world:
+                print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the new world size "
+                      f"{world}", file=sys.stderr)
+                return 2
             print(f"rank {rank} (was {was}): round {r.round} re-formed in place, world {world}, going on "
                   f"after step {r.step} ({r.lost} lost), shards from the memory of {r.survivors} ranks in "
                   f"{1000.0 * r.seconds:.1f} ms (the copy {1000.0 * r.copy_s:.1f} ms)", flush=True)

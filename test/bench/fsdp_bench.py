@@ -98,7 +98,7 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
     tmp = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
     ck = tmp / "ck"
     port = free_port()
-    prog = ["--mode", "hsdp", "--shard", "2", "--model", a.model, "--global-batch", "6",
+    prog = ["--mode", "hsdp", "--shard", "2", "--model", a.model, "--global-batch", "12",
             "--steps", str(a.steps), "--print-every", "1", "--checkpoint-dir", str(ck),
             "--checkpoint-every", str(a.at), "--hold", f"4:{a.at}"]
     procs: list[Node] = []
@@ -143,12 +143,15 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
                 n.p.wait(timeout=a.timeout)
             except subprocess.TimeoutExpired:
                 n.kill()
+        # one step's time in the new world: between rank 0's prints of its 2nd and 3rd steps there
+        done_at = sorted(t for n in survivors for t, m in n.find(r"^step (\d+) loss ") if t > t_first)
+        step_s = done_at[1] - done_at[0] if len(done_at) >= 2 else float("nan")
         loaded = any(n.find("loaded into") for n in survivors)
         reform = [float(m[1]) for n in survivors
                   for _, m in n.find(r"re-formed in place, .* in ([\d.]+) ms \(the copy")]
         return {"way": way, "told_to_first_s": t_first - t_kill, "first_step": int(fm[1]),
                 "lost": a.at - int(fm[1]), "read": ck_bytes if loaded else 0, "reform_ms": reform,
-                "startup_s": t_kill - t_start, "state": state[0] if state else "?"}
+                "startup_s": t_kill - t_start, "step_s": step_s, "state": state[0] if state else "?"}
     finally:
         for n in procs:
             n.kill()
@@ -168,7 +171,7 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--model", default="large")
     ap.add_argument("--at", type=int, default=4, help="the step the node is killed before (default 4)")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--ways", default="live,restart,torchrun")
     ap.add_argument("--timeout", type=float, default=600.0)
     a = ap.parse_args()
@@ -182,13 +185,16 @@ def main() -> int:
         r = run_way(way, a, env)
         rows.append(r)
         print(f"fsdp_bench: {way}: {r['state']}; started in {r['startup_s']:.1f} s", flush=True)
-        print(f"fsdp_bench: {way}: first step in the 4-rank world {r['told_to_first_s']:.2f} s after the kill, "
+        print(f"fsdp_bench: {way}: first step in the 4-rank world {r['told_to_first_s']:.2f} s after the kill "
+              f"(a step takes {r['step_s']:.2f} s there), "
               f"{r['lost']} steps lost, {int(r['read']) / 1e6:.0f} MB read from storage"
               + (f", re-formation {', '.join(f'{x:.0f}' for x in r['reform_ms'])} ms"  # type: ignore[union-attr]
                  if r["reform_ms"] else ""), flush=True)
-    print(f"\n{'way':10} {'kill -> first step (s)':>24} {'steps lost':>11} {'read (MB)':>10}")
+    print(f"\n{'way':10} {'kill -> first step (s)':>24} {'of which the step (s)':>22} {'steps lost':>11} "
+          f"{'read (MB)':>10}")
     for r in rows:
-        print(f"{r['way']:10} {r['told_to_first_s']:>24.2f} {r['lost']:>11} {int(r['read']) / 1e6:>10.0f}")  # type: ignore[call-overload]
+        print(f"{r['way']:10} {r['told_to_first_s']:>24.2f} {r['step_s']:>22.2f} {r['lost']:>11} "  # type: ignore[call-overload]
+              f"{int(r['read']) / 1e6:>10.0f}")  # type: ignore[call-overload]
     return 0
 
 
