@@ -213,3 +213,17 @@ int ckpt_complete_parse(const char *buf, size_t len, int64_t step, int *world) {
     *world = w;
     return 1;
 }
+
+int ckpt_manifest_next(const char **l, ckpt_manifest_line *m) {
+    while (**l) {
+        unsigned long long size;
+        int ok = sscanf(*l, "%159s %llu %64s", m->file, &size, m->sha) == 3;
+        const char *nl = strchr(*l, '\n');
+        *l = nl ? nl + 1 : *l + strlen(*l);
+        if (ok) {
+            m->size = size;
+            return 1;
+        }
+    }
+    return 0;
+}

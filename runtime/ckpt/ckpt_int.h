@@ -137,6 +137,14 @@ int ckpt_write_atomic(const char *dir, const char *name, const void *data, size_
 int ckpt_write_hashed(int fd, const uint8_t *p, uint64_t len, char hex[65]);
 void ckpt_remove_dir(const char *path);
 int ckpt_list_steps(const char *dir, int64_t *steps, int max);
+/* One line of a rank's manifest ("<file> <size> <sha256>"). */
+typedef struct ckpt_manifest_line {
+    char file[CKPT_FILE_MAX];
+    uint64_t size;
+    char sha[65];
+} ckpt_manifest_line;
+/* The next well-formed line at *l into *m, *l moved past it: 1; 0 at the end. */
+int ckpt_manifest_next(const char **l, ckpt_manifest_line *m);
 /* The COMPLETE marker's text for step/world; its length. */
 int ckpt_complete_text(char *buf, size_t len, int64_t step, int world);
 /* Parses a COMPLETE marker: 1 with *world set when it is one for step. */

@@ -161,15 +161,10 @@ static int usable(restore_ctx *x, int64_t step, char *why, size_t whylen) {
             ok = 0;
             break;
         }
-        for (const char *l = man; *l && ok;) {
-            char file[CKPT_FILE_MAX], hex[65];
-            unsigned long long size;
-            if (sscanf(l, "%159s %llu %64s", file, &size, hex) == 3)
-                ok = get_file(x, step, dir, file, size, hex, ranks[i] == c->rank, durable_ok, why,
-                              whylen);
-            const char *nl = strchr(l, '\n');
-            l = nl ? nl + 1 : l + strlen(l);
-        }
+        ckpt_manifest_line m;
+        for (const char *l = man; ok && ckpt_manifest_next(&l, &m);)
+            ok = get_file(x, step, dir, m.file, m.size, m.sha, ranks[i] == c->rank, durable_ok, why,
+                          whylen);
     }
     free(man);
     return ok;
@@ -279,20 +274,19 @@ gpl_result_t ckpt_restore_rank_file(gpl_comm_t c, int64_t step, int world, int d
                        x.durable ? " in both tiers" : " (no durable tier to fetch it from)");
         goto out;
     }
-    for (const char *l = man; *l && !found;) {
-        char f[CKPT_FILE_MAX], hex[65];
-        unsigned long long size;
-        if (sscanf(l, "%159s %llu %64s", f, &size, hex) == 3 && strcmp(f, file) == 0) {
-            found = 1;
-            if (!get_file(&x, step, dir, file, size, hex, 1, durable_ok && x.durable, why,
-                          sizeof why)) {
-                rc = gb_seterr(&c->err, GPL_ERR_CORRUPT, "rank %d: checkpoint %s/%s: %s", c->rank,
-                               x.first->where, sname, why);
-                goto out;
-            }
+    ckpt_manifest_line m;
+    for (const char *l = man; !found && ckpt_manifest_next(&l, &m);) {
+        if (strcmp(m.file, file) != 0)
+            continue;
+        found = 1;
+        /* this rank's own files of its own world were hashed when the step was chosen */
+        int hash = !(rank == c->rank && rank < world);
+        if (!get_file(&x, step, dir, file, m.size, m.sha, hash, durable_ok && x.durable, why,
+                      sizeof why)) {
+            rc = gb_seterr(&c->err, GPL_ERR_CORRUPT, "rank %d: checkpoint %s/%s: %s", c->rank,
+                           x.first->where, sname, why);
+            goto out;
         }
-        const char *nl = strchr(l, '\n');
-        l = nl ? nl + 1 : l + strlen(l);
     }
     if (!found) {
         rc = gb_seterr(&c->err, GPL_ERR_NOT_FOUND,

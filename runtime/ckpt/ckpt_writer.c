@@ -253,30 +253,20 @@ static gpl_result_t drain_step(ckpt_bg *b, int64_t step, int rank, gb_err *err) 
     man[len] = '\0';
     step_dir(b->first, step, dir, sizeof dir);
     uint64_t total = 0;
-    for (const char *l = man; *l;) {
-        char file[CKPT_FILE_MAX], hex[65];
-        unsigned long long size;
-        if (sscanf(l, "%159s %llu %64s", file, &size, hex) == 3)
-            total += size;
-        const char *nl = strchr(l, '\n');
-        l = nl ? nl + 1 : l + strlen(l);
-    }
+    ckpt_manifest_line m;
+    for (const char *l = man; ckpt_manifest_next(&l, &m);)
+        total += m.size;
     atomic_store(&b->drain_total, total);
     atomic_store(&b->drain_done, 0);
     atomic_store(&b->drain_started_ns, gb_now_ns());
     drain_ctx d = {b, 0};
-    for (const char *l = man; *l;) {
-        char file[CKPT_FILE_MAX], hex[65], src[PATH_MAX];
-        unsigned long long size;
-        if (sscanf(l, "%159s %llu %64s", file, &size, hex) == 3) {
-            snprintf(src, sizeof src, "%s/%s", dir, file);
-            GB_CHECK_GOTO(
-                ckpt_tier_put_file(b->durable, step, file, src, hex, on_drain_progress, &d, err),
-                rc, out);
-            d.base += size;
-        }
-        const char *nl = strchr(l, '\n');
-        l = nl ? nl + 1 : l + strlen(l);
+    for (const char *l = man; ckpt_manifest_next(&l, &m);) {
+        char src[PATH_MAX];
+        snprintf(src, sizeof src, "%s/%s", dir, m.file);
+        GB_CHECK_GOTO(
+            ckpt_tier_put_file(b->durable, step, m.file, src, m.sha, on_drain_progress, &d, err),
+            rc, out);
+        d.base += m.size;
     }
     rc = ckpt_tier_put_small(b->durable, step, name, man, len, err);
 out:
