@@ -416,6 +416,103 @@ GPL_API gpl_result_t gpl_reform_agree(gpl_comm_t comm, int64_t step, gpl_reform_
 GPL_API gpl_result_t gpl_copy_state(gpl_comm_t comm, void *const bufs[], const size_t bytes[],
                                     int n, const gpl_reform_info *info);
 
+/* ---- copies of sharded state in peers' memory (gpl_mirror) ----
+ *
+ * Sharded state (FSDP: each rank holds 1/N of the parameters and optimizer
+ * state) has no second copy: a lost node takes its ranks' shards with it.
+ * A mirror keeps one in a peer's host memory, on another node. The program
+ * registers host buffers (its own snapshot), and every K steps fills them
+ * (between gpl_mirror_stage and gpl_mirror_push) with its state; the push
+ * sends them in the background, with their SHA-256, to its buddy (the same
+ * local rank on the next node; the next rank in a one-node job), which keeps
+ * the two newest checked copies. After a loss and gpl_reform, every rank of
+ * the new world calls gpl_mirror_agree: the newest step for which every
+ * rank of the old world has a copy (its own snapshot on a survivor, or the
+ * one its buddy holds), and who holds each; the program then goes back to
+ * that step: gpl_mirror_view (a copy held here) and gpl_mirror_fetch (from
+ * whichever rank holds it) give each old rank's buffers.
+ *
+ * Host memory: the registered buffers (one snapshot), and on the buddy two
+ * copies of each rank it holds (the newest checked one, and the one being
+ * received): three times a rank's shard bytes in all. Limits: 64 buffers a
+ * rank, 8 ranks held by one rank (a node of more ranks than the next one's). */
+#define GPL_MIRROR_MAX_BUFS 64
+#define GPL_MIRROR_OPTIONS_VERSION 1
+
+typedef struct gpl_mirror *gpl_mirror_t;
+typedef struct gpl_mirror_plan *gpl_mirror_plan_t;
+
+typedef struct gpl_mirror_options {
+    int version;         /* GPL_MIRROR_OPTIONS_VERSION */
+    uint32_t timeout_ms; /* one push's or fetch's deadline; 0: the communicator's timeout */
+} gpl_mirror_options;
+#define GPL_MIRROR_OPTIONS_INIT                                                                    \
+    { GPL_MIRROR_OPTIONS_VERSION, 0 }
+
+/* Collective over comm: each rank's server (a thread that takes its buddy's
+ * pushes and serves fetches) and the buddies' addresses. opts may be NULL. */
+GPL_API gpl_result_t gpl_mirror_create(gpl_comm_t comm, const gpl_mirror_options *opts,
+                                       gpl_mirror_t *m);
+/* Adds a host buffer to the snapshot (before the first stage). */
+GPL_API gpl_result_t gpl_mirror_register(gpl_mirror_t m, void *buf, size_t bytes);
+/* Waits for the push in flight (its time: status.last_wait_s), then hands the
+ * registered buffers to the program to fill: they hold no step until the
+ * next gpl_mirror_push. */
+GPL_API gpl_result_t gpl_mirror_stage(gpl_mirror_t m);
+/* The buffers hold step's state: sends them to the buddy in the background
+ * and returns. They must not change until the next gpl_mirror_stage. */
+GPL_API gpl_result_t gpl_mirror_push(gpl_mirror_t m, int64_t step);
+/* Waits for the push in flight: GPL_OK once the buddy holds it checked;
+ * GPL_ERR_PEER_FAILED (the buddy is gone: the copy is not held),
+ * GPL_ERR_CORRUPT (the buddy's SHA-256 differed), GPL_ERR_TIMEOUT. */
+GPL_API gpl_result_t gpl_mirror_wait(gpl_mirror_t m);
+
+typedef struct gpl_mirror_status {
+    int rank, world, round; /* this rank in the world its copies are made in */
+    int buddy;              /* the rank they go to (-1: a world of one) */
+    int buddy_same_node;    /* 1: on this node (a one-node job): a lost node takes both */
+    int64_t own_step;       /* the step the registered buffers hold (-1: none) */
+    int64_t sent_step;      /* the newest step the buddy holds checked (-1: none) */
+    int in_flight;          /* a push is being sent */
+    size_t bytes;           /* registered */
+    size_t held_bytes;      /* host memory holding other ranks' copies */
+    int held_ranks;         /* ranks whose copies this one holds */
+    double last_push_s;     /* the last push's time to its buddy's check */
+    double last_rate_mbs;   /* its rate, MB/s */
+    double last_wait_s;     /* how long the last stage waited for the push before */
+} gpl_mirror_status;
+GPL_API gpl_result_t gpl_mirror_status_get(gpl_mirror_t m, gpl_mirror_status *st);
+/* What the last failed call on m said (what, where, what to do). */
+GPL_API const char *gpl_mirror_last_error(gpl_mirror_t m);
+/* Cancels a push in flight, stops the server; frees the held copies. */
+GPL_API void gpl_mirror_destroy(gpl_mirror_t m);
+
+/* After a loss: collective over comm (re-formed: the new world), m this
+ * rank's mirror of the old world (NULL: none, e.g. a new node's rank). Stops
+ * m taking pushes; agrees on the newest step at which every rank of the
+ * newest old world has a copy on a rank of the new one; *plan says it.
+ * GPL_ERR_STATE (gpl_last_error(comm) names the old ranks whose copies are
+ * gone, e.g. a rank and its buddy both lost) when there is none: restore a
+ * checkpoint instead. */
+GPL_API gpl_result_t gpl_mirror_agree(gpl_comm_t comm, gpl_mirror_t m, gpl_mirror_plan_t *plan);
+/* The agreed step and the old world's size and round. */
+GPL_API void gpl_mirror_plan_info(gpl_mirror_plan_t p, int64_t *step, int *old_world,
+                                  int *old_round);
+/* The rank (of the new world) that holds old rank's copy: the rank that
+ * was it, else the lowest one holding its buddy's copy. */
+GPL_API int gpl_mirror_holder(gpl_mirror_plan_t p, int old_rank);
+/* Buffer i of old rank's copy, when this rank holds it (GPL_ERR_NOT_FOUND
+ * otherwise): read-only, valid until gpl_mirror_destroy of the mirror. */
+GPL_API gpl_result_t gpl_mirror_view(gpl_mirror_plan_t p, int old_rank, int i, const void **data,
+                                     size_t *bytes);
+/* Old rank's copy into n buffers of its sizes (GPL_ERR_INVALID_ARG when they
+ * differ): from this rank's memory, or over TCP from its holder, checked
+ * against its SHA-256 (GPL_ERR_CORRUPT). Not collective: holders serve
+ * while they run (keep every mirror until every rank fetched: a barrier). */
+GPL_API gpl_result_t gpl_mirror_fetch(gpl_mirror_plan_t p, int old_rank, void *const bufs[],
+                                      const size_t bytes[], int n);
+GPL_API void gpl_mirror_plan_free(gpl_mirror_plan_t p);
+
 #ifdef __cplusplus
 }
 #endif
