@@ -166,6 +166,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--checkpoint-every", type=int, default=0)
     ap.add_argument("--checkpoint-durable", default=None)
+    ap.add_argument("--mirror-every", type=int, default=0,
+                    help="with --reform: every K steps (and at each checkpoint) copy each rank's shards to a "
+                         "rank on the next node in the background; a lost node then costs <= K steps, "
+                         "no storage read (0: off)")
     ap.add_argument("--sync-checkpoint", action="store_true",
                     help="step_end waits until the checkpoint is written (default: asynchronous)")
     ap.add_argument("--step-sleep-ms", type=float, default=0.0)
@@ -277,7 +281,7 @@ def main(argv: list[str]) -> int:
             return model, optim
 
         el = gl.ShardedElastic(built, backend=backend, checkpointer=ckpt, get_extra=get_extra,
-                               set_extra=set_extra)
+                               set_extra=set_extra, mirror_every=a.mirror_every)
         if not el.enabled and el.rank == 0:
             print("train_fsdp: --reform: not under a gpulaunch that hands rounds over: a lost node "
                   "restarts the workers", file=sys.stderr)
@@ -334,6 +338,8 @@ def main(argv: list[str]) -> int:
                     print(f"rank {rank} reached step {step}", flush=True)
                 if (rank, step) in a.hold and (rank, step) not in held:
                     held.add((rank, step))
+                    if el is not None:
+                        el.mirror_wait()  # what is held is what its buddy has
                     print(f"rank {rank} holding before step {step}", flush=True)
                     while el is None or not el.round_over:
                         time.sleep(0.01)
@@ -362,6 +368,8 @@ def main(argv: list[str]) -> int:
                     dist.all_reduce(total)
                     if rank == 0:
                         print(f"step {done} loss {total.item() / (a.global_batch * s.seq):.6f}", flush=True)
+                if el is not None:
+                    el.mirror(done, force=bool(a.checkpoint_every) and done % a.checkpoint_every == 0)
                 if ckpt is not None and ckpt.step_end(done, save):
                     preempted = True
                     break
@@ -378,8 +386,9 @@ def main(argv: list[str]) -> int:
                 print(f"train_fsdp: --global-batch {a.global_batch} is not a multiple of the new world size "
                       f"{world}", file=sys.stderr)
                 return 2
+            src = "the copies in peers' memory" if el.from_copies else f"the memory of {r.survivors} ranks"
             print(f"rank {rank} (was {was}): round {r.round} re-formed in place, world {world}, going on "
-                  f"after step {r.step} ({r.lost} lost), shards from the memory of {r.survivors} ranks in "
+                  f"after step {r.step} ({r.lost} lost), shards from {src} in "
                   f"{1000.0 * r.seconds:.1f} ms (the copy {1000.0 * r.copy_s:.1f} ms)", flush=True)
             first = True
     took = time.monotonic() - t0

@@ -195,6 +195,27 @@ class ReformInfo(ctypes.Structure):
 SAVE_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_void_p)
 LOAD_FN = ctypes.CFUNCTYPE(c_result, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p)
 
+
+class MirrorStatus(ctypes.Structure):
+    """gpl_mirror_status."""
+
+    _fields_ = [
+        ("rank", ctypes.c_int),
+        ("world", ctypes.c_int),
+        ("round", ctypes.c_int),
+        ("buddy", ctypes.c_int),
+        ("buddy_same_node", ctypes.c_int),
+        ("own_step", ctypes.c_int64),
+        ("sent_step", ctypes.c_int64),
+        ("in_flight", ctypes.c_int),
+        ("bytes", ctypes.c_size_t),
+        ("held_bytes", ctypes.c_size_t),
+        ("held_ranks", ctypes.c_int),
+        ("last_push_s", ctypes.c_double),
+        ("last_rate_mbs", ctypes.c_double),
+        ("last_wait_s", ctypes.c_double),
+    ]
+
 _P = ctypes.c_void_p
 _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "gpl_version": (ctypes.c_int, []),
@@ -243,6 +264,20 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         c_result,
         [_P, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t), ctypes.c_int, ctypes.POINTER(ReformInfo)],
     ),
+    "gpl_mirror_create": (c_result, [_P, _P, ctypes.POINTER(_P)]),
+    "gpl_mirror_register": (c_result, [_P, _P, ctypes.c_size_t]),
+    "gpl_mirror_stage": (c_result, [_P]),
+    "gpl_mirror_push": (c_result, [_P, ctypes.c_int64]),
+    "gpl_mirror_wait": (c_result, [_P]),
+    "gpl_mirror_status_get": (c_result, [_P, ctypes.POINTER(MirrorStatus)]),
+    "gpl_mirror_last_error": (ctypes.c_char_p, [_P]),
+    "gpl_mirror_destroy": (None, [_P]),
+    "gpl_mirror_agree": (c_result, [_P, _P, ctypes.POINTER(_P)]),
+    "gpl_mirror_plan_info": (
+        None, [_P, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]),
+    "gpl_mirror_holder": (ctypes.c_int, [_P, ctypes.c_int]),
+    "gpl_mirror_view": (c_result, [_P, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t)]),
+    "gpl_mirror_plan_free": (None, [_P]),
 }
 
 _lock = threading.Lock()

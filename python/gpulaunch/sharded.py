@@ -26,6 +26,18 @@ has no second copy, so a lost node's shards are gone: reform() raises Error
 (GPL_ERR_STATE) naming them, the worker exits, and the launcher restarts
 the workers, which restore the newest checkpoint resharded (start()'s load).
 
+FSDP over every rank keeps a second copy when asked: mirror_every=K (and
+el.mirror(done) after every step, force=True at a checkpoint's step) copies
+each rank's shards every K steps into a host snapshot, which libgpulaunch
+pushes in the background to a rank on the next node (gpl_mirror). When
+the survivors lack shards they go back to the newest step every lost rank's
+buddy holds (steps lost <= K), each rank's rows taken from the snapshots
+and copies in memory, resharded into the new world; when no step is whole
+(a rank and its buddy both lost, a node lost during a push) reform() raises
+Error (GPL_ERR_STATE) and the launcher restarts from the checkpoint. Host
+memory: the snapshot, and the two newest copies of the buddy's (three
+times a rank's shards and optimizer state).
+
 How pieces move: the survivors agree (one all_gather of each rank's steps
 and place in the old world) on the step (the smallest any rank holds; a
 rank ahead of it is refilled) and, for each old shard index, the ranks
@@ -41,13 +53,20 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
+import sys
+import time
 from typing import Any, Callable, Optional
 
+from . import _mirror
 from . import _native as N
 from . import _procfs
 from ._native import Error
 from .elastic import Elastic
+
+_ALIGN = 64  # bytes: where each tensor of a snapshot starts
+_HEAD_MIN = 1 << 16  # bytes reserved at a snapshot's start for its description
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +82,89 @@ def _chunk_rows(n: int, parts: int, j: int) -> tuple[int, int]:
     c = math.ceil(n / parts) if n else 0
     a = min(j * c, n)
     return a, min(a + c, n)
+
+
+def _dtype(t: Any, name: str) -> Any:
+    return getattr(t, name.rsplit(".", 1)[-1])
+
+
+class _LiveSource:
+    """The last round's shards where they are: its parameters and optimizer."""
+
+    def __init__(self, t: Any, params: dict[str, Any], opt: Any, extra: Any) -> None:
+        self._t, self._params, self._opt, self._extra = t, params, opt, extra
+
+    def head(self) -> dict[str, Any]:
+        t = self._t
+        DTensor = importlib.import_module("torch.distributed.tensor").DTensor
+        ids = {id(p): n for n, p in self._params.items()}
+        state = {ids[id(p)]: {k: (isinstance(v, DTensor), tuple(v.shape), v.dtype) if t.is_tensor(v) else v
+                              for k, v in st.items()}
+                 for p, st in self._opt.state.items() if id(p) in ids}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self._opt.param_groups]
+        return {"state": state, "groups": groups, "extra": self._extra}
+
+    def local(self, name: str, key: Optional[str], j: int) -> Any:
+        DTensor = importlib.import_module("torch.distributed.tensor").DTensor
+        x = self._params[name]
+        if key is not None:
+            x = self._opt.state[x][key]
+        return (x.to_local() if isinstance(x, DTensor) else x).detach()
+
+    def scalar(self, name: str, key: str) -> Any:
+        return self._opt.state[self._params[name]][key].detach()
+
+
+class _MirrorSource:
+    """The old world's shards at the agreed step from the snapshots and
+    copies this rank holds (views of gpl_mirror's memory, no copy)."""
+
+    def __init__(self, t: Any, plan: _mirror.Plan, held: dict[int, int]) -> None:
+        self._t = t
+        self._plan = plan
+        self._held = held  # old shard index -> the old rank whose copy this rank holds
+        self._views: dict[int, Any] = {}
+        self._heads: dict[int, dict[str, Any]] = {}
+        self._base: dict[int, int] = {}
+        for r in sorted(set(held.values())):
+            v = plan.view(t, r)
+            n = int.from_bytes(bytes(v[:8].tolist()), "little")
+            self._base[r] = int.from_bytes(bytes(v[8:16].tolist()), "little")
+            self._heads[r] = json.loads(bytes(v[16:16 + n].tolist()).decode())
+            self._views[r] = v
+        self._entries = {r: {(e[0], e[1]): e for e in h["entries"]} for r, h in self._heads.items()}
+
+    def head(self) -> dict[str, Any]:
+        t = self._t
+        h = self._heads[min(self._heads)]
+        state: dict[str, dict[str, Any]] = {}
+        for name, st in h["state"].items():
+            d: dict[str, Any] = {}
+            for k, v in st.items():
+                if v[0] == "t":
+                    d[k] = (True, tuple(v[1]), _dtype(t, v[2]))
+                elif v[0] == "s":
+                    d[k] = (False, tuple(v[2]), _dtype(t, v[3]))
+                else:
+                    d[k] = v[1]
+            state[name] = d
+        groups = [{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()} for g in h["groups"]]
+        return {"state": state, "groups": groups, "extra": h["extra"]}
+
+    def local(self, name: str, key: Optional[str], j: int) -> Any:
+        r = self._held[j]
+        _, _, off, nb, shape, dtype = self._entries[r][(name, key)]
+        off += self._base[r]
+        return self._views[r][off:off + nb].view(_dtype(self._t, dtype)).view(shape)
+
+    def scalar(self, name: str, key: str) -> Any:
+        h = self._heads[min(self._heads)]
+        _, values, shape, dtype = h["state"][name][key]
+        return self._t.tensor(values, dtype=_dtype(self._t, dtype)).reshape(shape)
+
+    def close(self) -> None:
+        self._views.clear()
+        self._plan.close()
 
 
 def _reshard(model: Any) -> None:
@@ -83,9 +185,19 @@ class ShardedElastic(Elastic):
     arguments: Elastic's (no ddp_kwargs or comm_hook: FSDP2 does the
     collectives)."""
 
-    def __init__(self, build: Callable[[], tuple[Any, Any]], **kw: Any) -> None:
+    def __init__(self, build: Callable[[], tuple[Any, Any]], mirror_every: int = 0, **kw: Any) -> None:
         super().__init__(None, None, **kw)
+        if mirror_every < 0:
+            raise ValueError("mirror_every must be >= 0 (0: no copies in peers' memory)")
         self._build = build
+        self._mirror_every = mirror_every
+        self._mirror: Optional[_mirror.Mirror] = None  # this round's snapshot and its copies at the buddy
+        self._mirror_head = 0  # bytes of the snapshot's description area
+        self._mirror_due = True  # push at the next mirror() call: a round began
+        self._source: Any = None  # where _copy takes the old shards from
+        self.mirror_stall_s = 0.0  # the last mirror()'s time in the training loop
+        self.mirror_pushes = 0
+        self.from_copies = False  # the last agreement went back to the copies in peers' memory
         self._plan: Optional[_Plan] = None
         self._place: Optional[tuple[int, int, int]] = None  # (world, rank, shards) the state was built in
         self._old: Optional[tuple[dict[str, Any], Any]] = None  # the last round's parameters and optimizer
@@ -108,6 +220,121 @@ class ShardedElastic(Elastic):
 
     def _make_ddp(self, sync: bool) -> None:
         self._old = None  # the new model is filled: the old shards can go
+        self._drop_mirror()  # and the last world's copies
+        self._mirror_due = True
+
+    def _drop_mirror(self) -> None:
+        if self._source is not None and hasattr(self._source, "close"):
+            self._source.close()
+        self._source = None
+        if self._mirror is not None:
+            self._mirror.close()
+            self._mirror = None
+
+    # ---- copies in a peer's memory ----
+
+    def mirror(self, done: int, force: bool = False) -> None:
+        """Call after every step with the steps done (the optimizer stepped).
+        With mirror_every=K: every K steps, at the first call of a round and
+        when force (a checkpoint's step), copies this rank's shards and
+        optimizer state into its host snapshot (the time this takes in the
+        loop: mirror_stall_s) and libgpulaunch pushes it to a rank on the next
+        node in the background. Every rank calls it at the same steps."""
+        if self._mirror_every <= 0 or not self.enabled or self.model is None or done <= 0:
+            return
+        if not (force or self._mirror_due or done % self._mirror_every == 0):
+            return
+        t0 = time.monotonic()
+        t = self._torch
+        tensors, head = self._snapshot_parts(done)
+        entries: list[list[Any]] = []
+        off = 0
+        for name, key, x in tensors:
+            nb = x.numel() * x.element_size()
+            entries.append([name, key, off, nb, list(x.shape), str(x.dtype)])
+            off += -(-nb // _ALIGN) * _ALIGN
+        head["entries"] = entries
+        try:
+            text = json.dumps(head).encode()
+        except (TypeError, ValueError) as e:
+            raise Error(N.GPL_ERR_UNSUPPORTED, f"gpulaunch: rank {self.rank}: ShardedElastic.mirror: the "
+                        f"optimizer's settings or get_extra()'s value are not JSON ({e})",
+                        "GPL_ERR_UNSUPPORTED") from e
+        if self._mirror is None:
+            h = self._native.handle(self.rank, self.world_size, self.round)
+            if h is None:
+                sys.stderr.write(f"gpulaunch: rank {self.rank}: no libgpulaunch communicator: no copies "
+                                 f"in peers' memory (mirror_every ignored)\n")
+                self._mirror_every = 0
+                return
+            self._mirror_head = max(_HEAD_MIN, -(-4 * (len(text) + 16) // 4096) * 4096)
+            cuda = any(x.is_cuda for _, _, x in tensors)
+            self._mirror = _mirror.Mirror(h, t, self._mirror_head + off, pin=cuda)
+        m = self._mirror
+        base = self._mirror_head
+        if len(text) + 16 > base or m.snapshot.numel() != base + off:
+            raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: ShardedElastic.mirror: the state's "
+                        f"layout changed within round {self.round} ({base + off} bytes, the snapshot "
+                        f"holds {m.snapshot.numel()})", "GPL_ERR_STATE")
+        m.stage()
+        snap = m.snapshot
+        # [0, 8): the description's length, [8, 16): where the tensors begin, then the description
+        lengths = len(text).to_bytes(8, "little") + base.to_bytes(8, "little")
+        snap[:16].copy_(t.tensor(list(lengths), dtype=t.uint8))
+        snap[16:16 + len(text)].copy_(t.frombuffer(bytearray(text), dtype=t.uint8))
+        for (name, key, x), e in zip(tensors, entries):
+            if e[3]:
+                snap[base + e[2]:base + e[2] + e[3]].view(x.dtype).view(x.shape).copy_(x, non_blocking=True)
+        if any(x.is_cuda for _, _, x in tensors):
+            t.cuda.synchronize()
+        m.push(done)
+        self._mirror_due = False
+        self.mirror_pushes += 1
+        self.mirror_stall_s = time.monotonic() - t0
+
+    def mirror_wait(self) -> Optional[str]:
+        """Waits for the push in flight: None once the buddy holds it checked,
+        else why not (the buddy gone, the copy damaged, a timeout)."""
+        return self._mirror.wait() if self._mirror is not None else None
+
+    def mirror_status(self) -> Optional[N.MirrorStatus]:
+        """The snapshot's and its copy's state (gpl_mirror_status); None without one."""
+        return self._mirror.status() if self._mirror is not None else None
+
+    def _snapshot_parts(self, done: int) -> tuple[list[tuple[str, Optional[str], Any]], dict[str, Any]]:
+        """What a snapshot holds: each parameter's local shard (by name), then
+        each sharded optimizer state's (by name and key); and its description
+        (the optimizer's other state and settings, the program's extra)."""
+        t = self._torch
+        DTensor = importlib.import_module("torch.distributed.tensor").DTensor
+        params = self._sharded
+
+        def local(x: Any) -> Any:
+            return (x.to_local() if isinstance(x, DTensor) else x).detach()
+
+        tensors: list[tuple[str, Optional[str], Any]] = [(n, None, local(params[n])) for n in sorted(params)]
+        ids = {id(p): n for n, p in params.items()}
+        state: dict[str, dict[str, Any]] = {}
+        opt_tensors: list[tuple[str, Optional[str], Any]] = []
+        for p, st in self.optimizer.state.items():
+            name = ids.get(id(p))
+            if name is None:
+                continue
+            d: dict[str, Any] = {}
+            for k, v in st.items():
+                if isinstance(v, DTensor):
+                    d[k] = ["t", list(v.shape), str(v.dtype)]
+                    opt_tensors.append((name, k, local(v)))
+                elif t.is_tensor(v):
+                    d[k] = ["s", v.detach().cpu().reshape(-1).tolist(), list(v.shape), str(v.dtype)]
+                else:
+                    d[k] = ["v", v]
+            state[name] = d
+        tensors += sorted(opt_tensors, key=lambda e: (e[0], str(e[1])))
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        extra = self._get_extra() if self._get_extra is not None else None
+        return tensors, {"v": 1, "step": done, "rank": self.rank, "world": self.world_size,
+                         "extra": extra, "groups": groups, "state": state}
 
     def _new_model(self) -> None:
         """The program's model and optimizer on this round's group; the
@@ -144,6 +371,9 @@ class ShardedElastic(Elastic):
 
     def _agree(self, done: int) -> tuple[int, int, int, bool, bool]:
         dist = self._dist
+        if self._source is not None and hasattr(self._source, "close"):
+            self._source.close()  # an agreement cut off by a round's end: made again
+        self._source = None
         held = self._place if done >= 0 and self.model is not None else None
         mine = (done if held is not None else -1, held)
         infos: list[Any] = [None] * self.world_size
@@ -164,19 +394,59 @@ class ShardedElastic(Elastic):
         for r, (_, old_rank, _) in at:
             holders.setdefault(old_rank % s, []).append(r)
         missing = [j for j in range(s) if j not in holders]
+        if missing and self._mirror_every > 0:
+            return self._agree_mirror(stated, missing)
         if missing:
             raise Error(
                 N.GPL_ERR_STATE,
                 f"gpulaunch: rank {self.rank}: shards {missing} of the state ({s}-way sharded) were held "
-                f"only by ranks that are gone (no replica holds them: FSDP over every rank, or a whole "
-                f"replica group's shard lost); the launcher restarts the workers, which restore the "
-                f"newest checkpoint resharded",
+                f"only by ranks that are gone (no replica holds them: FSDP over every rank without "
+                f"mirror_every, or a whole replica group's shard lost); the launcher restarts the workers, "
+                f"which restore the newest checkpoint resharded",
                 "GPL_ERR_STATE",
             )
         root = min(min(h) for h in holders.values())
         self._plan = _Plan(step, s, holders, root)
+        self.from_copies = False
         replaced = held is None or done != step
         return step, root, len(at), True, replaced
+
+    def _agree_mirror(self, stated: list[Any], missing: list[int]) -> tuple[int, int, int, bool, bool]:
+        """The survivors lack shards: the newest step whose copies in peers'
+        memory (gpl_mirror) cover every old rank; every rank goes back to it."""
+        h = self._native.handle(self.rank, self.world_size, self.round)
+        try:
+            if h is None:
+                raise Error(N.GPL_ERR_UNSUPPORTED, "no libgpulaunch communicator in this round",
+                            "GPL_ERR_UNSUPPORTED")
+            plan = _mirror.Plan(h, self._mirror)
+        except Error as e:
+            raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: shards {missing} of the state were "
+                        f"held only by ranks that are gone, and the copies in peers' memory do not cover "
+                        f"them ({e}); the launcher restarts the workers, which restore the newest "
+                        f"checkpoint resharded", "GPL_ERR_STATE") from e
+        shards = {place[2] for _, _, place in stated if place[0] == plan.old_world}
+        if len(shards) != 1:
+            plan.close()
+            raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: the copies in peers' memory are of a "
+                        f"world of {plan.old_world}, which no survivor's model was sharded in",
+                        "GPL_ERR_STATE")
+        s = shards.pop()
+        holders: dict[int, list[int]] = {}
+        held: dict[int, int] = {}
+        for r, hr in enumerate(plan.holders):
+            holders.setdefault(r % s, [])
+            if hr not in holders[r % s]:
+                holders[r % s].append(hr)
+            if hr == self.rank:
+                held.setdefault(r % s, r)
+        for v in holders.values():
+            v.sort()
+        root = min(min(v) for v in holders.values())
+        self._plan = _Plan(plan.step, s, holders, root)
+        self._source = _MirrorSource(self._torch, plan, held)
+        self.from_copies = True
+        return plan.step, root, len(stated), True, True
 
     def _copy(self, root: int, mine: bool) -> None:
         got_plan = self._plan
@@ -187,29 +457,22 @@ class ShardedElastic(Elastic):
         DTensor, Shard = tensor_mod.DTensor, tensor_mod.Shard
 
         self._via = self.backend
-        old_params, old_opt = self._old if self._old is not None else ({}, None)
+        source: Any = self._source
+        if source is None:  # the last round's shards in this process (a replica's, or its own)
+            old_params, old_opt = self._old if self._old is not None else ({}, None)
+            source = _LiveSource(t, old_params, old_opt,
+                                 self._get_extra() if self._get_extra is not None and old_opt is not None else None)
         # the structure (every rank builds the same model; the optimizer's state and
         # hyperparameters are the holders')
         head: list[Any] = [None]
         if self.rank == plan.root:
-            assert old_opt is not None
-            ids = {id(p): n for n, p in old_params.items()}
-            state = {ids[id(p)]: {k: (isinstance(v, DTensor), tuple(v.shape), v.dtype) if t.is_tensor(v) else v
-                                  for k, v in st.items()}
-                     for p, st in old_opt.state.items() if id(p) in ids}
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in old_opt.param_groups]
-            head[0] = {"state": state, "groups": groups,
-                       "extra": self._get_extra() if self._get_extra is not None else None}
+            head[0] = source.head()
         dist.broadcast_object_list(head, src=plan.root, device=self._device() if self.backend == "nccl" else None)
         got = head[0]
         dev = self._device()
 
-        def old_local(name: str, key: Optional[str]) -> Any:
-            x = old_params[name]
-            if key is not None:
-                assert old_opt is not None
-                x = old_opt.state[x][key]
-            return (x.to_local() if isinstance(x, DTensor) else x).detach().to(dev)
+        def old_local(name: str, key: Optional[str], j: int) -> Any:
+            return source.local(name, key, j).to(dev)
 
         def move(name: str, key: Optional[str], shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
             """This rank's rows of the new layout of one tensor (like: the new
@@ -238,9 +501,9 @@ class ShardedElastic(Elastic):
                         continue
                     sender = r if r in holders else holders[r % len(holders)]
                     if sender == self.rank and r == self.rank:
-                        out[lo - ma:hi - ma].copy_(old_local(name, key)[lo - a:hi - a])
+                        out[lo - ma:hi - ma].copy_(old_local(name, key, j)[lo - a:hi - a])
                     elif sender == self.rank:
-                        ops.append(dist.P2POp(dist.isend, old_local(name, key)[lo - a:hi - a].contiguous(), r, tag=j))
+                        ops.append(dist.P2POp(dist.isend, old_local(name, key, j)[lo - a:hi - a].contiguous(), r, tag=j))
                     elif r == self.rank:
                         ops.append(dist.P2POp(dist.irecv, out[lo - ma:hi - ma], sender, tag=j))
             if ops:
@@ -269,8 +532,7 @@ class ShardedElastic(Elastic):
                                                    shape=p.shape, stride=p.stride())
                     else:
                         if self.rank == plan.root:
-                            assert old_opt is not None
-                            buf = old_opt.state[old_params[name]][k].detach().to(dev).clone()
+                            buf = source.scalar(name, k).to(dev).clone()
                         else:
                             buf = t.empty(shape, dtype=dtype, device=dev)
                         dist.broadcast(buf, plan.root)
@@ -281,3 +543,8 @@ class ShardedElastic(Elastic):
         if mine and self._set_extra is not None:
             self._set_extra(got["extra"])
         self._old = None
+
+    def close(self) -> None:
+        """Elastic's close, and the snapshot and copies (a push in flight is cut off)."""
+        self._drop_mirror()
+        super().close()
