@@ -32,7 +32,7 @@ class Mirror:
 
     def _error(self, rc: int) -> str:
         msg = N.fn("gpl_mirror_last_error")(self._h) if self._h else None
-        return msg.decode(errors="replace") if msg else N.strerror(rc)
+        return str(msg.decode(errors="replace")) if msg else N.strerror(rc)
 
     @property
     def handle(self) -> Optional[int]:

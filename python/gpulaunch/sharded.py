@@ -282,9 +282,10 @@ class ShardedElastic(Elastic):
         lengths = len(text).to_bytes(8, "little") + base.to_bytes(8, "little")
         snap[:16].copy_(t.tensor(list(lengths), dtype=t.uint8))
         snap[16:16 + len(text)].copy_(t.frombuffer(bytearray(text), dtype=t.uint8))
-        for (name, key, x), e in zip(tensors, entries):
-            if e[3]:
-                snap[base + e[2]:base + e[2] + e[3]].view(x.dtype).view(x.shape).copy_(x, non_blocking=True)
+        for (_, _, x), ent in zip(tensors, entries):
+            at, nb = int(ent[2]), int(ent[3])
+            if nb:
+                snap[base + at:base + at + nb].view(x.dtype).view(x.shape).copy_(x, non_blocking=True)
         if any(x.is_cuda for _, _, x in tensors):
             t.cuda.synchronize()
         m.push(done)
