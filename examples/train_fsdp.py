@@ -401,6 +401,15 @@ def main(argv: list[str]) -> int:
             with open(os.path.join(a.dcp_save, "samples"), "w") as f:
                 f.write(str(samples))
     print(f"rank {rank} params_sha256 {full_params_sha256(model)}", flush=True)
+    ms = el.mirror_status() if el is not None else None
+    if ms is not None:
+        el.mirror_wait()
+        ms = el.mirror_status()
+        assert ms is not None
+        print(f"rank {rank} mirror: {el.mirror_pushes} pushes to rank {ms.buddy}, the last stalled the loop "
+              f"{1000.0 * el.mirror_stall_s:.1f} ms and took {ms.last_push_s:.3f} s to its buddy "
+              f"({ms.last_rate_mbs:.0f} MB/s); snapshot {ms.bytes / 1e6:.1f} MB, copies held "
+              f"{ms.held_bytes / 1e6:.1f} MB", flush=True)
     if rank == 0:
         n = max(a.steps - start, 0)
         print(f"train_fsdp: {n} steps in {took:.3f} s on {world} ranks ({a.mode}), sample {samples}", flush=True)

@@ -10,13 +10,22 @@ storage:
 
   live      gpulaunch, train_fsdp.py --reform (ShardedElastic): the survivors
             keep their processes and take their shards from memory
+  copies    FSDP over every rank (no replica) with --reform --mirror-every
+            --at: the survivors go back to the copies in peers' memory
+            (gpl_mirror) of step --at and reshard them in memory
   restart   gpulaunch without --reform: the launchers restart the workers,
             which restore the newest checkpoint (DCP, resharded)
   torchrun  torchrun --nnodes 2:3 (c10d rendezvous): its agents restart the
             workers, which restore the same way
 
     python3 test/bench/fsdp_bench.py --build build [--python PY] [--model large]
-        [--at 4] [--steps 6] [--ways live,restart,torchrun]
+        [--at 4] [--steps 6] [--ways live,copies,restart,torchrun]
+    python3 test/bench/fsdp_bench.py --build build --overhead K [--steps 8]
+
+--overhead K: no kill; the same FSDP job for --steps steps with copies every
+K steps and without, side by side: the training time each took, the extra
+time per push, and what that is at K = 50 (the loop's stall and the push's
+time and rate to its buddy, from train_fsdp's summary).
 
 PY is an interpreter with torch >= 2.6 (FSDP2); torchrun is PY -m
 torch.distributed.run. A checkpoint is written every --at steps, so the
@@ -98,7 +107,8 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
     tmp = Path(tempfile.mkdtemp(prefix="fsdp-bench-"))
     ck = tmp / "ck"
     port = free_port()
-    prog = ["--mode", "hsdp", "--shard", "2", "--model", a.model, "--global-batch", "12",
+    mode = ["--mode", "fsdp", "--mirror-every", str(a.at)] if way == "copies" else ["--mode", "hsdp", "--shard", "2"]
+    prog = [*mode, "--model", a.model, "--global-batch", "12",
             "--steps", str(a.steps), "--print-every", "1", "--checkpoint-dir", str(ck),
             "--checkpoint-every", str(a.at), "--hold", f"4:{a.at}"]
     procs: list[Node] = []
@@ -112,7 +122,7 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
             rdzv = Node("rdzv", [str(a.build / "rendezvous" / "gpulaunch-rdzv"), "--listen", f"127.0.0.1:{port}"],
                         env)
             time.sleep(0.5)
-            extra = ["--reform"] if way == "live" else []
+            extra = ["--reform"] if way in ("live", "copies") else []
             cmds = [[str(a.build / "launcher" / "gpulaunch"), "--nnodes", "2:3", "--nproc-per-node", "2",
                      "--rdzv-backend", "gpulaunch", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
                      "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "3",
@@ -165,6 +175,47 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_steady(a: argparse.Namespace, env: dict[str, str], every: int) -> tuple[float, list[str]]:
+    """The FSDP job without a fault, copies every `every` steps (0: none): its
+    training time (rank 0's "N steps in T s") and the mirror summaries."""
+    port = free_port()
+    rdzv = Node("rdzv", [str(a.build / "rendezvous" / "gpulaunch-rdzv"), "--listen", f"127.0.0.1:{port}"], env)
+    time.sleep(0.5)
+    prog = ["--mode", "fsdp", "--model", a.model, "--global-batch", "12", "--steps", str(a.steps),
+            "--reform", "--mirror-every", str(every)]
+    procs = [Node(f"node{i}", [str(a.build / "launcher" / "gpulaunch"), "--nnodes", "3", "--nproc-per-node", "2",
+                               "--rdzv-backend", "gpulaunch", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                               "--rdzv-id", "bench", "--no-python", a.python, str(TRAIN), *prog], env)
+             for i in range(3)]
+    try:
+        for n in procs:
+            n.p.wait(timeout=a.timeout)
+        took = [float(m[1]) for n in procs for _, m in n.find(r"^train_fsdp: \d+ steps in ([\d.]+) s")]
+        summary = [m[0] for n in procs for _, m in n.find(r"^rank \d+ mirror: .*$")]
+        return (took[0] if took else float("nan")), summary
+    finally:
+        for n in [*procs, rdzv]:
+            n.kill()
+            try:
+                n.p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def overhead(a: argparse.Namespace, env: dict[str, str]) -> int:
+    base, _ = run_steady(a, env, 0)
+    withc, summary = run_steady(a, env, a.overhead)
+    pushes = a.steps // a.overhead + 1  # every K steps, and the first call of the round
+    per_push = (withc - base) / pushes
+    step = base / a.steps
+    for line in sorted(summary):
+        print(f"fsdp_bench: {line}")
+    print(f"fsdp_bench: {a.steps} steps: {base:.2f} s without copies, {withc:.2f} s with copies every "
+          f"{a.overhead} ({pushes} pushes): {per_push:+.3f} s a push against a step of {step:.2f} s; "
+          f"at K = 50: {100.0 * per_push / (50 * step):+.2f} % of the training time")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--build", type=Path, required=True)
@@ -174,12 +225,15 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--ways", default="live,restart,torchrun")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--overhead", type=int, default=0, help="copies every K steps against none, no kill")
     a = ap.parse_args()
     a.build = a.build.resolve()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAUNCH_", "PET_", "TORCH"))}
     env.update(PYTHONPATH=str(REPO / "python"), GPULAUNCH_LIBRARY=str(a.build / "runtime" / "libgpulaunch.so.0"),
                PET_SHM_MIN="16m", PET_PREEMPTION_SOURCE="none", PET_SLURM="off", PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS="1")
+    if a.overhead > 0:
+        return overhead(a, env)
     rows = []
     for way in a.ways.split(","):
         r = run_way(way, a, env)
