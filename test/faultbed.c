@@ -98,6 +98,25 @@ void start_node(int host, const job_args *ja) {
         argv[n++] = "--preemption-poll";
         argv[n++] = "0.2";
     }
+    if (ja->mirror) {
+        /* sharded state, copies in a peer's memory: its own few options */
+        argv[n++] = SHARD;
+        argv[n++] = "--params";
+        argv[n++] = "262144";
+        argv[n++] = "--mirror-every";
+        argv[n++] = (char *)ja->mirror;
+        argv[n++] = "--steps";
+        argv[n++] = (char *)ja->steps;
+        argv[n++] = "--step-sleep-ms";
+        argv[n++] = ja->sleep_ms ? (char *)ja->sleep_ms : "0";
+        argv[n++] = "--print-every";
+        argv[n++] = "100000";
+        if (ja->reform)
+            argv[n++] = "--reform";
+        argv[n] = NULL;
+        cr_assert_eq(netbed_spawn(&bed, host, &nodes[host], argv), 0);
+        return;
+    }
     if (ja->pytorch) {
         argv[n++] = "--no-python";
         argv[n++] = TORCH_PYTHON;

@@ -13,6 +13,7 @@
 
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define DP GPL_BUILD_DIR "/examples/dp_train"
+#define SHARD GPL_BUILD_DIR "/examples/shard_train"
 #define TORCH_PYTHON ((char *)torch_python())
 #define TRAIN_DDP GPL_SOURCE_DIR "/examples/train_ddp.py"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
@@ -44,6 +45,7 @@ typedef struct job_args {
     const char *progress;   /* --progress-timeout, or NULL for the default */
     int reform;             /* the example's --reform: re-form in place, not restart */
     const char *state_mib;  /* dp_train's --state-mib, or NULL */
+    const char *mirror;     /* shard_train --mirror-every K instead of dp_train, or NULL */
 } job_args;
 
 /* A bed of nhosts for scenario name (skips the test without namespaces). */

@@ -20,6 +20,26 @@ from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
 
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
 
+def kill_the_held_node(job: Job, nodes: list, at: int, complete: Path, ck: Path, ck_copy: Path) -> tuple:
+    """Once rank 4 holds before step `at`, every rank reached it and the
+    checkpoint marker `complete` exists: copies ck (the restart replay's
+    start), SIGKILLs rank 4's node; returns (survivors, their workers' pids,
+    the kill's time)."""
+    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {at}$", 1, 180)
+    wait_for(job, nodes, rf"^rank \d+ reached step {at}$", 6, 60)
+    until = time.monotonic() + 30
+    while not complete.exists():
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    shutil.copytree(ck, ck_copy)
+    survivors = [p for p in nodes if p is not held]
+    before = {p.name: pids(p) for p in survivors}
+    t_kill = time.monotonic()
+    held.signal(signal.SIGKILL)
+    held.wait(10)
+    return survivors, before, t_kill
+
+
 def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job: Job, tmp_path: Path) -> None:
     """HSDP over 3 nodes x 2 ranks (a node is one replica group). A node's
     launcher and workers SIGKILLed while the job waits for its rank 4 before
@@ -34,18 +54,8 @@ def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job:
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
     nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", "--hold", f"0:{2 * HOLD}", *args, *ckargs,
                       program=TRAIN_FSDP) for i in range(3)]
-    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
-    wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
-    until = time.monotonic() + 30
-    while not list(ck.glob("*/COMPLETE")):  # the checkpoint of step HOLD is whole
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
-    shutil.copytree(ck, ck_copy)
-    survivors = [p for p in nodes if p is not held]
-    before = {p.name: pids(p) for p in survivors}
-    t_kill = time.monotonic()
-    held.signal(signal.SIGKILL)
-    held.wait(10)
+    survivors, before, t_kill = kill_the_held_node(job, nodes, HOLD, ck / f"step-{HOLD:012d}" / "COMPLETE", ck,
+                                                   ck_copy)
     wait_for(job, survivors, rf"^rank 0 holding before step {2 * HOLD}$", 1, 120)
     took = first_step_after(job, survivors, 4, t_kill)
     t_join = time.monotonic()
@@ -125,18 +135,7 @@ def test_fsdp_node_killed_goes_back_to_the_copies_in_peers_memory_as_a_restart_w
     args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5", "--mirror-every", "4")
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", "4")
     nodes = [job.node(f"node{i}", "--hold", f"4:{at}", *args, *ckargs, program=TRAIN_FSDP) for i in range(3)]
-    (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {at}$", 1, 180)
-    wait_for(job, nodes, rf"^rank \d+ reached step {at}$", 6, 60)
-    until = time.monotonic() + 30
-    while not (ck / "step-000000000012" / "COMPLETE").exists():
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
-    shutil.copytree(ck, ck_copy)
-    survivors = [p for p in nodes if p is not held]
-    before = {p.name: pids(p) for p in survivors}
-    t_kill = time.monotonic()
-    held.signal(signal.SIGKILL)
-    held.wait(10)
+    survivors, before, t_kill = kill_the_held_node(job, nodes, at, ck / "step-000000000012" / "COMPLETE", ck, ck_copy)
     for p in survivors:
         assert p.wait(180) == 0, job.dump()
     took = first_step_after(job, survivors, 4, t_kill)

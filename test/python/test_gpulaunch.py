@@ -5,6 +5,7 @@ build/test); the library from GPULAUNCH_LIBRARY (default the build's)."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import importlib.util
 import os
@@ -339,17 +340,27 @@ def test_sigterm_to_the_launcher_stops_every_rank_at_one_step(tmp_path: Path) ->
     check_layout(d / f"step-{step:012d}", step, 4)
 
 
+def since_logged(stderr: str, pattern: str, end: float) -> float:
+    """Seconds from the launcher's log line matching pattern (its UTC
+    timestamp) to `end` (time.time()): what a check of how fast something
+    ended measures, whatever the machine's load made the start-up take."""
+    m = re.search(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z .*" + pattern, stderr, re.M)
+    assert m, f"no log line {pattern!r}:\n{stderr}"
+    at = datetime.datetime.fromisoformat(m[1]).replace(tzinfo=datetime.timezone.utc).timestamp()
+    return end - at
+
+
 def test_rank_dying_in_the_agreement_is_named(tmp_path: Path) -> None:
-    t0 = time.monotonic()
     p = run(launch_cmd(4, "worker_ckpt.py", "--dir", str(tmp_path / "ck"), "--steps", "10",
                        "--die-rank", "2", "--die-step", "3", launcher_args=("--shutdown-timeout", "20")),
             timeout=60, GPULAUNCH_TIMEOUT_MS="3000")
-    took = time.monotonic() - t0
+    took = since_logged(p.stderr, r"rank 2 \(local rank 2\) exited", time.time())
     errs = {int(m[1]): m[2] for m in matches(p.stdout, r"rank (\d) error (GPL_ERR_\w+: .*)")}
     assert sorted(errs) == [0, 1, 3], describe(p)
     for r, msg in errs.items():
         assert re.search(r"\brank 2\b|\branks? [\d, ]*2\b", msg), f"rank {r}: {msg}"
-    assert took < 15, f"the other ranks took {took:.1f} s to fail"
+    # the collective timeout is 3 s: the other ranks fail well before 20 s (the shutdown timeout)
+    assert took < 10, f"the job ended {took:.1f} s after rank 2 died\n{describe(p)}"
     assert p.returncode != 0
 
 
@@ -370,11 +381,10 @@ def test_worker_of_a_failed_round_is_not_held_by_its_checkpoint_handler(tmp_path
     waiting for --shutdown-timeout (30 s here) in a step it will never finish."""
     script = tmp_path / "stuck.py"
     script.write_text(STUCK_PEER)
-    t0 = time.monotonic()
     p = subprocess.run([str(LAUNCHER), "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "30",
                         "--no-python", PY, str(script), str(tmp_path / "ck")],
                        env=child_env(), capture_output=True, text=True, timeout=60)
-    took = time.monotonic() - t0
+    took = since_logged(p.stderr, r"rank 1 \(local rank 1\) exited with code 3", time.time())
     assert "rank 0 stuck" in p.stdout and "exited with code 3" in p.stderr, describe(p)
     assert p.returncode != 0 and "still running" not in p.stderr, describe(p)
     assert took < 10, f"the launcher took {took:.1f} s: the stuck worker waited for SIGKILL\n{describe(p)}"
