@@ -95,7 +95,12 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(s.dim)
         self.fc = nn.Linear(s.dim, 4 * s.dim)
         self.out = nn.Linear(4 * s.dim, s.dim)
-        self.register_buffer("causal", torch.full((s.seq, s.seq), float("-inf")).triu(1), persistent=False)
+        self.register_buffer("causal", torch.empty(s.seq, s.seq), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        with torch.no_grad():
+            self.causal.copy_(torch.full(self.causal.shape, float("-inf"), device=self.causal.device).triu(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -108,7 +113,7 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, s: Size) -> None:
+    def __init__(self, s: Size, init: bool = True) -> None:
         super().__init__()
         self.tok = nn.Embedding(s.vocab, s.dim)
         self.pos = nn.Embedding(s.seq, s.dim)
@@ -116,11 +121,19 @@ class TinyGPT(nn.Module):
         self.ln = nn.LayerNorm(s.dim)
         self.head = nn.Linear(s.dim, s.vocab, bias=False)
         self.head.weight = self.tok.weight  # tied: both in the root's shard group
+        if not init:  # on the meta device: filled from elsewhere
+            return
         g = torch.Generator().manual_seed(1234)
         for name, p in self.named_parameters():
             if name.endswith("weight") and p.dim() == 2:
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+
+    def init_buffers(self) -> None:
+        """The blocks' causal masks (buffers: not in the state dict; after
+        to_empty() they hold whatever the memory held)."""
+        for blk in self.blocks:
+            blk.init_buffers()  # type: ignore[operator]
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
@@ -209,8 +222,10 @@ def main(argv: list[str]) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     s = SIZES[a.model]
 
-    def build() -> tuple[nn.Module, torch.optim.Optimizer]:
-        """The model sharded over this process group's ranks, and AdamW."""
+    def build(fill: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """The model sharded over this process group's ranks, and AdamW. fill:
+        its parameters are filled from memory right after (ShardedElastic):
+        made on the meta device and only allocated, not initialized."""
         world = dist.get_world_size()
         if a.mode == "hsdp":
             shard = a.shard or int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -220,11 +235,18 @@ def main(argv: list[str]) -> int:
             mesh = init_device_mesh(dev, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh(dev, (world,), mesh_dim_names=("shard",))
-        torch.manual_seed(a.seed)  # the biases' initial values: the same on every rank and run
-        m = TinyGPT(s).to(device)
+        if fill:
+            with torch.device("meta"):
+                m = TinyGPT(s, init=False)
+        else:
+            torch.manual_seed(a.seed)  # the biases' initial values: the same on every rank and run
+            m = TinyGPT(s).to(device)
         for blk in m.blocks:
             fully_shard(blk, mesh=mesh)
         fully_shard(m, mesh=mesh)
+        if fill:
+            m.to_empty(device=device)  # this rank's shards only, uninitialized
+            m.init_buffers()
         return m, torch.optim.AdamW(m.parameters(), lr=a.lr, weight_decay=0.01)
 
     samples = 0  # global: samples trained on by every rank together
@@ -275,9 +297,9 @@ def main(argv: list[str]) -> int:
             nonlocal samples
             samples = int(extra["samples"])
 
-        def built() -> tuple[nn.Module, torch.optim.Optimizer]:
+        def built(fill: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
             nonlocal model, optim
-            model, optim = build()  # load() and save() reach the current ones
+            model, optim = build(fill)  # load() and save() reach the current ones
             return model, optim
 
         el = gl.ShardedElastic(built, backend=backend, checkpointer=ckpt, get_extra=get_extra,

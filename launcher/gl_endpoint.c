@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -180,7 +181,35 @@ void gl_endpoint_fqdn(const char *hostname, char *out, size_t len) {
     freeaddrinfo(res);
 }
 
+/* Whether port is free to listen on now (any address, no SO_REUSEADDR). */
+static int port_free(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
 int gl_free_port(void) {
+    /* below the kernel's ephemeral range, which bind(0) and connect() draw
+     * from: no socket made on the machine between this check and the
+     * workers' bind can be given the port (one drawn from the range could:
+     * EADDRINUSE in the worker that hosts the store) */
+    int lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 32768;
+        fclose(f);
+    }
+    unsigned seed = (unsigned)getpid() ^ (unsigned)gb_now_ms();
+    for (int i = 0; i < GL_PORT_TRIES && lo - GL_PORT_FLOOR >= GL_PORT_TRIES; i++) {
+        int port = GL_PORT_FLOOR + (int)(rand_r(&seed) % (unsigned)(lo - GL_PORT_FLOOR));
+        if (port_free(port))
+            return port;
+    }
+    /* no room below the range (or every try taken): the kernel's pick */
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
     socklen_t len = sizeof sa;
@@ -190,5 +219,6 @@ int gl_free_port(void) {
         port = ntohs(sa.sin_port);
     if (fd >= 0)
         close(fd);
+    (void)hi;
     return port;
 }

@@ -27,8 +27,12 @@ int gl_endpoint_check(const gl_config *cfg);
  * socket.getfqdn(): in a Kubernetes JobSet pod only <pod>.<subdomain> and
  * the FQDN resolve, not the bare pod name), else the host name itself. */
 void gl_endpoint_fqdn(const char *hostname, char *out, size_t len);
-/* A TCP port free on this machine now (the kernel's pick), 0 when none can
- * be had: a round's master port. */
+/* A round's master port: a TCP port free on this machine now, chosen at
+ * random between GL_PORT_FLOOR and the kernel's ephemeral range (so that no
+ * socket made meanwhile is given it), GL_PORT_TRIES tries; else the kernel's
+ * pick; 0 when none can be had. */
+#define GL_PORT_FLOOR 10000
+#define GL_PORT_TRIES 64
 int gl_free_port(void);
 
 #endif

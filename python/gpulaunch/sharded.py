@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import json
 import math
 import sys
@@ -181,15 +182,22 @@ class ShardedElastic(Elastic):
     """Elastic for a model sharded by FSDP2 (or HSDP). build(): makes the
     model (fully_shard on a mesh of the current process group) and its
     optimizer, returns (model, optimizer); called in start() and after every
-    re-formation. el.model and el.optimizer are the current ones. Other
+    re-formation. A build that takes one argument is told whether the
+    parameters are filled from memory right after (True: it may make the
+    model on the meta device and allocate it with to_empty() instead of
+    initializing it, most of a large model's re-formation otherwise; its
+    buffers it must still set). el.model and el.optimizer are the current ones. Other
     arguments: Elastic's (no ddp_kwargs or comm_hook: FSDP2 does the
     collectives)."""
 
-    def __init__(self, build: Callable[[], tuple[Any, Any]], mirror_every: int = 0, **kw: Any) -> None:
+    def __init__(self, build: Callable[..., tuple[Any, Any]], mirror_every: int = 0, **kw: Any) -> None:
         super().__init__(None, None, **kw)
         if mirror_every < 0:
             raise ValueError("mirror_every must be >= 0 (0: no copies in peers' memory)")
         self._build = build
+        # build(fill): told whether its parameters are filled from memory right after
+        self._build_fill = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                               for p in inspect.signature(build).parameters.values())
         self._mirror_every = mirror_every
         self._mirror: Optional[_mirror.Mirror] = None  # this round's snapshot and its copies at the buddy
         self._mirror_head = 0  # bytes of the snapshot's description area
@@ -337,13 +345,15 @@ class ShardedElastic(Elastic):
         return tensors, {"v": 1, "step": done, "rank": self.rank, "world": self.world_size,
                          "extra": extra, "groups": groups, "state": state}
 
-    def _new_model(self) -> None:
-        """The program's model and optimizer on this round's group; the
-        mesh's own connections count as the group's (the watcher shuts them
-        down too when the round ends)."""
+    def _new_model(self, fill: bool = False) -> None:
+        """The program's model and optimizer on this round's group (fill: its
+        parameters are filled from memory right after, for a build(fill)
+        that can skip their initialization); the mesh's own connections
+        count as the group's (the watcher shuts them down too when the round
+        ends)."""
         if self.model is not None:
             self._old = (self._sharded, self.optimizer)
-        self.model, self.optimizer = self._build()
+        self.model, self.optimizer = self._build(fill) if self._build_fill else self._build()
         # the sharded parameters by name, as they are now: FSDP2 puts the
         # gathered ones on the module during forward and backward, and a step
         # cut short may leave them there (these stay what the optimizer steps)
@@ -379,8 +389,8 @@ class ShardedElastic(Elastic):
         mine = (done if held is not None else -1, held)
         infos: list[Any] = [None] * self.world_size
         dist.all_gather_object(infos, mine)
-        self._new_model()
         stated = [(r, h, place) for r, (h, place) in enumerate(infos) if h >= 0 and place is not None]
+        self._new_model(fill=bool(stated))
         if not stated:
             self._plan = None
             return -1, -1, 0, False, False

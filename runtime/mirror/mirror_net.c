@@ -102,40 +102,22 @@ void mirror_hash(void *const bufs[], const size_t sizes[], int n,
     EVP_MD_CTX_free(h);
 }
 
-/* Sends the n buffers (the header already sent), hashing them; then the digest. */
-static int send_bufs(int fd, void *const bufs[], const size_t sizes[], int n,
-                     unsigned char digest[MIRROR_DIGEST]) {
+/* The n buffers through fd, hashed as they go, then the digest: sent after
+ * them (send_: digest gets it), or received and compared with the hash of
+ * what came (*match). stop (read under mu) cuts a receive off when set. */
+static int stream_bufs(int fd, void *const bufs[], const size_t sizes[], int n, int send_,
+                       const int *stop, pthread_mutex_t *mu, unsigned char digest[MIRROR_DIGEST],
+                       int *match) {
     EVP_MD_CTX *h = EVP_MD_CTX_new();
     int err = h && EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1 ? 0 : ENOMEM;
     for (int i = 0; i < n && !err; i++)
         for (size_t off = 0; off < sizes[i] && !err;) {
             size_t k = sizes[i] - off < MIRROR_PIECE ? sizes[i] - off : MIRROR_PIECE;
             uint8_t *p = (uint8_t *)bufs[i] + off;
-            EVP_DigestUpdate(h, p, k);
-            err = io_all(fd, p, k, 1);
-            off += k;
-        }
-    if (!err) {
-        unsigned int dl = 0;
-        EVP_DigestFinal_ex(h, digest, &dl);
-        err = io_all(fd, digest, MIRROR_DIGEST, 1);
-    }
-    EVP_MD_CTX_free(h);
-    return err;
-}
-
-/* Receives total bytes into the n buffers, hashing them; then the sender's
- * digest: *match says whether the two agree. */
-static int recv_bufs(int fd, void *const bufs[], const size_t sizes[], int n, const int *stop,
-                     pthread_mutex_t *mu, unsigned char digest[MIRROR_DIGEST], int *match) {
-    EVP_MD_CTX *h = EVP_MD_CTX_new();
-    int err = h && EVP_DigestInit_ex(h, EVP_sha256(), NULL) == 1 ? 0 : ENOMEM;
-    for (int i = 0; i < n && !err; i++)
-        for (size_t off = 0; off < sizes[i] && !err;) {
-            size_t k = sizes[i] - off < MIRROR_PIECE ? sizes[i] - off : MIRROR_PIECE;
-            uint8_t *p = (uint8_t *)bufs[i] + off;
-            err = io_all(fd, p, k, 0);
-            if (!err)
+            if (send_)
+                EVP_DigestUpdate(h, p, k);
+            err = io_all(fd, p, k, send_);
+            if (!err && !send_)
                 EVP_DigestUpdate(h, p, k);
             off += k;
             if (stop && mu) {
@@ -148,9 +130,10 @@ static int recv_bufs(int fd, void *const bufs[], const size_t sizes[], int n, co
     unsigned char mine[MIRROR_DIGEST];
     if (!err) {
         unsigned int dl = 0;
-        EVP_DigestFinal_ex(h, mine, &dl);
-        err = io_all(fd, digest, MIRROR_DIGEST, 0);
-        *match = !err && memcmp(mine, digest, MIRROR_DIGEST) == 0;
+        EVP_DigestFinal_ex(h, send_ ? digest : mine, &dl);
+        err = io_all(fd, digest, MIRROR_DIGEST, send_);
+        if (!send_)
+            *match = !err && memcmp(mine, digest, MIRROR_DIGEST) == 0;
     }
     EVP_MD_CTX_free(h);
     return err;
@@ -232,7 +215,7 @@ static void take_push(gpl_mirror_t m, int fd, const mirror_hdr *h) {
             bs[i] = sizes[i];
             off += sizes[i];
         }
-        err = recv_bufs(fd, bufs, bs, h->nbuf, &m->frozen, &m->mu, s->digest, &match);
+        err = stream_bufs(fd, bufs, bs, h->nbuf, 0, &m->frozen, &m->mu, s->digest, &match);
     }
     pthread_mutex_lock(&m->mu);
     s->writing = 0;
@@ -433,7 +416,7 @@ static void *sender_main(void *p) {
         if (!err)
             err = io_all(fd, wire, sizeof(uint64_t) * (size_t)m->nbuf, 1);
         if (!err)
-            err = send_bufs(fd, m->bufs, m->sizes, m->nbuf, digest);
+            err = stream_bufs(fd, m->bufs, m->sizes, m->nbuf, 1, NULL, NULL, digest, NULL);
         if (!err)
             err = io_all(fd, &ans, 1, 0);
         atomic_store(&m->send_fd, -1);
@@ -541,7 +524,7 @@ gpl_result_t mirror_fetch_remote(gb_err *e, const char *addr, int port, uint32_t
                            owner, (unsigned long long)wire[i], bytes[i]);
             goto out;
         }
-    if ((err = recv_bufs(fd, bufs, bytes, n, NULL, NULL, digest, &match)) != 0)
+    if ((err = stream_bufs(fd, bufs, bytes, n, 0, NULL, NULL, digest, &match)) != 0)
         goto io;
     if (!match)
         rc = gb_seterr(e, GPL_ERR_CORRUPT,

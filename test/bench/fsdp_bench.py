@@ -202,6 +202,39 @@ def run_steady(a: argparse.Namespace, env: dict[str, str], every: int) -> tuple[
                 pass
 
 
+def loopback_mbs(nbytes: int) -> float:
+    """One TCP stream of nbytes over loopback, MB/s: what a push's socket
+    could move on this machine (the push also hashes on both ends)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    got = [0]
+
+    def sink() -> None:
+        c, _ = srv.accept()
+        while True:
+            b = c.recv(1 << 20)
+            if not b:
+                break
+            got[0] += len(b)
+        c.close()
+
+    th = threading.Thread(target=sink)
+    th.start()
+    buf = b"\0" * (4 << 20)
+    t0 = time.monotonic()
+    with socket.create_connection(srv.getsockname()) as c:
+        left = nbytes
+        while left > 0:
+            k = min(left, len(buf))
+            c.sendall(buf[:k])
+            left -= k
+    th.join()
+    took = time.monotonic() - t0
+    srv.close()
+    return got[0] / 1e6 / took
+
+
 def overhead(a: argparse.Namespace, env: dict[str, str]) -> int:
     base, _ = run_steady(a, env, 0)
     withc, summary = run_steady(a, env, a.overhead)
@@ -210,6 +243,10 @@ def overhead(a: argparse.Namespace, env: dict[str, str]) -> int:
     step = base / a.steps
     for line in sorted(summary):
         print(f"fsdp_bench: {line}")
+    sizes = [float(m[1]) for line in summary for m in [re.search(r"snapshot ([\d.]+) MB", line)] if m]
+    if sizes:
+        print(f"fsdp_bench: one loopback TCP stream of {max(sizes):.0f} MB in the same run: "
+              f"{loopback_mbs(int(max(sizes) * 1e6)):.0f} MB/s")
     print(f"fsdp_bench: {a.steps} steps: {base:.2f} s without copies, {withc:.2f} s with copies every "
           f"{a.overhead} ({pushes} pushes): {per_push:+.3f} s a push against a step of {step:.2f} s; "
           f"at K = 50: {100.0 * per_push / (50 * step):+.2f} % of the training time")
