@@ -28,6 +28,7 @@ TestSuite(mirror_live, .fini = teardown, .timeout = 150);
 
 #define STEPS "600"
 #define EVERY "10"
+#define EVERY_N 10
 
 /* The parameters of an uninterrupted run (2 ranks, one launcher). */
 static void reference(const char *steps, char out[65]) {
@@ -63,11 +64,11 @@ static long expect_from_copies(const int *hosts, int n) {
             char *end;
             long st = strtol(s + strlen("going on after step "), &end, 10);
             long lost = strncmp(end, " (", 2) == 0 ? strtol(end + 2, NULL, 10) : -1;
-            cr_expect(lost >= 0 && lost <= atol(EVERY), "host%d lost %ld steps: %.120s", hosts[i],
-                      lost, s);
+            cr_expect(lost >= 0 && lost <= EVERY_N, "host%d lost %ld steps: %.120s", hosts[i], lost,
+                      s);
             cr_expect(strstr(s, "shards from the copies in peers' memory") != NULL,
                       "host%d: %.120s", hosts[i], s);
-            cr_expect_eq(st % atol(EVERY), 0, "host%d went back to step %ld", hosts[i], st);
+            cr_expect_eq(st % EVERY_N, 0, "host%d went back to step %ld", hosts[i], st);
             after = st;
             lines++;
         }
