@@ -411,7 +411,8 @@ def main(argv: list[str]) -> int:
             src = "the copies in peers' memory" if el.from_copies else f"the memory of {r.survivors} ranks"
             print(f"rank {rank} (was {was}): round {r.round} re-formed in place, world {world}, going on "
                   f"after step {r.step} ({r.lost} lost), shards from {src} in "
-                  f"{1000.0 * r.seconds:.1f} ms (the copy {1000.0 * r.copy_s:.1f} ms)", flush=True)
+                  f"{1000.0 * r.seconds:.1f} ms (the copy {1000.0 * r.copy_s:.1f} ms, the build "
+                  f"{1000.0 * el.build_s:.1f} ms)", flush=True)
             first = True
     took = time.monotonic() - t0
     if ckpt is not None and not preempted:

@@ -611,6 +611,31 @@ Test(ckpt, a_state_size_given_at_setup_faults_the_staging_buffer_in_before_the_f
     free(b.data);
 }
 
+Test(ckpt, the_staging_buffer_grows_twice_past_a_size_of_no_whole_pages) {
+    /* a first save of 70 MiB + 5 bytes, then one of 140 MiB: the second growth
+     * starts where the first ended */
+    blob b = {malloc(140u << 20), (70u << 20) + 5, 0, 0};
+    cr_assert_not_null(b.data);
+    memset(b.data, 7, 140u << 20);
+    gpl_comm_t c = NULL;
+    cr_assert_eq(gpl_init(NULL, &c), GPL_OK);
+    gpl_ckpt_options o = GPL_CKPT_OPTIONS_INIT;
+    o.dir = dir;
+    o.every_steps = 1;
+    o.handle_sigterm = 0;
+    cr_assert_eq(gpl_ckpt_setup(c, &o, blob_save, blob_load, &b), GPL_OK, "%s", gpl_last_error(c));
+    cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    b.len = 140u << 20;
+    cr_assert_eq(gpl_step_end(c, 2), GPL_OK, "%s", gpl_last_error(c));
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    gpl_finalize(c);
+    char path[256];
+    snprintf(path, sizeof path, "%s/step-%012d/COMPLETE", dir, 2);
+    cr_expect_eq(access(path, F_OK), 0, "step 2 is not complete");
+    free(b.data);
+}
+
 Test(ckpt, a_durable_directory_outlives_the_local_one_and_mends_a_torn_local_file) {
     char local[128], durable[128], cmd[512];
     snprintf(local, sizeof local, "%s/nvme", dir);

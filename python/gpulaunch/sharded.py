@@ -206,6 +206,7 @@ class ShardedElastic(Elastic):
         self.mirror_stall_s = 0.0  # the last mirror()'s time in the training loop
         self.mirror_pushes = 0
         self.from_copies = False  # the last agreement went back to the copies in peers' memory
+        self.build_s = 0.0  # the last build()'s time
         self._plan: Optional[_Plan] = None
         self._place: Optional[tuple[int, int, int]] = None  # (world, rank, shards) the state was built in
         self._old: Optional[tuple[dict[str, Any], Any]] = None  # the last round's parameters and optimizer
@@ -353,7 +354,9 @@ class ShardedElastic(Elastic):
         ends)."""
         if self.model is not None:
             self._old = (self._sharded, self.optimizer)
+        t0 = time.monotonic()
         self.model, self.optimizer = self._build(fill) if self._build_fill else self._build()
+        self.build_s = time.monotonic() - t0
         # the sharded parameters by name, as they are now: FSDP2 puts the
         # gathered ones on the module during forward and backward, and a step
         # cut short may leave them there (these stay what the optimizer steps)

@@ -29,9 +29,10 @@ gpl_result_t ckpt_stage_init(ckpt_stage *s, gb_err *err) {
 /* Makes [0, end) usable (end <= CKPT_STAGE_RESERVE). */
 static gpl_result_t grow(ckpt_stage *s, uint64_t end, gb_err *err) {
     if (end > s->committed) {
-        uint64_t want = end - s->committed;
-        if (want < CKPT_STAGE_GROW)
-            want = CKPT_STAGE_GROW;
+        /* whole CKPT_STAGE_GROW steps: the next growth starts page-aligned
+         * (mprotect refuses another start with EINVAL) */
+        uint64_t want =
+            (end - s->committed + CKPT_STAGE_GROW - 1) / CKPT_STAGE_GROW * CKPT_STAGE_GROW;
         if (s->committed + want > CKPT_STAGE_RESERVE)
             want = CKPT_STAGE_RESERVE - s->committed;
         if (mprotect(s->base + s->committed, want, PROT_READ | PROT_WRITE) != 0)

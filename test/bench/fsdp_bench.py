@@ -157,8 +157,9 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
         done_at = sorted(t for n in survivors for t, m in n.find(r"^step (\d+) loss ") if t > t_first)
         step_s = done_at[1] - done_at[0] if len(done_at) >= 2 else float("nan")
         loaded = any(n.find("loaded into") for n in survivors)
-        reform = [float(m[1]) for n in survivors
-                  for _, m in n.find(r"re-formed in place, .* in ([\d.]+) ms \(the copy")]
+        reform = [f"{float(m[1]):.0f} (copy {float(m[2]):.0f}, build {float(m[3]):.0f})" for n in survivors
+                  for _, m in n.find(r"re-formed in place, .* in ([\d.]+) ms \(the copy ([\d.]+) ms, the build "
+                                     r"([\d.]+) ms\)")]
         return {"way": way, "told_to_first_s": t_first - t_kill, "first_step": int(fm[1]),
                 "lost": a.at - int(fm[1]), "read": ck_bytes if loaded else 0, "reform_ms": reform,
                 "startup_s": t_kill - t_start, "step_s": step_s, "state": state[0] if state else "?"}
@@ -167,6 +168,12 @@ def run_way(way: str, a: argparse.Namespace, env: dict[str, str]) -> dict[str, o
             n.kill()
         if rdzv is not None:
             rdzv.kill()
+        if a.logs:  # every process's output, for a run that went wrong
+            a.logs.mkdir(parents=True, exist_ok=True)
+            for n in [*procs, *([rdzv] if rdzv else [])]:
+                with n.lock:
+                    text = "".join(f"{t:.3f} {line.rstrip()}\n" for t, line in n.lines)
+                (a.logs / f"{way}-{n.name}.log").write_text(text)
         for n in [*procs, *([rdzv] if rdzv else [])]:
             try:
                 n.p.wait(timeout=10)
@@ -263,6 +270,7 @@ def main() -> int:
     ap.add_argument("--ways", default="live,restart,torchrun")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--overhead", type=int, default=0, help="copies every K steps against none, no kill")
+    ap.add_argument("--logs", type=Path, default=None, help="write each process's output here")
     a = ap.parse_args()
     a.build = a.build.resolve()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULAUNCH_", "PET_", "TORCH"))}
@@ -279,7 +287,7 @@ def main() -> int:
         print(f"fsdp_bench: {way}: first step in the 4-rank world {r['told_to_first_s']:.2f} s after the kill "
               f"(a step takes {r['step_s']:.2f} s there), "
               f"{r['lost']} steps lost, {int(r['read']) / 1e6:.0f} MB read from storage"
-              + (f", re-formation {', '.join(f'{x:.0f}' for x in r['reform_ms'])} ms"  # type: ignore[union-attr]
+              + (f", re-formation {'; '.join(r['reform_ms'])} ms"  # type: ignore[arg-type]
                  if r["reform_ms"] else ""), flush=True)
     print(f"\n{'way':10} {'kill -> first step (s)':>24} {'of which the step (s)':>22} {'steps lost':>11} "
           f"{'read (MB)':>10}")

@@ -67,7 +67,7 @@ def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job:
     for p in survivors:
         assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
     pat = (r"^rank (\d+) \(was \d+\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
-           r"\((\d+) lost\), shards from the memory of (\d+) ranks in ([\d.]+) ms \(the copy ([\d.]+) ms\)$")
+           r"\((\d+) lost\), shards from the memory of (\d+) ranks in ([\d.]+) ms \(the copy ([\d.]+) ms, the build [\d.]+ ms\)$")
     got = [m for p in survivors for _, m in p.find(pat)]
     after_kill = [m for m in got if m[2] == "4"]
     after_join = [m for m in got if m[2] == "6"]
@@ -142,7 +142,7 @@ def test_fsdp_node_killed_goes_back_to_the_copies_in_peers_memory_as_a_restart_w
     for p in survivors:
         assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
     pat = (r"^rank (\d+) \(was \d+\): round \d+ re-formed in place, world 4, going on after step (\d+) "
-           r"\((\d+) lost\), shards from the copies in peers' memory in ([\d.]+) ms \(the copy ([\d.]+) ms\)$")
+           r"\((\d+) lost\), shards from the copies in peers' memory in ([\d.]+) ms \(the copy ([\d.]+) ms, the build [\d.]+ ms\)$")
     got = [m for p in survivors for _, m in p.find(pat)]
     assert len(got) == 4 and {(m[2], m[3]) for m in got} == {("12", "2")}, job.dump()
     assert not any(p.find("loaded into") for p in survivors), f"a checkpoint was read:\n{job.dump()}"
