@@ -8,6 +8,7 @@ restart replay of the same sequence. Needs torch >= 2.6 (fully_shard)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -20,11 +21,14 @@ from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
 
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
 
-def kill_the_held_node(job: Job, nodes: list, at: int, complete: Path, ck: Path, ck_copy: Path) -> tuple:
+def kill_the_held_node(job: Job, nodes: list, at: int, complete: Path, ck: Path, ck_copy: Path,
+                       vanish: bool = False) -> tuple:
     """Once rank 4 holds before step `at`, every rank reached it and the
     checkpoint marker `complete` exists: copies ck (the restart replay's
-    start), SIGKILLs rank 4's node; returns (survivors, their workers' pids,
-    the kill's time)."""
+    start), SIGKILLs rank 4's node (vanish: SIGSTOPs its launcher and
+    workers instead: nothing closes, its heartbeats stop; the caller kills
+    it at the end); returns (survivors, their workers' pids, the fault's
+    time)."""
     (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {at}$", 1, 180)
     wait_for(job, nodes, rf"^rank \d+ reached step {at}$", 6, 60)
     until = time.monotonic() + 30
@@ -35,6 +39,11 @@ def kill_the_held_node(job: Job, nodes: list, at: int, complete: Path, ck: Path,
     survivors = [p for p in nodes if p is not held]
     before = {p.name: pids(p) for p in survivors}
     t_kill = time.monotonic()
+    if vanish:
+        for pid in pids(held):
+            os.kill(pid, signal.SIGSTOP)
+        held.signal(signal.SIGSTOP)
+        return survivors, before, t_kill
     held.signal(signal.SIGKILL)
     held.wait(10)
     return survivors, before, t_kill

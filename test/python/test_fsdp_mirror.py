@@ -6,6 +6,8 @@ and three launchers of two workers each (--nnodes 2:3). Needs torch >= 2.6
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,11 +18,14 @@ from test_fsdp_live import kill_the_held_node
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
 
 
-def test_fsdp_node_killed_goes_back_to_the_copies_in_peers_memory_as_a_restart_would(
-        job: Job, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["killed", "vanished"])
+def test_fsdp_node_lost_goes_back_to_the_copies_in_peers_memory_as_a_restart_would(
+        job: Job, tmp_path: Path, fault: str) -> None:
     """FSDP over every rank with --mirror-every 4: each rank's shards are
     copied to the same local rank on the next node every 4 steps. A node
-    killed while the job waits for its rank 4 before step 14: the survivors
+    killed (or vanished: its launcher and workers stopped, nothing closed,
+    found by the heartbeat timeout) while the job waits for its rank 4
+    before step 14: the survivors
     keep their processes, go back to step 12 (2 steps lost) from their own
     snapshots and the killed ranks' copies at their buddies, reshard 6 ways
     into 4 in memory (nothing read from storage) and end bitwise equal to a
@@ -30,9 +35,16 @@ def test_fsdp_node_killed_goes_back_to_the_copies_in_peers_memory_as_a_restart_w
     args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5", "--mirror-every", "4")
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", "4")
     nodes = [job.node(f"node{i}", "--hold", f"4:{at}", *args, *ckargs, program=TRAIN_FSDP) for i in range(3)]
-    survivors, before, t_kill = kill_the_held_node(job, nodes, at, ck / "step-000000000012" / "COMPLETE", ck, ck_copy)
+    survivors, before, t_kill = kill_the_held_node(job, nodes, at, ck / "step-000000000012" / "COMPLETE", ck, ck_copy,
+                                                   vanish=fault == "vanished")
+    held = next(p for p in nodes if p not in survivors)
     for p in survivors:
         assert p.wait(180) == 0, job.dump()
+    if fault == "vanished":
+        for pid in pids(held):
+            os.kill(pid, signal.SIGKILL)
+        held.signal(signal.SIGKILL)
+        held.wait(10)
     took = first_step_after(job, survivors, 4, t_kill)
     for p in survivors:
         assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
@@ -47,5 +59,5 @@ def test_fsdp_node_killed_goes_back_to_the_copies_in_peers_memory_as_a_restart_w
     four = train(4, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
     assert four.has(r"train_fsdp: step 12's checkpoint of 6 ranks loaded into 4 \(fsdp\), at sample 144"), str(four)
     assert four.sha() == set(sha.values()).pop(), f"live (copies) and restart differ:\n{job.dump()}\n{four}"
-    print(f"test_fsdp: FSDP node killed, copies in peers' memory: first step in the 4-rank world {took:.2f} s "
-          f"after SIGKILL; re-formation {', '.join(m[4] for m in got)} ms (copies {', '.join(m[5] for m in got)} ms)")
+    print(f"test_fsdp: FSDP node {fault}, copies in peers' memory: first step in the 4-rank world {took:.2f} s "
+          f"after the fault; re-formation {', '.join(m[4] for m in got)} ms (copies {', '.join(m[5] for m in got)} ms)")
