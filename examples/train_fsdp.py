@@ -446,4 +446,11 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Everything is said and written: leave without the interpreter's
+    # finalization, where Gloo's C++ threads still holding tensors can abort
+    # the process ("terminate called without an active exception", SIGABRT)
+    # after a run that succeeded (pytorch/pytorch#179291).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
