@@ -196,10 +196,10 @@ int gl_free_port(void) {
      * from: no socket made on the machine between this check and the
      * workers' bind can be given the port (one drawn from the range could:
      * EADDRINUSE in the worker that hosts the store) */
-    int lo = 32768, hi = 60999;
+    int lo = 32768; /* the range's first port; Linux's default */
     FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (f) {
-        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+        if (fscanf(f, "%d", &lo) != 1)
             lo = 32768;
         fclose(f);
     }
@@ -219,6 +219,5 @@ int gl_free_port(void) {
         port = ntohs(sa.sin_port);
     if (fd >= 0)
         close(fd);
-    (void)hi;
     return port;
 }

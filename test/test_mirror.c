@@ -215,3 +215,35 @@ Test(mirror, one_node_pairs_its_ranks_and_says_so, .timeout = 60) {
     cr_expect(strstr(res.msg[0], "buddy 1 same_node 1"), "%s", res.msg[0]);
     cr_expect(strstr(res.msg[2], "holder 0 view 0"), "%s", res.msg[2]);
 }
+
+/* The bounds: buffers past GPL_MIRROR_MAX_BUFS, a buffer after the first
+ * push, another options version; each refused with its message. */
+static int bounds_rank(gpl_comm_t c, void *arg, char *msg, size_t len) {
+    (void)arg;
+    static uint8_t b[GPL_MIRROR_MAX_BUFS + 1];
+    gpl_mirror_options o = GPL_MIRROR_OPTIONS_INIT;
+    gpl_mirror_t m = NULL;
+    o.version = 99;
+    gpl_result_t v = gpl_mirror_create(c, &o, &m);
+    int bad = v != GPL_ERR_INVALID_ARG || !strstr(gpl_last_error(c), "options version 99");
+    if (gpl_mirror_create(c, NULL, &m) != GPL_OK)
+        return 2;
+    gpl_result_t rc = GPL_OK;
+    int i = 0;
+    for (; i <= GPL_MIRROR_MAX_BUFS && rc == GPL_OK; i++)
+        rc = gpl_mirror_register(m, &b[i], 1);
+    bad |= rc != GPL_ERR_LIMIT || i != GPL_MIRROR_MAX_BUFS + 1 ||
+           !strstr(gpl_mirror_last_error(m), "GPL_MIRROR_MAX_BUFS");
+    bad |= gpl_mirror_stage(m) != GPL_OK || gpl_mirror_push(m, 1) != GPL_OK;
+    gpl_result_t late = gpl_mirror_register(m, b, 1);
+    bad |= late != GPL_ERR_STATE || !strstr(gpl_mirror_last_error(m), "before the first push");
+    snprintf(msg, len, "version %d, limit %d after %d, late %d: %s", (int)v, (int)rc, i, (int)late,
+             gpl_mirror_last_error(m));
+    gpl_mirror_destroy(m);
+    return bad;
+}
+
+Test(mirror, its_limits_and_misuse_are_refused_with_their_reason, .timeout = 60) {
+    rt_result res;
+    expect_ok(1, &res, rt_run(1, 1, bounds_rank, NULL, NULL, &res, 50000));
+}

@@ -1,6 +1,7 @@
 /* Copies of sharded state in peers' memory: the public API (gpulaunch.h,
  * gpl_mirror_*) and the agreement after a loss (see mirror_int.h). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,10 +83,8 @@ gpl_result_t gpl_mirror_create(gpl_comm_t c, const gpl_mirror_options *opts, gpl
         if (c->nnodes > 1 && c->node_base && c->node_size) {
             int nn = (c->node_rank + 1) % c->nnodes;
             m->buddy = c->node_base[nn] + c->local_rank % c->node_size[nn];
-        } else {
+        } else
             m->buddy = (c->rank + 1) % c->world;
-            m->buddy_same_node = 1;
-        }
         const mirror_rec *b = &all[m->buddy];
         snprintf(m->buddy_addr, sizeof m->buddy_addr, "%s",
                  b->node == c->node_rank ? "127.0.0.1" : b->addr);
@@ -107,17 +106,17 @@ gpl_result_t gpl_mirror_register(gpl_mirror_t m, void *buf, size_t bytes) {
     if (m == NULL || (buf == NULL && bytes > 0))
         return GPL_ERR_INVALID_ARG;
     gb_clearerr(&m->err);
+    if (m->own_step >= 0 || m->sending)
+        return gb_seterr(&m->err, GPL_ERR_STATE,
+                         "gpl_mirror_register: rank %d: buffers are registered before the first "
+                         "push",
+                         m->rank);
     if (m->nbuf >= GPL_MIRROR_MAX_BUFS)
         return gb_seterr(
             &m->err, GPL_ERR_LIMIT,
             "gpl_mirror_register: rank %d: more than %d buffers (GPL_MIRROR_MAX_BUFS); "
             "register one buffer holding several tensors",
             m->rank, GPL_MIRROR_MAX_BUFS);
-    if (m->own_step >= 0 || m->sending)
-        return gb_seterr(&m->err, GPL_ERR_STATE,
-                         "gpl_mirror_register: rank %d: buffers are registered before the first "
-                         "push",
-                         m->rank);
     m->bufs[m->nbuf] = buf;
     m->sizes[m->nbuf++] = bytes;
     m->total += bytes;
@@ -260,33 +259,42 @@ static void freeze(gpl_mirror_t m) {
         m->own_digest_ok = 1;
     }
     pthread_mutex_lock(&m->mu);
-    for (;;) {
+    for (;;) { /* a push being received sees frozen and ends (take_push signals cv) */
         int writing = 0;
         for (int i = 0; i < MIRROR_SLOTS_MAX; i++)
             writing |= m->slot[i].used && m->slot[i].writing;
         if (!writing)
             break;
-        pthread_mutex_unlock(&m->mu);
-        usleep(1000);
-        pthread_mutex_lock(&m->mu);
+        pthread_cond_wait(&m->cv, &m->mu);
     }
     pthread_mutex_unlock(&m->mu);
 }
 
-/* The new rank holding old rank `owner`'s copy at step in round: the rank
- * that was it, else the lowest holding its buddy's copy; -1: none. */
-static int holder_of(const mirror_rec *recs, int n, int round, int owner, int64_t step) {
-    for (int r = 0; r < n; r++)
-        if (recs[r].has && recs[r].round == round && recs[r].rank == owner &&
-            recs[r].own_step == step)
-            return r;
-    for (int r = 0; r < n; r++)
-        if (recs[r].has)
-            for (int k = 0; k < recs[r].nheld; k++)
-                if (recs[r].held[k].owner == owner && recs[r].held[k].round == round &&
-                    recs[r].held[k].step == step)
-                    return r;
-    return -1;
+/* Fills holder[o] (o < world) with the new rank holding old rank o's copy
+ * of step in round: the rank that was it, else the lowest holding its
+ * buddy's copy; -1: none. One pass over the records. Returns how many old
+ * ranks have none. */
+static int holders_at(const mirror_rec *recs, int n, int round, int world, int64_t step,
+                      int *holder) {
+    for (int o = 0; o < world; o++)
+        holder[o] = -1;
+    for (int r = 0; r < n; r++) { /* first the owners themselves */
+        const mirror_rec *x = &recs[r];
+        if (x->has && x->round == round && x->own_step == step && x->rank >= 0 && x->rank < world &&
+            holder[x->rank] < 0)
+            holder[x->rank] = r;
+    }
+    for (int r = 0; r < n; r++) /* then the buddies, the lowest rank first */
+        for (int k = 0; recs[r].has && k < recs[r].nheld; k++) {
+            int o = recs[r].held[k].owner;
+            if (recs[r].held[k].round == round && recs[r].held[k].step == step && o >= 0 &&
+                o < world && holder[o] < 0)
+                holder[o] = r;
+        }
+    int missing = 0;
+    for (int o = 0; o < world; o++)
+        missing += holder[o] < 0;
+    return missing;
 }
 
 gpl_result_t gpl_mirror_agree(gpl_comm_t c, gpl_mirror_t m, gpl_mirror_plan_t *out) {
@@ -352,35 +360,37 @@ gpl_result_t gpl_mirror_agree(gpl_comm_t c, gpl_mirror_t m, gpl_mirror_plan_t *o
         rc = GPL_ERR_NOMEM;
         goto out;
     }
-    /* the newest step every old rank has a copy of */
-    int64_t best = -1, newest = -1;
-    for (int r = 0; r < c->world; r++) {
-        const mirror_rec *x = &p->recs[r];
-        if (!x->has || x->round != round)
-            continue;
-        int64_t cand[MIRROR_REC_HELD + 1];
-        int nc = 0;
-        cand[nc++] = x->own_step;
-        for (int k = 0; k < x->nheld; k++)
-            if (x->held[k].round == round)
-                cand[nc++] = x->held[k].step;
-        for (int k = 0; k < nc; k++) {
-            int64_t s = cand[k];
-            if (s < 0 || s <= best)
+    /* the newest step every old rank has a copy of: the steps any rank
+     * holds, newest first, each checked in one pass */
+    int64_t best = -1, newest = -1, tried = INT64_MAX;
+    for (;;) {
+        int64_t s = -1;
+        for (int r = 0; r < c->world; r++) {
+            const mirror_rec *x = &p->recs[r];
+            if (!x->has || x->round != round)
                 continue;
-            newest = s > newest ? s : newest;
-            int ok = 1;
-            for (int o = 0; o < world && ok; o++)
-                ok = holder_of(p->recs, c->world, round, o, s) >= 0;
-            if (ok)
-                best = s;
+            if (x->own_step < tried && x->own_step > s)
+                s = x->own_step;
+            for (int k = 0; k < x->nheld; k++)
+                if (x->held[k].round == round && x->held[k].step < tried && x->held[k].step > s)
+                    s = x->held[k].step;
         }
+        if (s < 0)
+            break;
+        newest = newest < 0 ? s : newest;
+        if (holders_at(p->recs, c->world, round, world, s, p->holder) == 0) {
+            best = s;
+            break;
+        }
+        tried = s;
     }
     if (best < 0) {
         char miss[256] = "";
         size_t len = 0;
+        if (newest >= 0)
+            holders_at(p->recs, c->world, round, world, newest, p->holder);
         for (int o = 0; o < world && newest >= 0 && len + 16 < sizeof miss; o++)
-            if (holder_of(p->recs, c->world, round, o, newest) < 0)
+            if (p->holder[o] < 0)
                 len += (size_t)snprintf(miss + len, sizeof miss - len, "%s%d", len ? ", " : "", o);
         rc = gb_seterr(&c->err, GPL_ERR_STATE,
                        "gpl_mirror_agree: rank %d: no step has a copy of every rank of round %d's "
@@ -390,8 +400,6 @@ gpl_result_t gpl_mirror_agree(gpl_comm_t c, gpl_mirror_t m, gpl_mirror_plan_t *o
         goto out;
     }
     p->step = best;
-    for (int o = 0; o < world; o++)
-        p->holder[o] = holder_of(p->recs, c->world, round, o, best);
 out:
     if (rc != GPL_OK) {
         gpl_mirror_plan_free(p);

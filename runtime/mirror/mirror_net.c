@@ -219,6 +219,7 @@ static void take_push(gpl_mirror_t m, int fd, const mirror_hdr *h) {
     }
     pthread_mutex_lock(&m->mu);
     s->writing = 0;
+    pthread_cond_broadcast(&m->cv); /* freeze() waits for it */
     if (!err && match && !m->frozen) {
         s->valid = 1;
         s->step = h->step;

@@ -128,6 +128,21 @@ def test_collectives_on_four_ranks() -> None:
     need_torch()
 
 
+def test_master_port_is_below_the_ephemeral_range() -> None:
+    """The round's MASTER_PORT is chosen below the kernel's ephemeral range,
+    so no socket made before the workers bind it can be given it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo = int(f.read().split()[0])
+    ports = set()
+    for _ in range(3):
+        p = subprocess.run([str(LAUNCHER), "--standalone", "--nproc-per-node", "1", "--no-python", "sh", "-c",
+                            "echo port=$MASTER_PORT"], env=child_env(), capture_output=True, text=True, timeout=60)
+        m = re.search(r"port=(\d+)", p.stdout)
+        assert p.returncode == 0 and m, describe(p)
+        ports.add(int(m[1]))
+    assert all(10000 <= port < lo for port in ports), f"{ports} (ephemeral range from {lo})"
+
+
 def test_world_of_one_and_argument_errors() -> None:
     with gpulaunch.Comm("cpu") as c:
         assert (c.rank, c.world_size, c.backend) == (0, 1, "cpu")
