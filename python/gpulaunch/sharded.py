@@ -54,7 +54,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import json
 import math
 import sys
 import time
@@ -62,12 +61,11 @@ from typing import Any, Callable, Optional
 
 from . import _mirror
 from . import _native as N
+from . import _snapshot
 from . import _procfs
 from ._native import Error
 from .elastic import Elastic
 
-_ALIGN = 64  # bytes: where each tensor of a snapshot starts
-_HEAD_MIN = 1 << 16  # bytes reserved at a snapshot's start for its description
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,89 +81,6 @@ def _chunk_rows(n: int, parts: int, j: int) -> tuple[int, int]:
     c = math.ceil(n / parts) if n else 0
     a = min(j * c, n)
     return a, min(a + c, n)
-
-
-def _dtype(t: Any, name: str) -> Any:
-    return getattr(t, name.rsplit(".", 1)[-1])
-
-
-class _LiveSource:
-    """The last round's shards where they are: its parameters and optimizer."""
-
-    def __init__(self, t: Any, params: dict[str, Any], opt: Any, extra: Any) -> None:
-        self._t, self._params, self._opt, self._extra = t, params, opt, extra
-
-    def head(self) -> dict[str, Any]:
-        t = self._t
-        DTensor = importlib.import_module("torch.distributed.tensor").DTensor
-        ids = {id(p): n for n, p in self._params.items()}
-        state = {ids[id(p)]: {k: (isinstance(v, DTensor), tuple(v.shape), v.dtype) if t.is_tensor(v) else v
-                              for k, v in st.items()}
-                 for p, st in self._opt.state.items() if id(p) in ids}
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self._opt.param_groups]
-        return {"state": state, "groups": groups, "extra": self._extra}
-
-    def local(self, name: str, key: Optional[str], j: int) -> Any:
-        DTensor = importlib.import_module("torch.distributed.tensor").DTensor
-        x = self._params[name]
-        if key is not None:
-            x = self._opt.state[x][key]
-        return (x.to_local() if isinstance(x, DTensor) else x).detach()
-
-    def scalar(self, name: str, key: str) -> Any:
-        return self._opt.state[self._params[name]][key].detach()
-
-
-class _MirrorSource:
-    """The old world's shards at the agreed step from the snapshots and
-    copies this rank holds (views of gpl_mirror's memory, no copy)."""
-
-    def __init__(self, t: Any, plan: _mirror.Plan, held: dict[int, int]) -> None:
-        self._t = t
-        self._plan = plan
-        self._held = held  # old shard index -> the old rank whose copy this rank holds
-        self._views: dict[int, Any] = {}
-        self._heads: dict[int, dict[str, Any]] = {}
-        self._base: dict[int, int] = {}
-        for r in sorted(set(held.values())):
-            v = plan.view(t, r)
-            n = int.from_bytes(bytes(v[:8].tolist()), "little")
-            self._base[r] = int.from_bytes(bytes(v[8:16].tolist()), "little")
-            self._heads[r] = json.loads(bytes(v[16:16 + n].tolist()).decode())
-            self._views[r] = v
-        self._entries = {r: {(e[0], e[1]): e for e in h["entries"]} for r, h in self._heads.items()}
-
-    def head(self) -> dict[str, Any]:
-        t = self._t
-        h = self._heads[min(self._heads)]
-        state: dict[str, dict[str, Any]] = {}
-        for name, st in h["state"].items():
-            d: dict[str, Any] = {}
-            for k, v in st.items():
-                if v[0] == "t":
-                    d[k] = (True, tuple(v[1]), _dtype(t, v[2]))
-                elif v[0] == "s":
-                    d[k] = (False, tuple(v[2]), _dtype(t, v[3]))
-                else:
-                    d[k] = v[1]
-            state[name] = d
-        groups = [{k: tuple(v) if isinstance(v, list) else v for k, v in g.items()} for g in h["groups"]]
-        return {"state": state, "groups": groups, "extra": h["extra"]}
-
-    def local(self, name: str, key: Optional[str], j: int) -> Any:
-        r = self._held[j]
-        _, _, off, nb, shape, dtype = self._entries[r][(name, key)]
-        off += self._base[r]
-        return self._views[r][off:off + nb].view(_dtype(self._t, dtype)).view(shape)
-
-    def scalar(self, name: str, key: str) -> Any:
-        h = self._heads[min(self._heads)]
-        _, values, shape, dtype = h["state"][name][key]
-        return self._t.tensor(values, dtype=_dtype(self._t, dtype)).reshape(shape)
-
-    def close(self) -> None:
-        self._views.clear()
-        self._plan.close()
 
 
 def _reshard(model: Any) -> None:
@@ -255,20 +170,10 @@ class ShardedElastic(Elastic):
             return
         t0 = time.monotonic()
         t = self._torch
-        tensors, head = self._snapshot_parts(done)
-        entries: list[list[Any]] = []
-        off = 0
-        for name, key, x in tensors:
-            nb = x.numel() * x.element_size()
-            entries.append([name, key, off, nb, list(x.shape), str(x.dtype)])
-            off += -(-nb // _ALIGN) * _ALIGN
-        head["entries"] = entries
-        try:
-            text = json.dumps(head).encode()
-        except (TypeError, ValueError) as e:
-            raise Error(N.GPL_ERR_UNSUPPORTED, f"gpulaunch: rank {self.rank}: ShardedElastic.mirror: the "
-                        f"optimizer's settings or get_extra()'s value are not JSON ({e})",
-                        "GPL_ERR_UNSUPPORTED") from e
+        extra = self._get_extra() if self._get_extra is not None else None
+        tensors, text, nbytes = _snapshot.encode(t, self._sharded, self.optimizer,
+                                                 {"v": 1, "step": done, "rank": self.rank,
+                                                  "world": self.world_size, "extra": extra})
         if self._mirror is None:
             h = self._native.handle(self.rank, self.world_size, self.round)
             if h is None:
@@ -276,27 +181,17 @@ class ShardedElastic(Elastic):
                                  f"in peers' memory (mirror_every ignored)\n")
                 self._mirror_every = 0
                 return
-            self._mirror_head = max(_HEAD_MIN, -(-4 * (len(text) + 16) // 4096) * 4096)
+            self._mirror_head = _snapshot.base_for(text)
             cuda = any(x.is_cuda for _, _, x in tensors)
-            self._mirror = _mirror.Mirror(h, t, self._mirror_head + off, pin=cuda)
+            self._mirror = _mirror.Mirror(h, t, self._mirror_head + nbytes, pin=cuda)
         m = self._mirror
         base = self._mirror_head
-        if len(text) + 16 > base or m.snapshot.numel() != base + off:
+        if len(text) + 16 > base or m.snapshot.numel() != base + nbytes:
             raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: ShardedElastic.mirror: the state's "
-                        f"layout changed within round {self.round} ({base + off} bytes, the snapshot "
+                        f"layout changed within round {self.round} ({base + nbytes} bytes, the snapshot "
                         f"holds {m.snapshot.numel()})", "GPL_ERR_STATE")
         m.stage()
-        snap = m.snapshot
-        # [0, 8): the description's length, [8, 16): where the tensors begin, then the description
-        lengths = len(text).to_bytes(8, "little") + base.to_bytes(8, "little")
-        snap[:16].copy_(t.tensor(list(lengths), dtype=t.uint8))
-        snap[16:16 + len(text)].copy_(t.frombuffer(bytearray(text), dtype=t.uint8))
-        for (_, _, x), ent in zip(tensors, entries):
-            at, nb = int(ent[2]), int(ent[3])
-            if nb:
-                snap[base + at:base + at + nb].view(x.dtype).view(x.shape).copy_(x, non_blocking=True)
-        if any(x.is_cuda for _, _, x in tensors):
-            t.cuda.synchronize()
+        _snapshot.write(t, m.snapshot, base, tensors, text)
         m.push(done)
         self._mirror_due = False
         self.mirror_pushes += 1
@@ -310,41 +205,6 @@ class ShardedElastic(Elastic):
     def mirror_status(self) -> Optional[N.MirrorStatus]:
         """The snapshot's and its copy's state (gpl_mirror_status); None without one."""
         return self._mirror.status() if self._mirror is not None else None
-
-    def _snapshot_parts(self, done: int) -> tuple[list[tuple[str, Optional[str], Any]], dict[str, Any]]:
-        """What a snapshot holds: each parameter's local shard (by name), then
-        each sharded optimizer state's (by name and key); and its description
-        (the optimizer's other state and settings, the program's extra)."""
-        t = self._torch
-        DTensor = importlib.import_module("torch.distributed.tensor").DTensor
-        params = self._sharded
-
-        def local(x: Any) -> Any:
-            return (x.to_local() if isinstance(x, DTensor) else x).detach()
-
-        tensors: list[tuple[str, Optional[str], Any]] = [(n, None, local(params[n])) for n in sorted(params)]
-        ids = {id(p): n for n, p in params.items()}
-        state: dict[str, dict[str, Any]] = {}
-        opt_tensors: list[tuple[str, Optional[str], Any]] = []
-        for p, st in self.optimizer.state.items():
-            name = ids.get(id(p))
-            if name is None:
-                continue
-            d: dict[str, Any] = {}
-            for k, v in st.items():
-                if isinstance(v, DTensor):
-                    d[k] = ["t", list(v.shape), str(v.dtype)]
-                    opt_tensors.append((name, k, local(v)))
-                elif t.is_tensor(v):
-                    d[k] = ["s", v.detach().cpu().reshape(-1).tolist(), list(v.shape), str(v.dtype)]
-                else:
-                    d[k] = ["v", v]
-            state[name] = d
-        tensors += sorted(opt_tensors, key=lambda e: (e[0], str(e[1])))
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        extra = self._get_extra() if self._get_extra is not None else None
-        return tensors, {"v": 1, "step": done, "rank": self.rank, "world": self.world_size,
-                         "extra": extra, "groups": groups, "state": state}
 
     def _new_model(self, fill: bool = False) -> None:
         """The program's model and optimizer on this round's group (fill: its
@@ -458,7 +318,7 @@ class ShardedElastic(Elastic):
             v.sort()
         root = min(min(v) for v in holders.values())
         self._plan = _Plan(plan.step, s, holders, root)
-        self._source = _MirrorSource(self._torch, plan, held)
+        self._source = _snapshot.MirrorSource(self._torch, plan, held)
         self.from_copies = True
         return plan.step, root, len(stated), True, True
 
@@ -474,7 +334,7 @@ class ShardedElastic(Elastic):
         source: Any = self._source
         if source is None:  # the last round's shards in this process (a replica's, or its own)
             old_params, old_opt = self._old if self._old is not None else ({}, None)
-            source = _LiveSource(t, old_params, old_opt,
+            source = _snapshot.LiveSource(t, old_params, old_opt,
                                  self._get_extra() if self._get_extra is not None and old_opt is not None else None)
         # the structure (every rank builds the same model; the optimizer's state and
         # hyperparameters are the holders')
