@@ -13,6 +13,7 @@
 #include "gpulaunch/rdzv.h"
 #include "rdzv_auth.h"
 #include "rdzv_codec.h"
+#include "rdzv_client_int.h"
 
 #define GB_COMPONENT "rdzv-client"
 
@@ -57,6 +58,7 @@ struct rdzv_client {
     int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
     int stats_warned;
     uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
+    int frozen;          /* rdzv_client_freeze: sends nothing more */
 };
 
 static void start_connect(rdzv_client *c);
@@ -128,7 +130,7 @@ static void outage_begins(rdzv_client *c, uint64_t now) {
 
 static void schedule_retry(rdzv_client *c, const char *why) {
     drop_conn(c);
-    if (c->closing || c->failed)
+    if (c->closing || c->failed || c->frozen)
         return;
     uint64_t now = gb_now_ms();
     if (c->down_since_ms == 0) {
@@ -167,7 +169,7 @@ static void on_written(uv_write_t *req, int status) {
 }
 
 static void send_msg(rdzv_client *c, rdzv_msg *m) {
-    if (c->tcp == NULL || c->state < CS_HANDSHAKE)
+    if (c->tcp == NULL || c->state < CS_HANDSHAKE || c->frozen)
         return;
     rdzv_buf b;
     rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
@@ -623,6 +625,17 @@ void rdzv_client_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms,
     m.u.event.deadline_unix_ms = deadline_unix_ms;
     snprintf(m.u.event.reason, sizeof m.u.event.reason, "%s", reason);
     send_msg(c, &m);
+}
+
+void rdzv_client_freeze(rdzv_client *c) {
+    if (c == NULL || c->closing)
+        return;
+    c->frozen = 1;
+    uv_timer_stop(&c->retry);
+    uv_timer_stop(&c->hb);
+    uv_timer_stop(&c->notice);
+    if (c->tcp)
+        uv_read_stop((uv_stream_t *)c->tcp);
 }
 
 void rdzv_client_close(rdzv_client *c) {

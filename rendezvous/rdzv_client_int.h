@@ -1,0 +1,13 @@
+/* The client library's hooks for the programs that test the server with
+ * many simulated nodes (test/bench/rdzv_soak.c); not in the public API. */
+#ifndef GPULAUNCH_RDZV_CLIENT_INT_H
+#define GPULAUNCH_RDZV_CLIENT_INT_H
+
+#include "gpulaunch/rdzv.h"
+
+/* The node goes silent as a frozen or vanished host does: no heartbeat, no
+ * read, no reconnect, its connection left open. Only rdzv_client_close
+ * follows. */
+void rdzv_client_freeze(rdzv_client *c);
+
+#endif
