@@ -3,6 +3,7 @@
  * server's libuv loop, so no thread touches the server state. */
 #include <microhttpd.h>
 #include <stdarg.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,15 @@ char *rdzv_render_metrics(rdzv_server *s) {
               "# TYPE gpulaunch_rdzv_protocol_errors_total counter\n"
               "gpulaunch_rdzv_protocol_errors_total %llu\n",
               (unsigned long long)s->m.protocol_errors);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    /* what the server holds from malloc, not what the allocator keeps free:
+     * back where it started once every job is gone (test/bench/rdzv_soak) */
+    struct mallinfo2 mi = mallinfo2();
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_heap_bytes Bytes the server holds from malloc.\n"
+              "# TYPE gpulaunch_rdzv_heap_bytes gauge\ngpulaunch_rdzv_heap_bytes %zu\n",
+              mi.uordblks + mi.hblkhd);
+#endif
     rdzv_health_render_metrics(s, &b);
     if (b.oom) {
         free(b.p);

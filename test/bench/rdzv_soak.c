@@ -75,6 +75,8 @@
 #define SOAK_SAMPLES_MAX 100000   /* latency samples kept per kind */
 #define SOAK_RESUME_MS 15000      /* every node reconnected after a server restart by then */
 #define SOAK_SHOWN_MAX 30         /* violations printed in full */
+#define SOAK_HEAP_SLACK 16384     /* heap bytes the server may hold at the end past the drain */
+#define SOAK_DRAIN_MS 1500        /* after the last job ended, the server has seen them go */
 #define SOAK_TOKEN "soak-token"
 
 enum { EX_NONE, EX_ASSIGN_ANY, EX_ASSIGN, EX_OVER, EX_DONE };
@@ -150,8 +152,16 @@ static struct {
     size_t njoin_lat, ndetect_lat;
     double cpu_per_hb_us[16];
     long rss_warm[16], rss_end[16], fds_warm[16], fds_end[16];
+    double fit[16][5]; /* after warm-up: n, sum t (h), sum rss (KiB), sum t^2, sum t rss */
     int lives;
     long fds_before;
+    double heap_before; /* bytes the first server held from malloc before any client */
+    /* the drain: every job ends once, a quarter into the last server's life,
+     * and what the server holds then is what it must hold at the end */
+    uint64_t drain_at, drained_at;
+    int draining, drains;
+    double heap_drained;
+    long fds_drained;
     uint64_t reconnect_ms; /* the last restart: until every node was connected again */
     hostile hos[SOAK_HOSTILE_MAX];
 } S;
@@ -768,8 +778,12 @@ static void job_act(job *j, uint64_t now) {
 /* Deadlines, the model's clock, and the job's next change once it settled. */
 static void job_check(job *j, uint64_t now) {
     if (!j->live) {
-        if (now >= j->next_ms && !S.stopping && !S.quiescing)
+        if (now >= j->next_ms && !S.stopping && !S.quiescing && !S.draining)
             job_begin(j, now);
+        return;
+    }
+    if (S.draining && !j->ending && job_settled(j)) {
+        job_end(j, now);
         return;
     }
     model_tick(j, now);
@@ -805,7 +819,7 @@ static void job_check(job *j, uint64_t now) {
         return;
     if (j->next_ms == UINT64_MAX)
         j->next_ms = now + S.dwell_ms / 2 + rnd() % (S.dwell_ms + 1);
-    if (now >= j->next_ms && !S.stopping && !S.quiescing)
+    if (now >= j->next_ms && !S.stopping && !S.quiescing && !S.draining)
         job_act(j, now);
 }
 
@@ -926,6 +940,11 @@ static void sample(uint64_t now, int last) {
     }
     S.rss_end[life] = rss;
     S.fds_end[life] = fds;
+    if (S.rss_warm[life] && !S.draining && !last) { /* the trend: a least-squares line */
+        double t = (double)(now - S.t0) / 3.6e6, r = (double)rss;
+        S.fit[life][0] += 1, S.fit[life][1] += t, S.fit[life][2] += r;
+        S.fit[life][3] += t * t, S.fit[life][4] += t * r;
+    }
     S.lives = life + 1;
     double cpu = proc_cpu_s(S.server) - S.server_cpu0;
     double hb = (double)S.node_ms / SOAK_HB_INTERVAL_MS;
@@ -999,7 +1018,7 @@ static void on_tick(uv_timer_t *t) {
             S.quiescing = 0;
         }
     }
-    if (!S.stopping && S.hostile_per_s > 0 && now >= S.next_hostile) {
+    if (!S.stopping && !S.draining && S.hostile_per_s > 0 && now >= S.next_hostile) {
         hostile_start(now);
         S.next_hostile = now + (uint64_t)(1000.0 / S.hostile_per_s);
     }
@@ -1013,10 +1032,29 @@ static void on_tick(uv_timer_t *t) {
         for (int i = 0; i < S.njobs && settled; i++)
             settled =
                 !S.jobs[i].live || S.jobs[i].ending ? !S.jobs[i].live : job_settled(&S.jobs[i]);
-        if (settled || now - S.next_restart > 30000) {
+        if ((settled && !S.draining) || now - S.next_restart > 30000) {
             restart_server(now);
             S.next_restart = S.t0 + (S.end_ms - S.t0) * (uint64_t)(S.restarts_done + 1) /
                                         (uint64_t)(S.restarts + 1);
+        }
+    }
+    if (!S.stopping && !S.quiescing && !S.drains && now >= S.drain_at) {
+        S.draining = 1;
+        S.drains = 1;
+    }
+    if (S.draining) {
+        int live = 0;
+        for (int i = 0; i < S.njobs; i++)
+            live += S.jobs[i].live;
+        if (live == 0 && S.hostile_open == 0 && S.drained_at == 0)
+            S.drained_at = now;
+        if (S.drained_at && now - S.drained_at >= SOAK_DRAIN_MS) { /* the server saw them go */
+            S.heap_drained = server_metric("gpulaunch_rdzv_heap_bytes");
+            S.fds_drained = proc_count_fds(S.server);
+            printf("rdzv_soak: t=%.0fs every job ended once: server heap %.0f bytes, fds %ld\n",
+                   (double)(now - S.t0) / 1000.0, S.heap_drained, S.fds_drained);
+            fflush(stdout);
+            S.draining = 0;
         }
     }
     if (!S.stopping && now >= S.end_ms) {
@@ -1112,11 +1150,14 @@ int main(int argc, char **argv) {
         return 1;
     usleep(200000);
     S.fds_before = proc_count_fds(S.server);
+    S.heap_before = server_metric("gpulaunch_rdzv_heap_bytes");
     uv_loop_init(&S.loop);
     S.t0 = now_ms();
     S.end_ms = S.t0 + (uint64_t)(S.duration_s * 1000);
     S.next_sample = S.t0 + (uint64_t)(S.sample_s * 1000);
     S.next_restart = S.t0 + (S.end_ms - S.t0) / (uint64_t)(S.restarts + 1);
+    uint64_t last_life = (S.end_ms - S.t0) / (uint64_t)(S.restarts + 1);
+    S.drain_at = S.end_ms - last_life + last_life / 4;
     printf("rdzv_soak: %d jobs of 2-%d nodes (about %d nodes), %.0f s, a change every ~%u ms a "
            "job, %d server restart(s), seed %u\n",
            S.njobs, SOAK_JOB_MAX_NODES, S.nodes, S.duration_s, S.dwell_ms, S.restarts, S.seed);
@@ -1137,7 +1178,12 @@ int main(int argc, char **argv) {
            nodes_left = server_metric("gpulaunch_rdzv_nodes"),
            perr = server_metric("gpulaunch_rdzv_protocol_errors_total"),
            aref = server_metric("gpulaunch_rdzv_auth_refused_total");
-    int left_behind = fds_after != S.fds_before || jobs_left != 0 || nodes_left != 0;
+    /* after restarts the server is a fresh process, started as the first
+     * was: it is held to the first one's figures */
+    double heap_after = server_metric("gpulaunch_rdzv_heap_bytes");
+    int left_behind = fds_after != S.fds_before || jobs_left != 0 || nodes_left != 0 ||
+                      fds_after != S.fds_drained ||
+                      (S.heap_drained > 0 && heap_after - S.heap_drained > SOAK_HEAP_SLACK);
     kill(S.server, SIGTERM);
     int st = 0;
     waitpid(S.server, &st, 0);
@@ -1160,7 +1206,14 @@ int main(int argc, char **argv) {
            pct(S.join_lat, S.njoin_lat, 0.5), pct(S.join_lat, S.njoin_lat, 0.99), S.njoin_lat,
            pct(S.detect_lat, S.ndetect_lat, 0.5) / 1000.0,
            pct(S.detect_lat, S.ndetect_lat, 1.0) / 1000.0, S.ndetect_lat);
-    for (int l = 0; l < S.lives; l++)
+    for (int l = 0; l < S.lives; l++) {
+        const double *f = S.fit[l];
+        double den = f[0] * f[3] - f[1] * f[1], slope = 0, mean = f[0] > 0 ? f[2] / f[0] : 0;
+        if (f[0] >= 3 && den > 0)
+            slope = (f[0] * f[4] - f[1] * f[2]) / den;
+        printf("rdzv_soak: server life %d: rss after warm-up %.0f KiB on average, trend %+.0f KiB "
+               "an hour (%+.2f %% an hour, %d samples)\n",
+               l + 1, mean, slope, mean > 0 ? 100.0 * slope / mean : 0.0, (int)f[0]);
         printf("rdzv_soak: server life %d: rss %ld -> %ld KiB (%+.2f %% after warm-up), fds %ld "
                "-> %ld, cpu %.1f us a heartbeat (all its work over the heartbeats sent)\n",
                l + 1, S.rss_warm[l], S.rss_end[l],
@@ -1168,9 +1221,12 @@ int main(int argc, char **argv) {
                    ? 100.0 * (double)(S.rss_end[l] - S.rss_warm[l]) / (double)S.rss_warm[l]
                    : 0.0,
                S.fds_warm[l], S.fds_end[l], S.cpu_per_hb_us[l]);
-    printf("rdzv_soak: every client gone: server fds %ld (before the first: %ld), jobs %.0f, "
-           "nodes %.0f\n",
-           fds_after, S.fds_before, jobs_left, nodes_left);
+    }
+    printf("rdzv_soak: every client gone: server fds %ld (before the first client %ld, when every "
+           "job had ended once %ld), jobs %.0f, nodes %.0f, heap %.0f bytes (before the first "
+           "client %.0f, when every job had ended once %.0f: at most %d more)\n",
+           fds_after, S.fds_before, S.fds_drained, jobs_left, nodes_left, heap_after, S.heap_before,
+           S.heap_drained, SOAK_HEAP_SLACK);
     printf("rdzv_soak nodes=%d duration_s=%.0f rounds=%llu decisions=%llu violations=%llu "
            "left_behind=%d\n",
            S.nodes, S.duration_s, (unsigned long long)S.rounds, (unsigned long long)S.decisions,
