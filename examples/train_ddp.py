@@ -107,6 +107,9 @@ to its return, making the process group included; N: the parameters',
 buffers' and optimizer's bytes; V: gpulaunch when libgpulaunch's copy moved
 the host tensors, else the process group's backend; C: the copy alone, from
 the agreement's end).
+TRAIN_DDP_TRACE=FILE: rank 0 appends `step N world W loss L params H` to FILE
+after every step (N steps done, H the first 16 hex digits of the parameters'
+SHA-256), as dp_train's DP_TRAIN_TRACE does: which world each step ran in.
 Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
 per process, saying `rank R holding before step S` (every rank says `rank R
@@ -554,6 +557,7 @@ def main(argv: list[str]) -> int:
     reached: set[int] = set()
     failed_once = False
     done = start  # steps completed: this rank's optimizer stepped
+    trace = os.environ.get("TRAIN_DDP_TRACE")
     first = True  # the first step in this world is still to come
     t_train = time.monotonic()
     while True:
@@ -580,6 +584,10 @@ def main(argv: list[str]) -> int:
                 opt.step()
                 done = step + 1
                 samples += world * batch
+                if trace and rank == 0:
+                    with open(trace, "a") as f:
+                        f.write(f"step {done} world {world} loss {loss.item():.9g} "
+                                f"params {params_sha256(model)[:16]}\n")
                 if first and rank == 0:
                     print(f"first step in a world of {world}: step {step}", flush=True)
                 first = False

@@ -53,14 +53,20 @@ static long expect_in_place(const int *hosts, int n) {
     return after;
 }
 
+static int replay_pytorch; /* the restart arm runs train_ddp.py, not dp_train */
+
 /* A job of nhosts dp_train nodes, fixed size, into ckdir (the restart arm). */
 static void run_fixed(int nhosts, const char *steps, const char *ck_every, const char *ckdir,
                       const char *state_mib) {
     static const int hosts[NODES] = {1, 2, 3, 4};
     char nn[8];
     snprintf(nn, sizeof nn, "%d", nhosts);
-    job_args ja = {
-        .nnodes = nn, .steps = steps, .ck_every = ck_every, .ckdir = ckdir, .state_mib = state_mib};
+    job_args ja = {.nnodes = nn,
+                   .steps = steps,
+                   .ck_every = ck_every,
+                   .ckdir = ckdir,
+                   .state_mib = state_mib,
+                   .pytorch = replay_pytorch};
     for (int i = 1; i <= nhosts; i++)
         start_node(i, &ja);
     expect_exit(hosts, nhosts, 0, 60000);
@@ -81,6 +87,7 @@ static void trace_to(const char *name) {
     char path[160];
     snprintf(path, sizeof path, "%s/trace-%s", dir, name);
     setenv("DP_TRAIN_TRACE", path, 1);
+    setenv("TRAIN_DDP_TRACE", path, 1); /* train_ddp.py's, the same lines */
 }
 
 #define TRACE_STEPS 65536 /* steps a trace may hold (the churn scenario's longest run) */
@@ -695,8 +702,10 @@ Test(reform_live, the_copys_only_holder_lost_falls_back_to_the_checkpoint) {
 
 /* ---- churn: many membership changes in a row ---- */
 
-#define CHURN_EVERY 200       /* training steps between two changes */
-#define CHURN_DEFAULT 6       /* changes in CI; GPL_CHURN_CHANGES=200 for the long run */
+#define CHURN_EVERY 200        /* training steps between two changes */
+#define CHURN_DEFAULT 6        /* changes in CI; GPL_CHURN_CHANGES=200 for the long run */
+#define CHURN_EVERY_PYTORCH 40 /* the PyTorch program's steps are slower */
+#define CHURN_DEFAULT_PYTORCH 4
 #define CHURN_SEED 7u         /* GPL_CHURN_SEED: another sequence (7: every kind within 6) */
 #define CHURN_SETTLE_MS 30000 /* a change's new world trains by then (a vanish: + the timeout) */
 
@@ -765,31 +774,38 @@ static int cmp_u64(const void *a, const void *b) {
  * long run in docs/reliability.md takes 200), drawn with a fixed seed among
  * a node killed, a node vanished (link cut, then kill -9), a node preempted
  * (SIGTERM to its launcher: the same step saved everywhere, exit 143) and a
- * node (re)joining, between 2 and 4 nodes of dp_train --reform, a change every
- * 200 steps. After each, the new world must train within 30 s (and the
- * heartbeat timeout). At the end: every rank's parameters equal, no worker
- * restarted, no step lost (a rank set back redoes at most its one step), and
- * bitwise equal to the same worlds replayed as restarts from checkpoints of
- * the steps the live run changed world after. */
-Test(reform_live, churn_of_membership_changes_ends_equal_to_its_replay, .timeout = 7200) {
+ * node (re)joining, between 2 and 4 nodes of dp_train --reform (L7p:
+ * train_ddp.py --reform, gpulaunch.Elastic), change i at step i x `every`
+ * (or at once when the one before took longer).
+ * After each, the new world must train within 30 s (and the heartbeat
+ * timeout). At the end: every rank's parameters equal, no worker restarted,
+ * no step lost (a rank set back redoes at most its one step), and bitwise
+ * equal to the same worlds replayed as restarts from checkpoints of the
+ * steps the live run changed world after. */
+static void churn(int pytorch, int every, int default_changes) {
     const char *e = getenv("GPL_CHURN_CHANGES");
-    int changes = e ? atoi(e) : CHURN_DEFAULT;
+    int changes = e ? atoi(e) : default_changes;
     e = getenv("GPL_CHURN_SEED");
     uint64_t seed = e ? strtoull(e, NULL, 10) : CHURN_SEED;
-    cr_assert(changes >= 1 && (changes + 2) * CHURN_EVERY < TRACE_STEPS && changes < MAX_SEGS,
-              "GPL_CHURN_CHANGES: 1 to %d", TRACE_STEPS / CHURN_EVERY - 2);
-    setup_bed("L7-reform-churn", NODES + 1, 0, 0);
+    cr_assert(changes >= 1 && (changes + 2) * every < TRACE_STEPS && changes < MAX_SEGS,
+              "GPL_CHURN_CHANGES: 1 to %d", TRACE_STEPS / every - 2);
+    setup_bed(pytorch ? "L7p-reform-churn-pytorch" : "L7-reform-churn", NODES + 1, 0, 0);
+    replay_pytorch = pytorch;
     trace_to("live");
     start_server(0);
     char steps[24];
-    snprintf(steps, sizeof steps, "%d", (changes + 2) * CHURN_EVERY);
-    job_args ja = {
-        .nnodes = "2:4", .steps = steps, .sleep_ms = "10", .ck_every = "100000", .reform = 1};
+    snprintf(steps, sizeof steps, "%d", (changes + 2) * every);
+    job_args ja = {.nnodes = "2:4",
+                   .steps = steps,
+                   .sleep_ms = "10",
+                   .ck_every = "100000",
+                   .reform = 1,
+                   .pytorch = pytorch};
     start_job(&ja);
     int up[NODES + 1] = {0, 1, 1, 1, 1}, cut[NODES + 1] = {0}, nup = NODES;
     int count[CH_KINDS] = {0};
     static uint64_t took[CH_KINDS][MAX_SEGS];
-    long off = 0, step = 0, next_at = CHURN_EVERY;
+    long off = 0, step = 0, next_at = every;
     int world = 0, fallbacks = 0;
     uint64_t t_start = now_ms();
     for (int i = 0; i < changes; i++) {
@@ -848,7 +864,8 @@ Test(reform_live, churn_of_membership_changes_ends_equal_to_its_replay, .timeout
             }
         }
         took[kind][count[kind]++] = now_ms() - t_fault;
-        next_at = step + CHURN_EVERY;
+        /* the changes keep to their steps: one that took long is followed at once */
+        next_at = (long)(i + 2) * every;
     }
     int last[NODES], nlast = 0;
     for (int k = 1; k <= NODES; k++)
@@ -888,8 +905,21 @@ Test(reform_live, churn_of_membership_changes_ends_equal_to_its_replay, .timeout
                             churn_kind[k], count[k], (double)took[k][count[k] / 2] / 1000.0,
                             (double)took[k][count[k] - 1] / 1000.0);
     }
-    cr_log_info("L7 (churn, seed %llu): %s %ld step(s) redone, %d worker restart(s); parameters "
+    cr_log_info("%s (churn, seed %llu): %s %ld step(s) redone, %d worker restart(s); parameters "
                 "equal to the replay",
+                pytorch ? "L7p" : "L7",
                 (unsigned long long)(e ? strtoull(e, NULL, 10) : CHURN_SEED), figures, redone,
                 fallbacks);
+}
+
+Test(reform_live, churn_of_membership_changes_ends_equal_to_its_replay, .timeout = 7200) {
+    churn(0, CHURN_EVERY, CHURN_DEFAULT);
+}
+
+/* L7p. The same with the PyTorch program (DDP on Gloo, gpulaunch.Elastic):
+ * fewer steps between changes, and the first four changes of the seed (one
+ * of each kind) in CI. */
+Test(reform_live, churn_of_a_pytorch_job_ends_equal_to_its_replay, .timeout = 7200) {
+    require_torch();
+    churn(1, CHURN_EVERY_PYTORCH, CHURN_DEFAULT_PYTORCH);
 }
