@@ -1049,8 +1049,8 @@ static void on_tick(uv_timer_t *t) {
         if (live == 0 && S.hostile_open == 0 && S.drained_at == 0)
             S.drained_at = now;
         if (S.drained_at && now - S.drained_at >= SOAK_DRAIN_MS) { /* the server saw them go */
+            S.fds_drained = proc_count_fds(S.server); /* before the HTTP request's own */
             S.heap_drained = server_metric("gpulaunch_rdzv_heap_bytes");
-            S.fds_drained = proc_count_fds(S.server);
             printf("rdzv_soak: t=%.0fs every job ended once: server heap %.0f bytes, fds %ld\n",
                    (double)(now - S.t0) / 1000.0, S.heap_drained, S.fds_drained);
             fflush(stdout);
