@@ -487,6 +487,9 @@ static size_t render_text(char *p, size_t cap) {
         char job[600];
         b.len += gl_ckptview_metrics(p + b.len, cap - b.len, esc(M.job, job, sizeof job));
     }
+    if (b.len < cap) /* then the launcher's own: process, threads, heap, children, handles */
+        b.len +=
+            gl_metrics_process(p + b.len, cap - b.len, M.loop, M.group ? M.group->nrunning : 0);
     return b.len;
 }
 

@@ -15,6 +15,15 @@
 /* Writes the exposition text into buf (cap bytes, NUL-terminated), returns its length. */
 typedef size_t (*gl_metrics_render_fn)(char *buf, size_t cap);
 
+/* The launcher's own figures after the GPUs': Prometheus' standard process_*
+ * (CPU, descriptors, memory, start), and what it holds that could leak: its
+ * threads, its heap in use (glibc's malloc), its child processes (zombies
+ * included) against the `workers` it has not reaped, the handles on loop by
+ * type (uv_walk: timers, pipes, the scrape's own connection ...), the
+ * progress channel's region and pipes. Appended to buf (cap bytes left,
+ * NUL-terminated); returns the bytes added, whole lines only. */
+size_t gl_metrics_process(char *buf, size_t cap, uv_loop_t *loop, int workers);
+
 /* Listens on spec ("HOST:PORT", ":PORT" for every interface). 0, or 2 with
  * a message naming --metrics in err. The listener does not keep the loop alive. */
 int gl_metrics_listen(uv_loop_t *loop, const char *spec, gl_metrics_render_fn render, char *err,

@@ -248,6 +248,14 @@ void gl_progress_started(uv_loop_t *loop, int local_rank) {
     P.rd[local_rank] = r;
 }
 
+void gl_progress_held(int *regions, long long *bytes, int *pipes) {
+    *regions = P.fd >= 0;
+    *bytes = P.fd >= 0 ? (long long)gb_progress_region_bytes_v2(P.nslots) : 0;
+    *pipes = 0;
+    for (uint32_t i = 0; P.fd >= 0 && i < P.nslots; i++)
+        *pipes += (P.pipe_r[i] >= 0) + (P.pipe_w[i] >= 0);
+}
+
 /* ---- live re-formation: the round block ---- */
 
 int gl_progress_reform_ok(int nproc) {

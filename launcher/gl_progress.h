@@ -47,6 +47,10 @@ void gl_progress_set_go_on(int on);
  * chosen for it, "" or NULL: none), or they are to be restarted. */
 void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, const char *ifname,
                          int restarts, const char *why);
+/* What the channel holds now, for --metrics: regions mapped (0 or 1: made
+ * once) and their bytes, and pipe ends open (the workers' write ends until
+ * they are started, the read ends until a worker's pipe closes). */
+void gl_progress_held(int *regions, long long *bytes, int *pipes);
 /* Whether the workers run, not stopping: a summary is due (else the window
  * goes on). */
 typedef int (*gl_progress_active_cb)(void *data);

@@ -538,8 +538,19 @@ int gl_group_spawn(gl_group *g, const rdzv_assignment *a, int restarts, const ch
         if (pe[1] >= 0)
             close(pe[1]);
         w->pipes_open = 2;
-        if (r == 0 && (uv_pipe_open(&w->out, po[0]) != 0 || uv_pipe_open(&w->err, pe[0]) != 0))
+        /* A read end opened by its handle is closed with it; one that is not
+         * (a pipe or the fork failed: no fd left, no process) is closed here,
+         * or every failed start would keep it. */
+        if (r == 0 && uv_pipe_open(&w->out, po[0]) == 0)
+            po[0] = -1;
+        if (r == 0 && po[0] < 0 && uv_pipe_open(&w->err, pe[0]) == 0)
+            pe[0] = -1;
+        if (r == 0 && (po[0] >= 0 || pe[0] >= 0))
             r = -EBADF;
+        if (po[0] >= 0)
+            close(po[0]);
+        if (pe[0] >= 0)
+            close(pe[0]);
         if (r != 0) {
             fprintf(stderr, "gpulaunch: cannot start %s: %s\n", prog, strerror(-r));
             gl_output_close(w);

@@ -363,3 +363,99 @@ pid_t proc_find(pid_t parent, const char *a, const char *b) {
         closedir(d);
     return found;
 }
+
+/* One pass over the lines, the families seen in a table (see harness.h). */
+int prom_check(const char *text, char *why, size_t len) {
+    enum { MAXF = 512 };
+    static char fam[MAXF][128], series[4096][256];
+    static int typed[MAXF], helped[MAXF], sampled[MAXF];
+    int nf = 0, ns = 0, cur = -1, bad = 0;
+    char line[1024] = "";
+    for (const char *l = text; *l && !bad;) {
+        const char *e = strchr(l, '\n');
+        size_t n = e ? (size_t)(e - l) : strlen(l);
+        char name[128];
+        snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), l);
+        l = e ? e + 1 : l + n;
+        const char *p = line;
+        int help = strncmp(p, "# HELP ", 7) == 0, type = strncmp(p, "# TYPE ", 7) == 0;
+        if (line[0] == '#' && !help && !type)
+            continue; /* a comment */
+        if (help || type)
+            p += 7;
+        size_t k = 0;
+        while ((p[k] >= 'a' && p[k] <= 'z') || (p[k] >= 'A' && p[k] <= 'Z') || p[k] == '_' ||
+               p[k] == ':' || (k && p[k] >= '0' && p[k] <= '9'))
+            k++;
+        if (k == 0 || k >= sizeof name) {
+            bad = 1;
+            break;
+        }
+        snprintf(name, sizeof name, "%.*s", (int)k, p);
+        p += k;
+        int f = 0;
+        while (f < nf && strcmp(fam[f], name) != 0)
+            f++;
+        if (f == nf) {
+            if (nf == MAXF) {
+                bad = 1;
+                break;
+            }
+            snprintf(fam[nf], sizeof fam[nf], "%s", name);
+            typed[nf] = helped[nf] = sampled[nf] = 0;
+            nf++;
+        }
+        if (help || type) {
+            int *seen = help ? &helped[f] : &typed[f];
+            bad = *seen || sampled[f] || *p != ' ' ||
+                  (type && strcmp(p + 1, "gauge") && strcmp(p + 1, "counter") &&
+                   strcmp(p + 1, "untyped") && strcmp(p + 1, "summary") &&
+                   strcmp(p + 1, "histogram"));
+            *seen = 1;
+            continue;
+        }
+        bad = !typed[f] || (sampled[f] && cur != f);
+        sampled[f] = 1;
+        cur = f;
+        if (*p == '{') {
+            p++;
+            while (!bad && *p != '}') {
+                size_t q = 0;
+                while ((p[q] >= 'a' && p[q] <= 'z') || (p[q] >= 'A' && p[q] <= 'Z') ||
+                       p[q] == '_' || (q && p[q] >= '0' && p[q] <= '9'))
+                    q++;
+                if (q == 0 || p[q] != '=' || p[q + 1] != '"') {
+                    bad = 1;
+                    break;
+                }
+                p += q + 2;
+                while (*p && *p != '"')
+                    p += *p == '\\' && p[1] ? 2 : 1;
+                if (*p != '"') {
+                    bad = 1;
+                    break;
+                }
+                p++;
+                if (*p == ',')
+                    p++;
+                else if (*p != '}')
+                    bad = 1;
+            }
+            if (bad)
+                break;
+            p++;
+        }
+        size_t slen = (size_t)(p - line);
+        for (int i = 0; i < ns && !bad; i++)
+            bad = strlen(series[i]) == slen && strncmp(series[i], line, slen) == 0;
+        if (ns < 4096)
+            snprintf(series[ns++], sizeof series[0], "%.*s", (int)slen, line);
+        char *end = (char *)p;
+        if (!bad && *p == ' ')
+            strtod(p + 1, &end);
+        bad = bad || end == p || end == p + 1 || *end != '\0';
+    }
+    if (bad)
+        snprintf(why, len, "not promtool-clean at: %s", line);
+    return bad ? -1 : 0;
+}

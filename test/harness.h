@@ -3,6 +3,7 @@
 #ifndef GPULAUNCH_TEST_HARNESS_H
 #define GPULAUNCH_TEST_HARNESS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -69,6 +70,11 @@ long preempted_step_line(const char *a, const char *b, int rank);
 /* A process whose environment holds both entries (e.g. "RANK=5"; b may be
  * NULL) and, when parent > 0, whose parent is parent; 0 when none. */
 pid_t proc_find(pid_t parent, const char *a, const char *b);
+/* What `promtool check metrics` refuses, for machines without it: a sample
+ * whose family has no TYPE before it, a family's samples apart, HELP or TYPE
+ * twice, a malformed name, label set or value, a series twice. 0 when clean,
+ * else -1 with the line in why. */
+int prom_check(const char *text, char *why, size_t len);
 /* mkdtemp under /tmp, and rm -rf of it. */
 void tmpdir_make(char *buf, size_t len, const char *prefix);
 void tmpdir_remove(const char *dir);

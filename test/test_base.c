@@ -1,5 +1,6 @@
 /* The error table, the last-error buffer, the log line format, the
- * worker's side of the progress channel and what /proc says of a process. */
+ * worker's side of the progress channel and what /proc says of a process
+ * (its state, its handlers, what it holds). */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <signal.h>
@@ -7,11 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gb_error.h"
 #include "gb_log.h"
 #include "gb_proc.h"
+#include "gb_procstat.h"
 #include "gb_progress.h"
 
 #define GB_COMPONENT "test"
@@ -159,4 +163,40 @@ Test(proc, a_handler_is_seen_and_its_removal_too) {
     cr_expect_eq(gb_proc_catches(getpid(), 0), -1);
     cr_expect_eq(gb_proc_catches(getpid(), 65), -1);
     cr_expect_eq(gb_proc_catches(-1, sig), -1); /* no such process */
+}
+
+/* What a process holds, as the launcher's /metrics and the soaks read it:
+ * a descriptor opened and a child forked are counted, and gone again once
+ * closed and reaped; this process from outside (its pid) reads the same. */
+Test(proc, descriptors_threads_and_children_are_counted) {
+    gb_procstat a, b;
+    cr_assert_eq(gb_procstat_read(0, &a), 0);
+    cr_expect_geq(a.threads, 1);
+    cr_expect_gt(a.rss_bytes, 0);
+    cr_expect_geq(a.vm_bytes, a.rss_bytes);
+    cr_expect_geq(a.cpu_s, 0);
+    double now = (double)time(NULL);
+    cr_expect(a.start_unix_s > now - 3600 && a.start_unix_s <= now + 1, "started %.0f, now %.0f",
+              a.start_unix_s, now);
+    long fds = gb_procstat_fds(0), kids = gb_procstat_children(0);
+    /* its own count leaves out the descriptor it reads through; by pid it is one more */
+    cr_expect_eq(gb_procstat_fds(getpid()), fds + 1);
+    int fd = dup(0);
+    cr_assert_geq(fd, 0);
+    cr_expect_eq(gb_procstat_fds(0), fds + 1);
+    close(fd);
+    cr_expect_eq(gb_procstat_fds(0), fds);
+    pid_t c = fork();
+    if (c == 0) { /* before any assertion: the child's would reach Criterion's runner */
+        pause();
+        _exit(0);
+    }
+    cr_assert_geq(c, 0);
+    cr_expect_eq(gb_procstat_children(0), kids + 1);
+    kill(c, SIGKILL);
+    cr_expect_eq(gb_procstat_children(getpid()), kids + 1, "a zombie is still a child");
+    waitpid(c, NULL, 0);
+    cr_expect_eq(gb_procstat_children(0), kids);
+    cr_expect_eq(gb_procstat_read(c, &b), -1, "a reaped process is gone");
+    cr_expect_eq(b.rss_bytes, -1);
 }

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -665,6 +666,76 @@ Test(gpu_health, metrics_endpoint_speaks_http) {
     memcpy(big, "GET /metrics HTTP/1.1\r\nX: ", 26);
     http_raw(port, big, line, sizeof line);
     cr_expect_str_eq(line, "HTTP/1.1 400 Bad Request", "a request over the limit");
+    kill(p.pid, SIGINT);
+    proc_wait(&p, 20000);
+}
+
+/* The value of the sample `name` (labels included) in a /metrics body, -1 if none. */
+static double sample(const char *body, const char *name) {
+    size_t l = strlen(name);
+    for (const char *p = body; (p = strstr(p, name)) != NULL; p += l)
+        if ((p == body || p[-1] == '\n') && p[l] == ' ')
+            return strtod(p + l + 1, NULL);
+    return -1;
+}
+
+static long count_entries(const char *path) {
+    DIR *d = opendir(path);
+    long n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return d ? n : -1;
+}
+
+/* The launcher's own figures on /metrics, against what /proc says of it
+ * from outside: descriptors (the scrape's own connection one more), threads,
+ * its two workers, its loop's handles by type, the progress channel, memory,
+ * CPU and start time, all promtool-clean (docs/gpu-health.md; what the
+ * launcher soak counts, docs/reliability.md). */
+Test(gpu_health, metrics_show_what_the_launcher_holds) {
+    int port = free_tcp_port();
+    char ms[64];
+    snprintf(ms, sizeof ms, "127.0.0.1:%d", port);
+    char *argv[] = {GL, "--standalone", "--nproc-per-node", "2",  "--metrics",
+                    ms, "--no-python",  "/bin/sleep",       "20", NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, fake_env("gpus 0\n", FAKE, "")), 0);
+    cr_assert(proc_expect(&p, "round 1", 10000), "%s", p.out);
+    usleep(300000); /* both workers started, their pipes open */
+    char fdir[64], tdir[64];
+    snprintf(fdir, sizeof fdir, "/proc/%d/fd", (int)p.pid);
+    snprintf(tdir, sizeof tdir, "/proc/%d/task", (int)p.pid);
+    long fds = count_entries(fdir), threads = count_entries(tdir);
+    long rss_kib = proc_read_long(p.pid, "status", "VmRSS: %ld");
+    static char body[262144];
+    cr_assert_eq(http_get(port, "/metrics", body, sizeof body), 0, "%s", body);
+    char *text = strstr(body, "\r\n\r\n");
+    cr_assert_not_null(text, "%s", body);
+    text += 4;
+    char why[1100];
+    cr_expect_eq(prom_check(text, why, sizeof why), 0, "%s\n%s", why, text);
+    cr_expect_eq(sample(text, "process_open_fds"), (double)fds + 1, "outside %ld: %s", fds, text);
+    cr_expect_eq(sample(text, "gpulaunch_threads"), (double)threads, "%s", text);
+    cr_expect_eq(sample(text, "gpulaunch_workers"), 2, "%s", text);
+    cr_expect_eq(sample(text, "gpulaunch_child_processes"), 2, "%s", text);
+    cr_expect_eq(sample(text, "gpulaunch_progress_regions"), 1, "%s", text);
+    cr_expect_gt(sample(text, "gpulaunch_progress_region_bytes"), 0, "%s", text);
+    cr_expect_gt(sample(text, "gpulaunch_loop_handles{type=\"timer\"}"), 0, "%s", text);
+    cr_expect_geq(sample(text, "gpulaunch_loop_handles{type=\"pipe\"}"), 4, "two per worker: %s",
+                  text);
+    cr_expect_geq(sample(text, "gpulaunch_loop_handles{type=\"tcp\"}"), 2,
+                  "the listener and this scrape: %s", text);
+    cr_expect_gt(sample(text, "gpulaunch_heap_bytes"), 0, "%s", text);
+    double rss = sample(text, "process_resident_memory_bytes");
+    cr_expect(rss > 0.5 * (double)rss_kib * 1024 && rss < 2.0 * (double)rss_kib * 1024,
+              "RSS %.0f, /proc says %ld KiB", rss, rss_kib);
+    double start = sample(text, "process_start_time_seconds"), now = (double)time(NULL);
+    cr_expect(start > now - 60 && start <= now + 1, "started %.0f, now %.0f", start, now);
+    cr_expect_geq(sample(text, "process_cpu_seconds_total"), 0, "%s", text);
+    cr_expect_gt(sample(text, "process_max_fds"), 0, "%s", text);
     kill(p.pid, SIGINT);
     proc_wait(&p, 20000);
 }

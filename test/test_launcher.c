@@ -282,6 +282,66 @@ Test(launcher, restarts_exhausted_exit_code_and_report) {
     cr_expect(strstr(j, "\"rank\":1") && strstr(j, "\"exit_code\":7"), "%s", j);
 }
 
+/* How many workers could not start in each round of out ("cannot start"
+ * lines after each round's banner) into per[], returning the rounds. */
+static int failed_starts(const char *out, int *per, int max) {
+    int n = 0;
+    char line[512];
+    for (const char *l = out; *l;) {
+        size_t len = strcspn(l, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)len, l);
+        l += len + (l[len] == '\n');
+        if (strstr(line, ": node rank ") && n < max)
+            per[n++] = 0;
+        else if (n > 0 && strncmp(line, "gpulaunch: cannot start ", 24) == 0)
+            per[n - 1]++;
+    }
+    return n;
+}
+
+/* A worker that cannot start (no descriptor left for its pipes) keeps none
+ * of the launcher's descriptors: every restart fails to start as many
+ * workers as the first round, not more each time (each failed start kept a
+ * pipe's read end, docs/reliability.md "Launcher soak"). The descriptor limit
+ * is lowered until some but not all of 8 workers start. */
+Test(launcher, a_worker_that_cannot_start_keeps_no_descriptor) {
+    int found = 0;
+    for (int lim = 20; lim <= 80 && !found; lim += 2) {
+        char sh[64];
+        snprintf(sh, sizeof sh, "ulimit -n %d && exec \"$0\" \"$@\"", lim);
+        char *argv[] = {"/bin/sh",
+                        "-c",
+                        sh,
+                        GL,
+                        "--standalone",
+                        "--nproc-per-node",
+                        "8",
+                        "--max-restarts",
+                        "3",
+                        "--no-python",
+                        "/bin/sleep",
+                        "5",
+                        NULL};
+        proc p;
+        cr_assert_eq(proc_start(&p, argv, NULL), 0);
+        int st = proc_wait(&p, 30000);
+        int per[8], rounds = failed_starts(p.out, per, 8);
+        if (rounds == 0 || per[0] == 0 || per[0] == 8)
+            continue; /* every worker started, or none did: another limit */
+        found = 1;
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status %d: %s", st, p.out);
+        cr_assert_eq(rounds, 4, "%d rounds: %s", rounds, p.out);
+        for (int r = 1; r < rounds; r++)
+            cr_expect_eq(per[r], per[0],
+                         "ulimit -n %d: %d workers could not start in round 1, %d in round %d: "
+                         "failed starts kept descriptors\n%s",
+                         lim, per[0], per[r], r + 1, p.out);
+        cr_log_info("ulimit -n %d: %d of 8 workers could not start in each of %d rounds", lim,
+                    per[0], rounds);
+    }
+    cr_assert(found, "no descriptor limit from 20 to 80 let some but not all workers start");
+}
+
 Test(launcher, worker_killed_by_signal_gives_128_plus_n) {
     proc p;
     const char *a[] = {"--standalone", "--nproc-per-node", "1", "--no-python", "/bin/sh",

@@ -784,7 +784,7 @@ static int cmp_u64(const void *a, const void *b) {
  * steps the live run changed world after. */
 static void churn(int pytorch, int every, int default_changes) {
     const char *e = getenv("GPL_CHURN_CHANGES");
-    int changes = e ? atoi(e) : default_changes;
+    int changes = e ? (int)strtol(e, NULL, 10) : default_changes;
     e = getenv("GPL_CHURN_SEED");
     uint64_t seed = e ? strtoull(e, NULL, 10) : CHURN_SEED;
     cr_assert(changes >= 1 && (changes + 2) * every < TRACE_STEPS && changes < MAX_SEGS,

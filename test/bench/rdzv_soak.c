@@ -52,12 +52,14 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <dirent.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include "gb_log.h"
+#include "gb_procstat.h"
 #include "gb_time.h"
 #include "gpulaunch/rdzv.h"
 #include "rdzv_client_int.h"
@@ -76,6 +78,7 @@
 #define SOAK_RESUME_MS 15000      /* every node reconnected after a server restart by then */
 #define SOAK_SHOWN_MAX 30         /* violations printed in full */
 #define SOAK_HEAP_SLACK 16384     /* heap bytes the server may hold at the end past the drain */
+#define SOAK_QUIET_MS 10000       /* before the drain: heartbeats alone, nothing changing */
 #define SOAK_DRAIN_MS 1500        /* after the last job ended, the server has seen them go */
 #define SOAK_TOKEN "soak-token"
 
@@ -162,6 +165,10 @@ static struct {
     int draining, drains;
     double heap_drained;
     long fds_drained;
+    int quiet; /* 1: waiting for every job to settle, 2: nothing changes since quiet_from */
+    uint64_t quiet_from, quiet_node_ms;
+    double quiet_cpu, quiet_us;
+    int quiet_nodes;
     uint64_t reconnect_ms; /* the last restart: until every node was connected again */
     hostile hos[SOAK_HOSTILE_MAX];
 } S;
@@ -196,49 +203,37 @@ static void violation(const job *j, const node *x, const char *fmt, ...) {
 
 /* ---- the server process ---- */
 
-static long proc_count_fds(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return -1;
-    long n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
+static long proc_count_fds(pid_t pid) { return gb_procstat_fds(pid); }
 
 static long proc_rss_kib(pid_t pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kib = -1;
-    if (f == NULL)
-        return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
+    gb_procstat st;
+    return gb_procstat_read(pid, &st) == 0 && st.rss_bytes >= 0 ? (long)(st.rss_bytes / 1024) : -1;
 }
 
+/* CPU time of every thread of pid, from the scheduler's own nanosecond count
+ * (/proc/PID/stat's ticks are too coarse for a quiet server). */
 static double proc_cpu_s(pid_t pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
         return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    unsigned long ut = 0, st = 0;
-    if (p == NULL ||
-        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-        return 0;
-    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    unsigned long long total = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char f[320];
+        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
+        FILE *fp = fopen(f, "r");
+        unsigned long long ns = 0;
+        if (fp && fscanf(fp, "%llu", &ns) == 1)
+            total += ns;
+        if (fp)
+            fclose(fp);
+    }
+    closedir(d);
+    return (double)total / 1e9;
 }
 
 static int free_port(void) {
@@ -313,6 +308,9 @@ static double server_metric(const char *name) {
             close(fd);
         return -1;
     }
+    struct timeval tv = {.tv_sec = 5}; /* a server that does not answer is said, not waited on */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
     if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
         close(fd);
@@ -778,8 +776,8 @@ static void job_act(job *j, uint64_t now) {
 /* Deadlines, the model's clock, and the job's next change once it settled. */
 static void job_check(job *j, uint64_t now) {
     if (!j->live) {
-        if (now >= j->next_ms && !S.stopping && !S.quiescing && !S.draining)
-            job_begin(j, now);
+        if (now >= j->next_ms && !S.stopping && !S.quiescing && !S.draining && S.quiet != 2)
+            job_begin(j, now); /* a quiet period begins with every job running */
         return;
     }
     if (S.draining && !j->ending && job_settled(j)) {
@@ -819,7 +817,7 @@ static void job_check(job *j, uint64_t now) {
         return;
     if (j->next_ms == UINT64_MAX)
         j->next_ms = now + S.dwell_ms / 2 + rnd() % (S.dwell_ms + 1);
-    if (now >= j->next_ms && !S.stopping && !S.quiescing && !S.draining)
+    if (now >= j->next_ms && !S.stopping && !S.quiescing && !S.draining && !S.quiet)
         job_act(j, now);
 }
 
@@ -1038,7 +1036,25 @@ static void on_tick(uv_timer_t *t) {
                                         (uint64_t)(S.restarts + 1);
         }
     }
-    if (!S.stopping && !S.quiescing && !S.drains && now >= S.drain_at) {
+    /* Before the drain, SOAK_QUIET_MS with nothing changing: what heartbeats
+     * alone cost the server. */
+    if (!S.stopping && !S.quiescing && !S.drains && !S.quiet && now >= S.drain_at)
+        S.quiet = 1;
+    if (S.quiet == 1) {
+        int settled = 1;
+        for (int i = 0; i < S.njobs && settled; i++)
+            settled = S.jobs[i].live && !S.jobs[i].ending && job_settled(&S.jobs[i]);
+        if (settled) {
+            S.quiet = 2;
+            S.quiet_from = now;
+            S.quiet_cpu = proc_cpu_s(S.server);
+            S.quiet_node_ms = S.node_ms;
+        }
+    } else if (S.quiet == 2 && now - S.quiet_from >= SOAK_QUIET_MS) {
+        double hb = (double)(S.node_ms - S.quiet_node_ms) / SOAK_HB_INTERVAL_MS;
+        S.quiet_us = hb > 0 ? (proc_cpu_s(S.server) - S.quiet_cpu) * 1e6 / hb : 0;
+        S.quiet_nodes = S.live_nodes;
+        S.quiet = 0;
         S.draining = 1;
         S.drains = 1;
     }
@@ -1093,6 +1109,18 @@ static double pct(uint64_t *v, size_t n, double p) {
     return (double)v[i];
 }
 
+/* The soak itself stuck (a blocking call that never returned): said, and the
+ * server does not outlive it. */
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "rdzv_soak: stuck past its end and a minute: giving up\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    if (S.server > 0)
+        kill(S.server, SIGKILL);
+    _exit(1);
+}
+
 static void usage(void) {
     fprintf(stderr, "usage: rdzv_soak [--nodes N] [--duration-s S] [--dwell-ms MS] [--restarts R] "
                     "[--sample-s S] [--seed X] [--hostile-per-s H]\n");
@@ -1112,13 +1140,13 @@ int main(int argc, char **argv) {
         if (v == NULL)
             usage();
         if (strcmp(argv[i], "--nodes") == 0)
-            S.nodes = atoi(v);
+            S.nodes = (int)strtol(v, NULL, 10);
         else if (strcmp(argv[i], "--duration-s") == 0)
             S.duration_s = strtod(v, NULL);
         else if (strcmp(argv[i], "--dwell-ms") == 0)
             S.dwell_ms = (uint32_t)strtoul(v, NULL, 10);
         else if (strcmp(argv[i], "--restarts") == 0)
-            S.restarts = atoi(v);
+            S.restarts = (int)strtol(v, NULL, 10);
         else if (strcmp(argv[i], "--sample-s") == 0)
             S.sample_s = strtod(v, NULL);
         else if (strcmp(argv[i], "--seed") == 0)
@@ -1133,6 +1161,8 @@ int main(int argc, char **argv) {
         S.seed == 0 || S.dwell_ms == 0)
         usage();
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGALRM, on_alarm);
+    alarm((unsigned)S.duration_s + 120);
     gb_log_set_level(gb_log_parse_level("error")); /* the model's notes: not wanted here */
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -1182,7 +1212,7 @@ int main(int argc, char **argv) {
      * was: it is held to the first one's figures */
     double heap_after = server_metric("gpulaunch_rdzv_heap_bytes");
     int left_behind = fds_after != S.fds_before || jobs_left != 0 || nodes_left != 0 ||
-                      fds_after != S.fds_drained ||
+                      (S.fds_drained > 0 && fds_after != S.fds_drained) ||
                       (S.heap_drained > 0 && heap_after - S.heap_drained > SOAK_HEAP_SLACK);
     kill(S.server, SIGTERM);
     int st = 0;
@@ -1206,6 +1236,9 @@ int main(int argc, char **argv) {
            pct(S.join_lat, S.njoin_lat, 0.5), pct(S.join_lat, S.njoin_lat, 0.99), S.njoin_lat,
            pct(S.detect_lat, S.ndetect_lat, 0.5) / 1000.0,
            pct(S.detect_lat, S.ndetect_lat, 1.0) / 1000.0, S.ndetect_lat);
+    printf("rdzv_soak: heartbeats alone (%d nodes, %d s with nothing changing): server cpu %.1f us "
+           "a heartbeat\n",
+           S.quiet_nodes, SOAK_QUIET_MS / 1000, S.quiet_us);
     for (int l = 0; l < S.lives; l++) {
         const double *f = S.fit[l];
         double den = f[0] * f[3] - f[1] * f[1], slope = 0, mean = f[0] > 0 ? f[2] / f[0] : 0;
