@@ -21,6 +21,7 @@ struct rdzv_http {
     uv_poll_t poll;
     uv_timer_t timer;
     int port;
+    int handles; /* of poll and timer, not closed yet: h goes with the last */
 };
 
 char *rdzv_render_metrics(rdzv_server *s) {
@@ -265,16 +266,19 @@ gpl_result_t rdzv_server_serve_http(rdzv_server *s, const char *addr, int port, 
 
 int rdzv_server_http_port(const rdzv_server *s) { return s->http ? s->http->port : -1; }
 
+/* libuv runs close callbacks newest first: h lives until both have run (the
+ * poll's after the timer's would read freed memory). */
 static void on_http_closed(uv_handle_t *hd) {
     struct rdzv_http *h = hd->data;
-    if (hd == (uv_handle_t *)&h->timer)
+    if (--h->handles == 0)
         free(h);
 }
 
 static void http_close(rdzv_server *s) {
     struct rdzv_http *h = s->http;
     s->http = NULL;
-    uv_close((uv_handle_t *)&h->poll, NULL);
+    h->handles = 2;
+    uv_close((uv_handle_t *)&h->poll, on_http_closed);
     uv_close((uv_handle_t *)&h->timer, on_http_closed);
     MHD_stop_daemon(h->d);
 }

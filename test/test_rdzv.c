@@ -598,6 +598,26 @@ Test(rdzv_http, metrics_status_healthz, .timeout = 30) {
     stop();
 }
 
+/* The HTTP side's memory goes only once libuv is done with both its handles:
+ * with malloc's per-thread cache off and freed memory overwritten (glibc's
+ * MALLOC_PERTURB_), a server that freed it at the first close callback read
+ * a handle from freed memory at its exit and aborted in libuv. */
+Test(rdzv_http, shutdown_frees_the_http_side_after_its_last_handle, .timeout = 30) {
+    P = calloc(8, sizeof *P);
+    setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1);
+    setenv("MALLOC_PERTURB_", "165", 1);
+    const char *extra[] = {"--http", "127.0.0.1:0", NULL};
+    int started = rdzv_start(&srv, &port, extra);
+    unsetenv("GLIBC_TUNABLES");
+    unsetenv("MALLOC_PERTURB_");
+    cr_assert_eq(started, 0);
+    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000));
+    int hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+    static char body[8192];
+    cr_expect_eq(http_get(hport, "/metrics", body), 200);
+    stop(); /* exit 0 expected, not libuv's assertion */
+}
+
 Test(rdzv_auth, token_required_and_checked, .timeout = 30) {
     P = calloc(8, sizeof *P);
     char path[] = "/tmp/gpl-token-XXXXXX";

@@ -275,6 +275,9 @@ static int server_start(void) {
     snprintf(hs, sizeof hs, "%d", SOAK_HANDSHAKE_MS);
     pid_t pid = fork();
     if (pid == 0) {
+        /* malloc's per-thread cache holds freed chunks that mallinfo counts as
+         * in use: without it gpulaunch_rdzv_heap_bytes is exact */
+        setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1);
         execl(GPL_RDZV_BIN, "gpulaunch-rdzv", "--listen", listen, "--http", http, "--token-file",
               tf, "--handshake-timeout-ms", hs, "--log-level", "error", (char *)NULL);
         _exit(127);
