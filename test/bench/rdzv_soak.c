@@ -77,7 +77,7 @@
 #define SOAK_SAMPLES_MAX 100000   /* latency samples kept per kind */
 #define SOAK_RESUME_MS 15000      /* every node reconnected after a server restart by then */
 #define SOAK_SHOWN_MAX 30         /* violations printed in full */
-#define SOAK_HEAP_SLACK 16384     /* heap bytes the server may hold at the end past the drain */
+#define SOAK_HEAP_SLACK 4096      /* heap bytes the server may hold at the end past the drain */
 #define SOAK_QUIET_MS 10000       /* before the drain: heartbeats alone, nothing changing */
 #define SOAK_DRAIN_MS 1500        /* after the last job ended, the server has seen them go */
 #define SOAK_TOKEN "soak-token"
