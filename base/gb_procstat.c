@@ -124,3 +124,27 @@ int gb_procstat_read(pid_t pid, gb_procstat *out) {
     }
     return 0;
 }
+
+double gb_procstat_cpu_exact_s(pid_t pid) {
+    char path[64];
+    proc_path(pid, "task", path, sizeof path);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    unsigned long long total = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char f[320];
+        snprintf(f, sizeof f, "%s/%s/schedstat", path, e->d_name);
+        FILE *fp = fopen(f, "r");
+        unsigned long long ns = 0;
+        if (fp && fscanf(fp, "%llu", &ns) == 1)
+            total += ns;
+        if (fp)
+            fclose(fp);
+    }
+    closedir(d);
+    return (double)total / 1e9;
+}

@@ -25,5 +25,9 @@ long gb_procstat_fds(pid_t pid);
 /* The processes whose parent is pid (0: this process), zombies included;
  * -1 when /proc cannot be read. */
 long gb_procstat_children(pid_t pid);
+/* The CPU time of every thread of pid (0: this process) from the scheduler's
+ * nanosecond counts (/proc/PID/task/T/schedstat), where cpu_s's clock ticks
+ * are too coarse (a quiet server's heartbeats); -1 when it cannot be read. */
+double gb_procstat_cpu_exact_s(pid_t pid);
 
 #endif

@@ -199,4 +199,22 @@ Test(proc, descriptors_threads_and_children_are_counted) {
     cr_expect_eq(gb_procstat_children(0), kids);
     cr_expect_eq(gb_procstat_read(c, &b), -1, "a reaped process is gone");
     cr_expect_eq(b.rss_bytes, -1);
+    cr_expect_lt(gb_procstat_cpu_exact_s(c), 0, "a reaped process has no CPU time");
+}
+
+/* The scheduler's nanosecond count sees a millisecond of work, where clock
+ * ticks (10 ms) would not. */
+Test(proc, exact_cpu_time_sees_a_millisecond) {
+    double t0 = gb_procstat_cpu_exact_s(0);
+    cr_assert_geq(t0, 0);
+    volatile unsigned long x = 0;
+    double t1;
+    do {
+        for (int i = 0; i < 100000; i++)
+            x += (unsigned long)i;
+        t1 = gb_procstat_cpu_exact_s(0);
+    } while (t1 - t0 < 0.001 && t1 - t0 >= 0);
+    cr_expect_geq(t1 - t0, 0.001);
+    cr_expect_lt(t1 - t0, 1.0, "%.3f s for a millisecond's loop", t1 - t0);
+    cr_expect_geq(gb_procstat_cpu_exact_s(getpid()), t1, "by pid the same process");
 }

@@ -10,7 +10,6 @@
  *   rdzv_bench --agents 16384 [--server HOST:PORT --token-file F] [--threads T] [--kv]
  *
  * Last line: rdzv_bench agents=N join_to_assigned_s=X server_peak_rss_mib=Y */
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -26,6 +25,7 @@
 #include <sys/socket.h>
 #include <uv.h>
 
+#include "gb_procstat.h"
 #include "gb_time.h"
 #include "gpulaunch/rdzv.h"
 #include "rdzv_auth.h"
@@ -207,29 +207,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b) {
 }
 
 /* CPU seconds a process has run, all its threads (nanosecond counters). */
-static double cpu_s(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return -1;
-    unsigned long long total = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char f[320];
-        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
-        FILE *fp = fopen(f, "r");
-        unsigned long long ns = 0;
-        if (fp && fscanf(fp, "%llu", &ns) == 1)
-            total += ns;
-        if (fp)
-            fclose(fp);
-    }
-    closedir(d);
-    return (double)total / 1e9;
-}
+static double cpu_s(pid_t pid) { return gb_procstat_cpu_exact_s(pid); }
 
 static int atoi_checked(const char *s) {
     char *end;

@@ -54,7 +54,6 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
-#include <dirent.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -210,30 +209,9 @@ static long proc_rss_kib(pid_t pid) {
     return gb_procstat_read(pid, &st) == 0 && st.rss_bytes >= 0 ? (long)(st.rss_bytes / 1024) : -1;
 }
 
-/* CPU time of every thread of pid, from the scheduler's own nanosecond count
- * (/proc/PID/stat's ticks are too coarse for a quiet server). */
 static double proc_cpu_s(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return 0;
-    unsigned long long total = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char f[320];
-        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", (int)pid, e->d_name);
-        FILE *fp = fopen(f, "r");
-        unsigned long long ns = 0;
-        if (fp && fscanf(fp, "%llu", &ns) == 1)
-            total += ns;
-        if (fp)
-            fclose(fp);
-    }
-    closedir(d);
-    return (double)total / 1e9;
+    double s = gb_procstat_cpu_exact_s(pid);
+    return s < 0 ? 0 : s;
 }
 
 static int free_port(void) {
