@@ -76,9 +76,12 @@
 #define SOAK_SAMPLES_MAX 100000   /* latency samples kept per kind */
 #define SOAK_RESUME_MS 15000      /* every node reconnected after a server restart by then */
 #define SOAK_SHOWN_MAX 30         /* violations printed in full */
-#define SOAK_HEAP_SLACK 4096      /* heap bytes the server may hold at the end past the drain */
-#define SOAK_QUIET_MS 10000       /* before the drain: heartbeats alone, nothing changing */
-#define SOAK_DRAIN_MS 1500        /* after the last job ended, the server has seen them go */
+/* Heap bytes the server may hold at the end past the drain: this, and libuv's
+ * table of watchers by descriptor number, which doubles (8 bytes an entry)
+ * when a higher descriptor than any before comes (heap_slack()). */
+#define SOAK_HEAP_SLACK 4096
+#define SOAK_QUIET_MS 10000 /* before the drain: heartbeats alone, nothing changing */
+#define SOAK_DRAIN_MS 1500  /* after the last job ended, the server has seen them go */
 #define SOAK_TOKEN "soak-token"
 
 enum { EX_NONE, EX_ASSIGN_ANY, EX_ASSIGN, EX_OVER, EX_DONE };
@@ -1077,6 +1080,16 @@ static void on_tick(uv_timer_t *t) {
     }
 }
 
+/* SOAK_HEAP_SLACK and the most libuv's watcher table can grow after the drain:
+ * to the power of two above the most descriptors the server can hold (every
+ * job at its largest, every hostile connection, a few of its own). */
+static double heap_slack(void) {
+    uint64_t fds = (uint64_t)S.njobs * SOAK_JOB_MAX_NODES + SOAK_HOSTILE_MAX + 64, cap = 1;
+    while (cap < fds + 2)
+        cap <<= 1;
+    return SOAK_HEAP_SLACK + 8.0 * (double)cap;
+}
+
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -1194,7 +1207,7 @@ int main(int argc, char **argv) {
     double heap_after = server_metric("gpulaunch_rdzv_heap_bytes");
     int left_behind = fds_after != S.fds_before || jobs_left != 0 || nodes_left != 0 ||
                       (S.fds_drained > 0 && fds_after != S.fds_drained) ||
-                      (S.heap_drained > 0 && heap_after - S.heap_drained > SOAK_HEAP_SLACK);
+                      (S.heap_drained > 0 && heap_after - S.heap_drained > heap_slack());
     kill(S.server, SIGTERM);
     int st = 0;
     waitpid(S.server, &st, 0);
@@ -1238,9 +1251,9 @@ int main(int argc, char **argv) {
     }
     printf("rdzv_soak: every client gone: server fds %ld (before the first client %ld, when every "
            "job had ended once %ld), jobs %.0f, nodes %.0f, heap %.0f bytes (before the first "
-           "client %.0f, when every job had ended once %.0f: at most %d more)\n",
+           "client %.0f, when every job had ended once %.0f: at most %.0f more)\n",
            fds_after, S.fds_before, S.fds_drained, jobs_left, nodes_left, heap_after, S.heap_before,
-           S.heap_drained, SOAK_HEAP_SLACK);
+           S.heap_drained, heap_slack());
     printf("rdzv_soak nodes=%d duration_s=%.0f rounds=%llu decisions=%llu violations=%llu "
            "left_behind=%d\n",
            S.nodes, S.duration_s, (unsigned long long)S.rounds, (unsigned long long)S.decisions,
