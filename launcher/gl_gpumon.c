@@ -358,26 +358,6 @@ static void at_exit(void) { gl_gpumon_stop(); }
 
 /* ---- the Prometheus exposition (served by gl_metrics.c) ---- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->p == NULL)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= b->cap - b->len) {
-        b->p[b->len] = '\0'; /* over GL_METRICS_BODY_MAX: cut at the last whole line */
-        return;
-    }
-    b->len += (size_t)n;
-}
-
 /* A label value with \, " and newlines escaped. */
 static const char *esc(const char *s, char *buf, size_t len) {
     size_t o = 0;
@@ -413,7 +393,7 @@ static void labels(int i, char *buf, size_t len) {
              w && w->pid > 0 ? w->rank : -1, i);
 }
 
-static void render(sbuf *b) {
+static void render(gl_pbuf *b) {
     static const struct {
         const char *name, *type, *help;
     } m[] = {
@@ -431,7 +411,7 @@ static void render(sbuf *b) {
         {"gpulaunch_gpu_last_xid", "gauge", "the last XID seen (0: none)"},
     };
     for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
-        sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", m[k].name, m[k].help, m[k].name, m[k].type);
+        gl_pb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", m[k].name, m[k].help, m[k].name, m[k].type);
         for (int i = 0; i < M.held; i++) {
             const gpu_state *st = &M.st[i];
             if (!M.g[i].found)
@@ -473,14 +453,14 @@ static void render(sbuf *b) {
                 continue; /* not known: no sample rather than a made-up value */
             char lb[1200];
             labels(i, lb, sizeof lb);
-            sb_printf(b, "%s{%s} %.17g\n", m[k].name, lb, v);
+            gl_pb_printf(b, "%s{%s} %.17g\n", m[k].name, lb, v);
         }
     }
 }
 
 /* The exposition text for gl_metrics.c. */
 static size_t render_text(char *p, size_t cap) {
-    sbuf b = {.p = p, .cap = cap};
+    gl_pbuf b = {.p = p, .cap = cap};
     p[0] = '\0';
     render(&b);
     if (b.len < cap) { /* the workers' checkpoints (gl_ckptview.c) after the GPUs' figures */

@@ -156,14 +156,7 @@ static void on_connection(uv_stream_t *server, int status) {
 
 /* ---- the launcher's own figures ---- */
 
-typedef struct pbuf {
-    char *p;
-    size_t len, cap;
-    int full; /* a line did not fit: nothing more is written */
-} pbuf;
-
-static void pb_printf(pbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void pb_printf(pbuf *b, const char *fmt, ...) {
+void gl_pb_printf(gl_pbuf *b, const char *fmt, ...) {
     if (b->full || b->cap == 0)
         return;
     va_list ap;
@@ -178,8 +171,8 @@ static void pb_printf(pbuf *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
-static void pb_family(pbuf *b, const char *name, const char *type, const char *help) {
-    pb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+static void pb_family(gl_pbuf *b, const char *name, const char *type, const char *help) {
+    gl_pb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void on_walk(uv_handle_t *h, void *arg) {
@@ -189,7 +182,7 @@ static void on_walk(uv_handle_t *h, void *arg) {
 }
 
 size_t gl_metrics_process(char *buf, size_t cap, uv_loop_t *loop, int workers) {
-    pbuf b = {.p = buf, .cap = cap};
+    gl_pbuf b = {.p = buf, .cap = cap};
     gb_procstat ps;
     gb_procstat_read(0, &ps);
     struct rlimit rl;
@@ -197,48 +190,48 @@ size_t gl_metrics_process(char *buf, size_t cap, uv_loop_t *loop, int workers) {
     if (ps.cpu_s >= 0) {
         pb_family(&b, "process_cpu_seconds_total", "counter",
                   "Total user and system CPU time spent in seconds.");
-        pb_printf(&b, "process_cpu_seconds_total %.17g\n", ps.cpu_s);
+        gl_pb_printf(&b, "process_cpu_seconds_total %.17g\n", ps.cpu_s);
     }
     if (ps.fds >= 0) {
         pb_family(&b, "process_open_fds", "gauge", "Number of open file descriptors.");
-        pb_printf(&b, "process_open_fds %ld\n", ps.fds);
+        gl_pb_printf(&b, "process_open_fds %ld\n", ps.fds);
     }
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
         pb_family(&b, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
-        pb_printf(&b, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+        gl_pb_printf(&b, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
     }
     if (ps.rss_bytes >= 0) {
         pb_family(&b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-        pb_printf(&b, "process_resident_memory_bytes %lld\n", ps.rss_bytes);
+        gl_pb_printf(&b, "process_resident_memory_bytes %lld\n", ps.rss_bytes);
     }
     if (ps.vm_bytes >= 0) {
         pb_family(&b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-        pb_printf(&b, "process_virtual_memory_bytes %lld\n", ps.vm_bytes);
+        gl_pb_printf(&b, "process_virtual_memory_bytes %lld\n", ps.vm_bytes);
     }
     if (ps.start_unix_s >= 0) {
         pb_family(&b, "process_start_time_seconds", "gauge",
                   "Start time of the process since unix epoch in seconds.");
-        pb_printf(&b, "process_start_time_seconds %.2f\n", ps.start_unix_s);
+        gl_pb_printf(&b, "process_start_time_seconds %.2f\n", ps.start_unix_s);
     }
     /* what the launcher holds */
     if (ps.threads >= 0) {
         pb_family(&b, "gpulaunch_threads", "gauge", "threads of the launcher");
-        pb_printf(&b, "gpulaunch_threads %ld\n", ps.threads);
+        gl_pb_printf(&b, "gpulaunch_threads %ld\n", ps.threads);
     }
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     /* what malloc has handed out and not had back: a leak grows it byte by byte */
     struct mallinfo2 mi = mallinfo2();
     pb_family(&b, "gpulaunch_heap_bytes", "gauge", "bytes allocated with malloc and not freed");
-    pb_printf(&b, "gpulaunch_heap_bytes %zu\n", mi.uordblks + mi.hblkhd);
+    gl_pb_printf(&b, "gpulaunch_heap_bytes %zu\n", mi.uordblks + mi.hblkhd);
 #endif
     long kids = gb_procstat_children(0);
     if (kids >= 0) {
         pb_family(&b, "gpulaunch_child_processes", "gauge",
                   "processes whose parent is the launcher, zombies included");
-        pb_printf(&b, "gpulaunch_child_processes %ld\n", kids);
+        gl_pb_printf(&b, "gpulaunch_child_processes %ld\n", kids);
     }
     pb_family(&b, "gpulaunch_workers", "gauge", "local workers started and not yet reaped");
-    pb_printf(&b, "gpulaunch_workers %d\n", workers);
+    gl_pb_printf(&b, "gpulaunch_workers %d\n", workers);
     long by_type[UV_HANDLE_TYPE_MAX] = {0};
     uv_walk(loop, on_walk, by_type);
     pb_family(&b, "gpulaunch_loop_handles", "gauge",
@@ -246,18 +239,18 @@ size_t gl_metrics_process(char *buf, size_t cap, uv_loop_t *loop, int workers) {
               "connection included");
     for (int t = UV_UNKNOWN_HANDLE + 1; t < UV_HANDLE_TYPE_MAX; t++)
         if (by_type[t] > 0)
-            pb_printf(&b, "gpulaunch_loop_handles{type=\"%s\"} %ld\n",
-                      uv_handle_type_name((uv_handle_type)t), by_type[t]);
+            gl_pb_printf(&b, "gpulaunch_loop_handles{type=\"%s\"} %ld\n",
+                         uv_handle_type_name((uv_handle_type)t), by_type[t]);
     int regions, pipes;
     long long bytes;
     gl_progress_held(&regions, &bytes, &pipes);
     pb_family(&b, "gpulaunch_progress_regions", "gauge",
               "progress channel regions mapped (a memfd, made once)");
-    pb_printf(&b, "gpulaunch_progress_regions %d\n", regions);
+    gl_pb_printf(&b, "gpulaunch_progress_regions %d\n", regions);
     pb_family(&b, "gpulaunch_progress_region_bytes", "gauge", "bytes of those regions");
-    pb_printf(&b, "gpulaunch_progress_region_bytes %lld\n", bytes);
+    gl_pb_printf(&b, "gpulaunch_progress_region_bytes %lld\n", bytes);
     pb_family(&b, "gpulaunch_progress_pipes", "gauge", "progress channel pipe ends held");
-    pb_printf(&b, "gpulaunch_progress_pipes %d\n", pipes);
+    gl_pb_printf(&b, "gpulaunch_progress_pipes %d\n", pipes);
     return b.len;
 }
 

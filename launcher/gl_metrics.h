@@ -29,4 +29,13 @@ size_t gl_metrics_process(char *buf, size_t cap, uv_loop_t *loop, int workers);
 int gl_metrics_listen(uv_loop_t *loop, const char *spec, gl_metrics_render_fn render, char *err,
                       size_t errlen);
 
+/* A bounded text buffer for the exposition: a line that does not fit is cut
+ * at the last whole line and nothing more is written (GL_METRICS_BODY_MAX). */
+typedef struct gl_pbuf {
+    char *p;
+    size_t len, cap;
+    int full;
+} gl_pbuf;
+void gl_pb_printf(gl_pbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #endif
