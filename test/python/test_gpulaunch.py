@@ -36,6 +36,14 @@ except ImportError:
     HAVE_TORCH = False
 
 
+# The same tests run on Debian's torch and on today's (GPULAUNCH_TEST_SECOND_TORCH
+# set): a test whose workers take no torch path runs on the first alone. The
+# second still loads torch before libgpulaunch in every worker (_native's
+# _torch_first), so its torch tests cover that load order.
+ONCE = pytest.mark.skipif(bool(os.environ.get("GPULAUNCH_TEST_SECOND_TORCH")),
+                          reason="no torch path: run on the first torch's interpreter")
+
+
 def need_torch() -> None:
     if not HAVE_TORCH:
         pytest.skip(f"torch is not installed for {PY}: the torch paths are untested")
@@ -128,6 +136,7 @@ def test_collectives_on_four_ranks() -> None:
     need_torch()
 
 
+@ONCE
 def test_master_port_is_below_the_ephemeral_range() -> None:
     """The round's MASTER_PORT is chosen below the kernel's ephemeral range,
     so no socket made before the workers bind it can be given it."""
@@ -143,6 +152,7 @@ def test_master_port_is_below_the_ephemeral_range() -> None:
     assert all(10000 <= port < lo for port in ports), f"{ports} (ephemeral range from {lo})"
 
 
+@ONCE
 def test_world_of_one_and_argument_errors() -> None:
     with gpulaunch.Comm("cpu") as c:
         assert (c.rank, c.world_size, c.backend) == (0, 1, "cpu")
@@ -160,6 +170,7 @@ def test_world_of_one_and_argument_errors() -> None:
     assert gpulaunch.EXIT_PREEMPTED == 143 and gpulaunch.__version__
 
 
+@ONCE
 def test_missing_library_says_what_to_do() -> None:
     p = subprocess.run([PY, "-c", "import gpulaunch; gpulaunch.Comm()"], capture_output=True, text=True,
                        env=child_env(GPULAUNCH_LIBRARY="/nonexistent/libgpulaunch.so.0"), timeout=30)
@@ -257,6 +268,7 @@ ck.close()
 """
 
 
+@ONCE
 def test_sigterm_in_a_python_process(tmp_path: Path) -> None:
     """The C handler stays installed in Python: SIGTERM asks for a checkpoint
     instead of killing; a handler installed later by Python is reported."""
@@ -271,6 +283,7 @@ def test_sigterm_in_a_python_process(tmp_path: Path) -> None:
 # ---- checkpoints, 4-rank jobs ----
 
 
+@ONCE
 def test_periodic_checkpoints_keep_and_layout(tmp_path: Path) -> None:
     d = tmp_path / "ck"
     p = run(launch_cmd(4, "worker_ckpt.py", "--dir", str(d), "--steps", "10", "--every", "2", "--keep", "2"))
@@ -288,6 +301,7 @@ def test_periodic_checkpoints_keep_and_layout(tmp_path: Path) -> None:
         assert "'params'" in c.stderr + c.stdout and "step-000000000010" in c.stderr + c.stdout, describe(c)
 
 
+@ONCE
 def test_restore_skips_torn_and_partial(tmp_path: Path) -> None:
     d = tmp_path / "ck"
     p = run(launch_cmd(4, "worker_ckpt.py", "--dir", str(d), "--steps", "6", "--every", "2"))
@@ -327,6 +341,7 @@ def test_c_checkpoint_read_by_python(tmp_path: Path) -> None:
     assert got["path"].decode() == str(d / "step-000000000010" / "r0-params")
 
 
+@ONCE
 def test_sigterm_to_the_launcher_stops_every_rank_at_one_step(tmp_path: Path) -> None:
     d = tmp_path / "ck"
     proc = subprocess.Popen(
@@ -365,6 +380,7 @@ def since_logged(stderr: str, pattern: str, end: float) -> float:
     return end - at
 
 
+@ONCE
 def test_rank_dying_in_the_agreement_is_named(tmp_path: Path) -> None:
     p = run(launch_cmd(4, "worker_ckpt.py", "--dir", str(tmp_path / "ck"), "--steps", "10",
                        "--die-rank", "2", "--die-step", "3", launcher_args=("--shutdown-timeout", "20")),
@@ -390,6 +406,7 @@ time.sleep(60)  # as in a framework's collective whose peer is gone
 """
 
 
+@ONCE
 def test_worker_of_a_failed_round_is_not_held_by_its_checkpoint_handler(tmp_path: Path) -> None:
     """SIGTERM asks a Checkpointer for a checkpoint; but when the launcher stops
     a round that is over (a peer failed), the worker ends at once instead of
