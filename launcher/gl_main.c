@@ -37,6 +37,7 @@
 #include "gl_notice.h"
 #include "gl_warm.h"
 #include "gl_watchdog.h"
+#include "gl_waits.h"
 #include "gl_workers.h"
 #include "gpulaunch/rdzv.h"
 
@@ -773,6 +774,7 @@ int main(int argc, char **argv) {
         return GL_EXIT_RDZV;
     }
     gl_notice_client(L.cli);
+    gl_waits_start(L.loop, L.cli, &G);
     gl_warm_callbacks wcb = {.live = warm_live, .gone = warm_gone, .stop = warm_stop};
     if (jp.warm) /* only an elastic job takes in new nodes */
         gl_warm_init(&W, L.loop, L.cli, L.cfg.nproc, (uint32_t)(L.cfg.warm_start_s * 1000), &wcb);

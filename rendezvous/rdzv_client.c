@@ -19,7 +19,8 @@
 
 #define RDZV_CLIENT_MAX_ADDRS 8   /* a host's addresses tried in turn (localhost: ::1, 127.0.0.1) */
 #define RDZV_NOTICE_FIRST_MS 2000 /* an unreachable rendezvous is said after this ... */
-#define RDZV_NOTICE_EVERY_MS 10000 /* ... and again at this interval */
+#define RDZV_NOTICE_EVERY_MS 10000    /* ... and again at this interval */
+#define RDZV_CLIENT_WAIT_EVERY_MS 250 /* a wait that goes on is said again this often */
 
 enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
 
@@ -56,6 +57,9 @@ struct rdzv_client {
     int failed;
     int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
     int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
+    int server_probe;  /* the server takes waits in heartbeats and probes (RDZV_CHALLENGE_PROBE) */
+    uint32_t wait_ms;  /* rdzv_client_waiting's last: said in every heartbeat */
+    uint64_t wait_said_ms; /* when a heartbeat last said a wait */
     int stats_warned;
     uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
     int frozen;          /* rdzv_client_freeze: sends nothing more */
@@ -224,6 +228,8 @@ static void send_join(rdzv_client *c) {
         m.u.join.nnodes = c->a.nnodes;
     } else if (c->jp.warm && c->server_warm)
         m.flags = RDZV_JOIN_WARM;
+    if (c->server_probe)
+        m.flags |= RDZV_JOIN_PROBE;
     c->join_req = m.req_id;
     c->want_join = 0;
     c->pending = !c->assigned;
@@ -239,6 +245,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
     case RDZV_CHALLENGE: {
         c->server_health = (m->flags & RDZV_CHALLENGE_HEALTH) != 0;
         c->server_warm = (m->flags & RDZV_CHALLENGE_WARM) != 0;
+        c->server_probe = (m->flags & RDZV_CHALLENGE_PROBE) != 0;
         rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
         h.u.hello.magic = RDZV_MAGIC;
         h.u.hello.version = RDZV_VERSION;
@@ -323,6 +330,11 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         if (c->cb.on_job_done)
             c->cb.on_job_done(c);
         return;
+    case RDZV_PING: { /* answered at once: the server probes whether this node lives */
+        rdzv_msg p = {.type = RDZV_PONG, .req_id = m->req_id};
+        send_msg(c, &p);
+        return;
+    }
     case RDZV_ERROR:
         if (m->u.error.code == GPL_ERR_ROUND_OVER && m->req_id == c->join_req && c->assigned) {
             /* The restarted server could not resume our round: it is over. */
@@ -485,13 +497,19 @@ static void start_connect(rdzv_client *c) {
     }
 }
 
-static void on_heartbeat(uv_timer_t *t) {
-    rdzv_client *c = t->data;
-    if (c->state == CS_READY) {
-        rdzv_msg m = {.type = RDZV_HEARTBEAT};
-        send_msg(c, &m);
+static void send_heartbeat(rdzv_client *c) {
+    if (c->state != CS_READY)
+        return;
+    rdzv_msg m = {.type = RDZV_HEARTBEAT};
+    if (c->server_probe) {
+        m.flags = RDZV_HEARTBEAT_WAIT;
+        m.u.heartbeat.wait_ms = c->wait_ms;
+        c->wait_said_ms = gb_now_ms();
     }
+    send_msg(c, &m);
 }
+
+static void on_heartbeat(uv_timer_t *t) { send_heartbeat(t->data); }
 
 gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
                                const rdzv_join_params *jp, const rdzv_client_callbacks *cb,
@@ -553,6 +571,16 @@ void rdzv_client_rejoin(rdzv_client *c) {
 void rdzv_client_set_master_port(rdzv_client *c, uint16_t port) { c->jp.master_port = port; }
 
 int rdzv_client_connected(const rdzv_client *c) { return c->state == CS_READY; }
+
+void rdzv_client_waiting(rdzv_client *c, uint32_t wait_ms) {
+    int changed = (wait_ms != 0) != (c->wait_ms != 0);
+    c->wait_ms = wait_ms;
+    /* a wait that begins or ends is said at once, one that goes on every
+     * RDZV_CLIENT_WAIT_EVERY_MS: the server probes again a node that
+     * answered the last probe and may have gone since */
+    if (changed || (wait_ms && gb_now_ms() - c->wait_said_ms >= RDZV_CLIENT_WAIT_EVERY_MS))
+        send_heartbeat(c);
+}
 
 void rdzv_client_fail(rdzv_client *c, const char *message) {
     rdzv_msg m = {.type = RDZV_FAIL, .req_id = ++c->next_req};

@@ -374,11 +374,16 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         bytes(c, &m->u.kv_cas.expected, RDZV_MAX_VALUE);
         bytes(c, &m->u.kv_cas.desired, RDZV_MAX_VALUE);
         break;
-    case RDZV_OK:
     case RDZV_HEARTBEAT:
+        if (m->flags & RDZV_HEARTBEAT_WAIT)
+            u32(c, &m->u.heartbeat.wait_ms);
+        break;
+    case RDZV_OK:
     case RDZV_DONE:
     case RDZV_JOB_DONE:
     case RDZV_NODE:
+    case RDZV_PING:
+    case RDZV_PONG:
         break;
     case RDZV_ERROR:
         u32(c, &m->u.error.code);

@@ -52,7 +52,9 @@
     X(RDZV_FAIL, 26)                                                                               \
     X(RDZV_PROGRESS, 27)                                                                           \
     X(RDZV_STATS, 28)                                                                              \
-    X(RDZV_NODE, 29)
+    X(RDZV_NODE, 29)                                                                               \
+    X(RDZV_PING, 30)                                                                               \
+    X(RDZV_PONG, 31)
 
 enum rdzv_type {
 #define RDZV_TYPE_ENUM_(n, v) n = v,
@@ -82,11 +84,16 @@ typedef struct rdzv_bytes {
         * takes it in (they wait for their first round): the round is not                          \
         * ended for it until it says RDZV_NODE_READY, when every node of                           \
         * the round said RDZV_NODE_LIVE; it hears RDZV_WAITING_WARM */
+#define RDZV_JOIN_PROBE                                                                            \
+    4u /* this node answers PING with PONG (the same req id) at once: the server may probe         \
+        * it when its peers wait for it (docs/protocol.md, suspicion and probes) */
 
 /* Flags on RDZV_CHALLENGE: what this server takes besides version 2's
  * messages (an older server sends 0; its clients never send these). */
 #define RDZV_CHALLENGE_HEALTH 1u /* STATS and FAIL with RDZV_FAIL_HANG */
 #define RDZV_CHALLENGE_WARM 2u   /* NODE and JOIN with RDZV_JOIN_WARM */
+#define RDZV_CHALLENGE_PROBE                                                                       \
+    4u /* HEARTBEAT with RDZV_HEARTBEAT_WAIT, PONG, JOIN with RDZV_JOIN_PROBE */
 
 /* Flags on RDZV_NODE (a request without a body; answered OK): what a node's
  * workers can do now. */
@@ -96,6 +103,14 @@ typedef struct rdzv_bytes {
 #define RDZV_WAITING_WARM                                                                          \
     1u /* to a warm joiner alone: every node of the running round                                  \
         * re-forms in place; start the workers, then say READY */
+
+/* Flags on RDZV_HEARTBEAT. */
+#define RDZV_HEARTBEAT_WAIT                                                                        \
+    1u /* a u32 follows: for how many ms every running worker of this node has                     \
+        * waited inside one collective (0: they do not wait now) */
+
+/* RDZV_PING (server to node, pushed; req id: the probe's) and RDZV_PONG (the
+ * node's answer, same req id) have no body. */
 
 /* Flags on RDZV_FAIL. */
 #define RDZV_FAIL_HANG 1u /* a rank hung: its global rank follows the message */
@@ -185,6 +200,9 @@ typedef struct rdzv_msg {
         struct {
             uint32_t waiting, members;
         } waiting;
+        struct {
+            uint32_t wait_ms; /* with RDZV_HEARTBEAT_WAIT only */
+        } heartbeat;
         struct {
             uint32_t kind;
             uint32_t round;

@@ -77,6 +77,15 @@ char *rdzv_render_metrics(rdzv_server *s) {
               "# TYPE gpulaunch_rdzv_protocol_errors_total counter\n"
               "gpulaunch_rdzv_protocol_errors_total %llu\n",
               (unsigned long long)s->m.protocol_errors);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_probes_total Nodes probed because their peers waited for "
+              "them in a collective, by outcome.\n"
+              "# TYPE gpulaunch_rdzv_probes_total counter\n"
+              "gpulaunch_rdzv_probes_total{result=\"answered\"} %llu\n"
+              "gpulaunch_rdzv_probes_total{result=\"unanswered\"} %llu\n"
+              "gpulaunch_rdzv_probes_total{result=\"moot\"} %llu\n",
+              (unsigned long long)s->m.probes_answered, (unsigned long long)s->m.probes_unanswered,
+              (unsigned long long)s->m.probes_moot);
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     /* what the server holds from malloc, not what the allocator keeps free:
      * back where it started once every job is gone (test/bench/rdzv_soak) */

@@ -633,6 +633,14 @@ void rdzv_round_heartbeat_lost(rdzv_rmember *m, uint64_t silent_ms, uint64_t now
               m->r->hb_timeout_ms / 1000.0);
 }
 
+void rdzv_round_unresponsive(rdzv_rmember *m, const char *evidence, uint64_t now,
+                             rdzv_round_out *out) {
+    if (m->r == NULL || !m->active || m->done)
+        return;
+    end_round(m->r, m, RDZV_REASON_HEARTBEAT, now, out, "node %s (%s, node rank %u) %s",
+              m->hostname, m->addr, m->node_rank, evidence);
+}
+
 void rdzv_round_done(rdzv_rmember *m, rdzv_round_out *out) {
     rdzv_round *r = m->r;
     if (r == NULL || !m->active || m->done)

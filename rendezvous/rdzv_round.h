@@ -140,6 +140,10 @@ void rdzv_round_fail(rdzv_rmember *m, int hung, uint32_t rank, const char *messa
 /* m's heartbeats stopped for silent_ms while it is in the running round */
 void rdzv_round_heartbeat_lost(rdzv_rmember *m, uint64_t silent_ms, uint64_t now,
                                rdzv_round_out *out);
+/* m answered no probe while its peers waited for it (rdzv_probe.c): the
+ * running round ends as for a lost heartbeat, evidence in the message */
+void rdzv_round_unresponsive(rdzv_rmember *m, const char *evidence, uint64_t now,
+                             rdzv_round_out *out);
 /* what m's workers can do now (RDZV_NODE_* flags): a held warm joiner's
  * readiness ends the round to take it in (once every held one is ready), as
  * does a node of the round whose workers no longer re-form in place */

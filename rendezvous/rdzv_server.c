@@ -199,6 +199,11 @@ void rdzv__push_send(rdzv_server *s, rdzv_push *p) {
 static void handle_ready(conn *c, const rdzv_msg *msg) {
     switch (msg->type) {
     case RDZV_HEARTBEAT:
+        if (msg->flags & RDZV_HEARTBEAT_WAIT)
+            rdzv__probe_heartbeat(c, msg);
+        return;
+    case RDZV_PONG:
+        rdzv__probe_pong(c, msg);
         return;
     case RDZV_JOIN:
     case RDZV_ATTACH:
@@ -461,7 +466,7 @@ static void accept_one(uv_stream_t *ls, int status) {
     memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
-    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM;
+    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | RDZV_CHALLENGE_PROBE;
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
@@ -489,6 +494,7 @@ static void on_sweep(uv_timer_t *t) {
         close_doomed(s);
     }
     rdzv__jobs_sweep(s, now, hb);
+    rdzv__probe_sweep(s, now);
     close_doomed(s);
 }
 
@@ -517,6 +523,7 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
     LIST_INIT(&s->doomed);
     TAILQ_INIT(&s->handshaking);
     LIST_INIT(&s->jobs);
+    LIST_INIT(&s->probing);
     rdzv_buf_init(&s->scratch, RDZV_MAX_FRAME + 4);
     rdzv_buf_init(&s->kv_scratch, RDZV_MAX_FRAME - 64);
     if (opts->token && opts->token_len) {

@@ -15,6 +15,7 @@
 #include "rdzv_fanout.h"
 #include "rdzv_health.h"
 #include "rdzv_kv.h"
+#include "rdzv_probe.h"
 #include "rdzv_round.h"
 
 typedef struct conn conn;
@@ -46,6 +47,8 @@ struct conn {
 struct member {
     rdzv_rmember rm; /* first: a round's rdzv_rmember pointer is its member */
     conn *c;
+    rdzv_probe p; /* suspicion and probes (rdzv_probe.c) */
+    LIST_ENTRY(member) plink;
 };
 
 static inline member *member_of(rdzv_rmember *rm) { return (member *)(void *)rm; }
@@ -64,6 +67,9 @@ static inline job *job_of(rdzv_round *r) { return (job *)(void *)((char *)r - of
 typedef struct rdzv_metrics {
     uint64_t connections_total, connections_open, joins, rounds, kv_ops, auth_refused,
         protocol_errors, jobs_done;
+    /* suspicions' probes: sent = answered + unanswered + moot (the round ended, the node
+     * went) + in flight */
+    uint64_t probes_sent, probes_answered, probes_unanswered, probes_moot;
     uint64_t failures[7]; /* by rdzv_reason */
 } rdzv_metrics;
 
@@ -85,6 +91,8 @@ struct rdzv_server {
     LIST_HEAD(, job) jobs;
     uint32_t njobs;
     uint64_t last_hb_scan_ms;
+    LIST_HEAD(, member) probing; /* members with a probe in flight (rdzv_probe.c) */
+    uint32_t probe_id;
     rdzv_metrics m;
     uint8_t readbuf[64 * 1024];
     int readbuf_busy;
@@ -127,6 +135,9 @@ void rdzv__job_request(conn *c, const rdzv_msg *msg);
 void rdzv__job_conn_gone(conn *c, const char *why);
 /* The sweep: round deadlines, key waits and, with hb, heartbeats. */
 void rdzv__jobs_sweep(rdzv_server *s, uint64_t now, int hb);
+/* m answered no probe while its peers waited for it (rdzv_probe.c): its
+ * round ends, evidence in the message, and its connection goes. */
+void rdzv__job_unresponsive(member *m, const char *evidence, uint64_t now);
 /* Survivors of a failed round whose heartbeats stopped are dropped. */
 void rdzv__jobs_sweep_survivors(rdzv_server *s, uint64_t now);
 void rdzv__jobs_free(rdzv_server *s);

@@ -55,7 +55,7 @@ int netbed_available(char *why, size_t len) {
 }
 
 /* SIGKILLs every process in namespace ns; returns how many. */
-static int kill_ns_pids(const char *ns) {
+static int signal_ns_pids(const char *ns, int sig) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "ip netns pids %s 2>/dev/null", ns);
     FILE *f = popen(cmd, "r");
@@ -63,7 +63,7 @@ static int kill_ns_pids(const char *ns) {
     if (f) {
         long pid;
         while (fscanf(f, "%ld", &pid) == 1)
-            if (kill((pid_t)pid, SIGKILL) == 0)
+            if (kill((pid_t)pid, sig) == 0)
                 n++;
         pclose(f);
     }
@@ -72,7 +72,7 @@ static int kill_ns_pids(const char *ns) {
 
 /* Kills what runs in a namespace (until nothing is left), then deletes it. */
 static void ns_remove(const char *ns) {
-    for (int round = 0; round < 20 && kill_ns_pids(ns) > 0; round++)
+    for (int round = 0; round < 20 && signal_ns_pids(ns, SIGKILL) > 0; round++)
         usleep(20000);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "ip netns del %s 2>/dev/null; rm -rf /etc/netns/%s", ns, ns);
@@ -250,7 +250,13 @@ int netbed_restore(netbed *b, int host) {
 int netbed_kill_host(netbed *b, int host) {
     char ns[40];
     ns_name(b, host, ns, sizeof ns);
-    return kill_ns_pids(ns);
+    return signal_ns_pids(ns, SIGKILL);
+}
+
+int netbed_signal_host(netbed *b, int host, int sig) {
+    char ns[40];
+    ns_name(b, host, ns, sizeof ns);
+    return signal_ns_pids(ns, sig);
 }
 
 void netbed_save_log(netbed *b, const char *name, const proc *p) {

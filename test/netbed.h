@@ -44,6 +44,9 @@ int netbed_cut(netbed *b, int host);
 int netbed_restore(netbed *b, int host);
 /* SIGKILLs every process in host's namespace; returns how many. */
 int netbed_kill_host(netbed *b, int host);
+/* Sends sig to every process in host's namespace (SIGSTOP: the host
+ * freezes, its sockets open); returns how many. */
+int netbed_signal_host(netbed *b, int host, int sig);
 /* Writes a process's captured output to <dir>/<name>.log. */
 void netbed_save_log(netbed *b, const char *name, const proc *p);
 #endif

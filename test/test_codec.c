@@ -167,6 +167,9 @@ static void sample(uint16_t type, rdzv_msg *m) {
         m->u.stats.ranks = (rdzv_bytes){stats_buf.data, (uint32_t)stats_buf.len};
         break;
     }
+    case RDZV_HEARTBEAT:
+        m->u.heartbeat.wait_ms = 750; /* flags has RDZV_HEARTBEAT_WAIT */
+        break;
     case RDZV_PROGRESS:
         m->u.progress.joined = 3;
         m->u.progress.expected = 4;
@@ -443,6 +446,39 @@ Test(codec, stats_entries_and_hang) {
     rdzv_buf_free(&list);
     rdzv_buf_free(&b);
     rdzv_buf_free(&stats_buf);
+}
+
+/* A heartbeat carries its wait only with RDZV_HEARTBEAT_WAIT: a plain one is
+ * the bare header an older server takes; PING and PONG have no body and
+ * keep their req id (the probe's). */
+Test(codec, heartbeat_wait_and_probes) {
+    rdzv_msg m = {.type = RDZV_HEARTBEAT}, d;
+    rdzv_buf b;
+    rdzv_buf_init(&b, 4096);
+    m.u.heartbeat.wait_ms = 420;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_expect_eq(b.len, RDZV_HEADER_LEN, "a plain heartbeat has no body");
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.heartbeat.wait_ms, 0);
+    m.flags = RDZV_HEARTBEAT_WAIT;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_expect_eq(b.len, RDZV_HEADER_LEN + 4);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.heartbeat.wait_ms, 420);
+    /* the flag without its u32 is refused, not read as 0 */
+    b.data[3] -= 4;
+    cr_expect_eq(rdzv_decode(b.data, b.len - 4, &d, NULL, 0), GPL_ERR_PROTOCOL);
+    for (uint16_t t = RDZV_PING; t <= RDZV_PONG; t++) {
+        rdzv_msg p = {.type = t, .req_id = 77}, q;
+        b.len = 0;
+        cr_assert_eq(rdzv_encode(&p, &b), GPL_OK);
+        cr_expect_eq(b.len, RDZV_HEADER_LEN);
+        cr_assert_eq(rdzv_decode(b.data, b.len, &q, NULL, 0), GPL_OK);
+        cr_expect_eq(q.req_id, 77);
+        cr_expect_str_eq(rdzv_type_name(t), t == RDZV_PING ? "PING" : "PONG");
+    }
+    rdzv_buf_free(&b);
 }
 
 /* The checkpoint group of a STATS entry is optional: written only when it

@@ -195,6 +195,13 @@ void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message);
 #define RDZV_NODE_LIVE 1u
 #define RDZV_NODE_READY 2u
 void rdzv_client_node(rdzv_client *c, uint16_t flags);
+/* This node's running workers have all waited inside one collective for
+ * wait_ms (0: they do not wait now). A wait that begins or ends is sent at
+ * once, one that goes on every 250 ms (call this as often), and every
+ * heartbeat carries the latest: the server suspects the
+ * nodes its peers wait for and probes them (docs/protocol.md, suspicion and
+ * probes). Not sent to a server that predates it. */
+void rdzv_client_waiting(rdzv_client *c, uint32_t wait_ms);
 /* Whether this node's joins are warm (asked for, and the server takes them). */
 int rdzv_client_warm(const rdzv_client *c);
 /* Whether the client holds a connection to the server now (not reconnecting). */

@@ -1,0 +1,213 @@
+/* Suspicion and probes: rdzv_probe.h says what and why. */
+#include "rdzv_probe.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "rdzv_server_int.h"
+
+#define GB_COMPONENT "rdzv"
+
+static void unlist(member *m) {
+    if (m->p.suspected && m->p.sent_ms)
+        m->c->s->m.probes_moot++; /* unless counted as answered or unanswered first */
+    if (m->p.listed) {
+        LIST_REMOVE(m, plink);
+        m->p.listed = 0;
+    }
+    m->p.sent_ms = 0;
+    m->p.suspected = 0;
+}
+
+static void ping(member *m, uint64_t now, int suspected) {
+    rdzv_server *s = m->c->s;
+    if (++s->probe_id == 0)
+        s->probe_id = 1;
+    m->p.id = s->probe_id;
+    m->p.sent_ms = now ? now : 1;
+    m->p.suspected = suspected;
+    if (!m->p.listed) {
+        LIST_INSERT_HEAD(&s->probing, m, plink);
+        m->p.listed = 1;
+    }
+    rdzv_msg p = {.type = RDZV_PING, .req_id = m->p.id};
+    rdzv__send_msg(m->c, &p);
+    if (suspected)
+        s->m.probes_sent++;
+}
+
+uint32_t rdzv__probe_deadline_ms(const member *m) {
+    uint64_t d = (uint64_t)m->p.rtt_ms * RDZV_PROBE_RTT_FACTOR;
+    if (d < RDZV_PROBE_MIN_MS)
+        d = RDZV_PROBE_MIN_MS;
+    return d > RDZV_PROBE_MAX_MS ? RDZV_PROBE_MAX_MS : (uint32_t)d;
+}
+
+void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
+    member *m = c->m;
+    if (m == NULL)
+        return;
+    m->p.answers = (join->flags & RDZV_JOIN_PROBE) != 0;
+    m->p.wait_from_ms = 0; /* a new round: its workers wait in none of its collectives yet */
+    if (m->p.answers && m->p.rtt_ms == 0 && m->p.sent_ms == 0)
+        ping(m, gb_now_ms(), 0); /* calibration: its round trip, before it is ever suspected */
+}
+
+/* The running round's nodes that the others wait for: at least as many wait
+ * as do not, and at most RDZV_PROBE_MAX_SUSPECTS do not. Each is probed
+ * unless a suspicion's probe of it is in flight or it answered one just now. */
+static void suspect(job *j, uint64_t now) {
+    rdzv_round *r = &j->r;
+    if (r->state != RDZV_R_RUNNING)
+        return;
+    member *idle[RDZV_PROBE_MAX_SUSPECTS];
+    uint32_t waiting = 0, nidle = 0;
+    for (uint32_t i = 0; i < r->nranks; i++) {
+        rdzv_rmember *rm = r->ranks[i];
+        if (rm == NULL || rm->done)
+            continue;
+        member *m = member_of(rm);
+        if (m->p.wait_from_ms)
+            waiting++;
+        else if (nidle++ < RDZV_PROBE_MAX_SUSPECTS)
+            idle[nidle - 1] = m;
+    }
+    if (nidle == 0 || nidle > RDZV_PROBE_MAX_SUSPECTS || waiting < nidle)
+        return;
+    for (uint32_t i = 0; i < nidle; i++) {
+        member *m = idle[i];
+        if (!m->p.answers || (m->p.sent_ms && m->p.suspected) ||
+            (m->p.cleared_ms && now - m->p.cleared_ms < RDZV_PROBE_AGAIN_MS))
+            continue;
+        GB_DEBUG("job %s: %u node(s) wait for %s in a collective: probing it", r->run_id, waiting,
+                 m->rm.hostname);
+        ping(m, now, 1);
+    }
+}
+
+void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg) {
+    member *m = c->m;
+    if (m == NULL || m->rm.r == NULL || !m->rm.active)
+        return;
+    uint64_t now = gb_now_ms();
+    uint64_t w = msg->u.heartbeat.wait_ms;
+    if (w > RDZV_PROBE_WAIT_MAX_MS)
+        w = RDZV_PROBE_WAIT_MAX_MS;
+    if (w == 0) {
+        m->p.wait_from_ms = 0;
+        return;
+    }
+    m->p.wait_from_ms = now > w ? now - w : 1;
+    suspect(job_of(m->rm.r), now);
+}
+
+void rdzv__probe_pong(conn *c, const rdzv_msg *msg) {
+    member *m = c->m;
+    if (m == NULL || m->p.sent_ms == 0 || msg->req_id != m->p.id)
+        return; /* an answer to a probe given up on (or no member): nothing to learn */
+    uint64_t now = gb_now_ms();
+    uint32_t rtt = (uint32_t)(now - m->p.sent_ms);
+    uint32_t decayed = m->p.rtt_ms - m->p.rtt_ms / 8;
+    m->p.rtt_ms = rtt > decayed ? rtt : decayed;
+    if (m->p.rtt_ms == 0)
+        m->p.rtt_ms = 1; /* known: under a millisecond */
+    if (m->p.suspected) {
+        m->p.cleared_ms = now;
+        c->s->m.probes_answered++;
+        if (m->p.said_ms == 0 || now - m->p.said_ms >= RDZV_PROBE_SAY_MS) {
+            m->p.said_ms = now;
+            GB_INFO("job %s: node %s (node rank %u), which the others waited for in a "
+                    "collective, answered a probe in %u ms: slow, not lost (said once a minute)",
+                    m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank, rtt);
+        }
+        m->p.suspected = 0;
+    }
+    unlist(m);
+}
+
+void rdzv__probe_gone(member *m) { unlist(m); }
+
+/* Who waits for m, for the verdict: how many of its round's other nodes, the
+ * first few by name and the longest wait. */
+static void evidence(const member *m, uint64_t now, char *out, size_t len) {
+    const rdzv_round *r = m->rm.r;
+    uint32_t waiting = 0, others = 0;
+    uint64_t longest = 0;
+    char names[96] = "";
+    size_t off = 0;
+    for (uint32_t i = 0; i < r->nranks; i++) {
+        const rdzv_rmember *rm = r->ranks[i];
+        if (rm == NULL || rm == &m->rm || rm->done)
+            continue;
+        others++;
+        const member *x = member_of((rdzv_rmember *)rm);
+        if (x->p.wait_from_ms == 0)
+            continue;
+        if (now - x->p.wait_from_ms > longest)
+            longest = now - x->p.wait_from_ms;
+        if (waiting++ < 3 && off < sizeof names) {
+            int n =
+                snprintf(names + off, sizeof names - off, "%s%s", off ? ", " : "", rm->hostname);
+            off += n > 0 ? (size_t)n : 0;
+        }
+    }
+    snprintf(out, len,
+             "answered no ping within %u ms while %u of its %u peer node(s) waited for it inside a "
+             "collective (%s%s; the longest %.2f s); its last heartbeat came %.2f s ago",
+             rdzv__probe_deadline_ms(m), waiting, others, names, waiting > 3 ? ", ..." : "",
+             (double)longest / 1000.0, (double)(now - m->c->last_rx_ms) / 1000.0);
+}
+
+/* Whether the round is blocked on m now: every other node of it waits in a
+ * collective or is a suspect that has not answered either. A node that
+ * neither waits nor is suspected (a straggler that answered and computes
+ * still) can finish the collective: m is not what the job waits for, and a
+ * node whose launcher alone stopped (its workers in the collective) is not
+ * lost. */
+static int blocked_on(const member *m) {
+    const rdzv_round *r = m->rm.r;
+    for (uint32_t i = 0; i < r->nranks; i++) {
+        const rdzv_rmember *rm = r->ranks[i];
+        if (rm == NULL || rm == &m->rm || rm->done)
+            continue;
+        const member *x = member_of((rdzv_rmember *)rm);
+        if (x->p.wait_from_ms == 0 && !(x->p.sent_ms && x->p.suspected))
+            return 0;
+    }
+    return 1;
+}
+
+void rdzv__probe_sweep(rdzv_server *s, uint64_t now) {
+    member *m, *next;
+again:
+    for (m = LIST_FIRST(&s->probing); m; m = next) {
+        next = LIST_NEXT(m, plink);
+        int running = m->rm.r && m->rm.active && !m->rm.done && m->rm.r->state == RDZV_R_RUNNING;
+        if (m->p.suspected && !running) {
+            unlist(m); /* its round ended meanwhile: the suspicion is moot */
+            continue;
+        }
+        uint32_t d = rdzv__probe_deadline_ms(m);
+        if (now - m->p.sent_ms < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
+            continue;
+        if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */
+            unlist(m);
+            continue;
+        }
+        if (!blocked_on(m)) { /* moot: a wait said again suspects it again */
+            GB_DEBUG("%s answered no probe, but the job does not wait for it alone",
+                     m->rm.hostname);
+            unlist(m);
+            continue;
+        }
+        char ev[RDZV_MAX_MSG / 2];
+        evidence(m, now, ev, sizeof ev);
+        s->m.probes_unanswered++;
+        m->p.suspected = 0;
+        unlist(m);
+        rdzv__job_unresponsive(m, ev, now);
+        goto again; /* the round's end may have changed the list */
+    }
+}

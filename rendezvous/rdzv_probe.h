@@ -1,0 +1,64 @@
+/* Suspicion and probes (docs/protocol.md, "Suspicion and probes"): a node that
+ * vanishes without closing its connection is found within about a second, not
+ * at the heartbeat timeout, when the job itself points at it. Launchers say in
+ * their heartbeats when all their workers wait inside one collective
+ * (RDZV_HEARTBEAT_WAIT); once at least as many nodes of a running round wait
+ * as do not, and at most RDZV_PROBE_MAX_SUSPECTS do not, those are the nodes
+ * the others wait for: each is sent a PING and must answer PONG within its
+ * probe deadline. An answer clears it (a slow node is not a lost one). No
+ * answer ends the round as a lost heartbeat does, with the evidence (who
+ * waited, for how long, its last heartbeat, the deadline) in the message, but
+ * only while the round is blocked on it: every other node still waits, or is
+ * a suspect that did not answer either. A collective that completes proves
+ * its nodes' workers alive, whatever their launchers do: a straggler that
+ * answered, or a node whose launcher alone stopped, ends no round.
+ * Every node is pinged once when it joins, so that its deadline follows its
+ * round-trip time from the first suspicion on. Part of the server: runs on
+ * its loop, owned by rdzv_server.c (the sweep) and rdzv_job.c (members). */
+#ifndef GPULAUNCH_RDZV_PROBE_H
+#define GPULAUNCH_RDZV_PROBE_H
+
+#include <stdint.h>
+
+#include "rdzv_codec.h"
+
+#define RDZV_PROBE_MIN_MS 250     /* a probe's deadline: at least this ... */
+#define RDZV_PROBE_RTT_FACTOR 3   /* ... and this many times the node's worst recent round trip */
+#define RDZV_PROBE_MAX_MS 2000    /* ... and never more than this */
+#define RDZV_PROBE_MAX_SUSPECTS 8 /* more nodes not waiting: the job waits for no one node */
+#define RDZV_PROBE_AGAIN_MS 250   /* a suspect that answered is not probed again sooner */
+#define RDZV_PROBE_WAIT_MAX_MS 3600000 /* a wait said longer than this is taken as this */
+#define RDZV_PROBE_SAY_MS 60000        /* a suspect that answered is logged at most this often */
+
+typedef struct conn conn;
+typedef struct member member;
+typedef struct rdzv_server rdzv_server;
+
+/* A member's probe state, embedded in it (zero: nothing known). */
+typedef struct rdzv_probe {
+    uint64_t wait_from_ms; /* its workers wait in a collective since (server clock); 0: not */
+    uint64_t sent_ms;      /* the probe in flight was sent at; 0: none */
+    uint64_t cleared_ms;   /* it last answered a suspicion's probe */
+    uint64_t said_ms;      /* the log last said so */
+    uint32_t id;           /* the req id of the probe in flight */
+    uint32_t rtt_ms;       /* its worst recent round trip (decays by 1/8 a probe) */
+    int answers;           /* its JOIN said RDZV_JOIN_PROBE */
+    int suspected;         /* the probe in flight is a suspicion's (else the join's calibration) */
+    int listed;            /* on the server's list of probes in flight (member.plink) */
+} rdzv_probe;
+
+/* A JOIN was taken: whether the node answers probes; it is pinged once to
+ * learn its round trip. */
+void rdzv__probe_joined(conn *c, const rdzv_msg *join);
+/* A heartbeat with RDZV_HEARTBEAT_WAIT from c's node. */
+void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg);
+/* A PONG from c's node. */
+void rdzv__probe_pong(conn *c, const rdzv_msg *msg);
+/* c's member goes: off the server's list. */
+void rdzv__probe_gone(member *m);
+/* The sweep: probes past their deadline end their rounds. */
+void rdzv__probe_sweep(rdzv_server *s, uint64_t now);
+/* The deadline of a probe of m now (ms). */
+uint32_t rdzv__probe_deadline_ms(const member *m);
+
+#endif

@@ -1,0 +1,220 @@
+/* Suspicion and probes (rendezvous/rdzv_probe.h) on a real gpulaunch-rdzv,
+ * with raw protocol peers: a node the others wait for in a collective is
+ * pinged, found lost within a second when it does not answer (the evidence
+ * in the round's end) and left alone when it does; nobody is probed without
+ * enough waiting nodes, nor a node whose launcher did not say it answers. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+#include "rdzv_codec.h"
+
+static proc srv;
+static int port;
+static peer *P;
+
+static void setup(void) {
+    P = calloc(4, sizeof *P);
+    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0, "server did not start: %s", srv.out);
+}
+
+static void teardown(void) {
+    for (int i = 0; i < 4; i++)
+        peer_close(&P[i]);
+    free(P);
+    proc_kill(&srv, SIGTERM);
+    int st = proc_wait(&srv, 5000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit status %d: %s", st, srv.out);
+}
+
+TestSuite(probe, .init = setup, .fini = teardown, .timeout = 60);
+
+/* n nodes of one static job, each saying it answers probes (or not), all
+ * assigned; the join's calibration pings are answered. */
+static void round_of(const char *job, int n, int answers) {
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+        rdzv_msg m = {.type = RDZV_JOIN, .req_id = 9, .flags = answers ? RDZV_JOIN_PROBE : 0};
+        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", job);
+        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", job, i);
+        snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", i + 1);
+        m.u.join.nproc = 1;
+        m.u.join.static_rank = i;
+        m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)n;
+        peer_send(&P[i], &m);
+    }
+    for (int i = 0; i < n; i++) {
+        int assigned = 0, pinged = 0;
+        uint64_t until = now_ms() + 3000;
+        while ((!assigned || (answers && !pinged)) && now_ms() < until) {
+            if (peer_recv(&P[i], 100) != 0)
+                continue;
+            if (P[i].last.type == RDZV_ASSIGNED)
+                assigned = 1;
+            if (P[i].last.type == RDZV_PING) {
+                pinged = 1;
+                rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
+                peer_send(&P[i], &pong);
+            }
+        }
+        cr_assert(assigned, "node %d not assigned", i);
+        cr_assert_eq(pinged, answers, "node %d: calibration ping %s", i,
+                     pinged ? "sent to a node that does not answer" : "missing");
+    }
+}
+
+static void say_wait(int i, uint32_t ms) {
+    rdzv_msg hb = {.type = RDZV_HEARTBEAT, .flags = RDZV_HEARTBEAT_WAIT};
+    hb.u.heartbeat.wait_ms = ms;
+    peer_send(&P[i], &hb);
+}
+
+/* Reads what node i was sent for ms: answers pings when `answer`; returns
+ * the pings seen; stops at a ROUND_OVER (*over = 1, left in P[i].last). */
+static int listen_for(int i, int ms, int answer, int *over) {
+    int pings = 0;
+    uint64_t until = now_ms() + (uint64_t)ms;
+    *over = 0;
+    while (now_ms() < until) {
+        if (peer_recv(&P[i], 20) != 0)
+            continue;
+        if (P[i].last.type == RDZV_PING) {
+            pings++;
+            if (answer) {
+                rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
+                peer_send(&P[i], &pong);
+            }
+        } else if (P[i].last.type == RDZV_ROUND_OVER) {
+            *over = 1;
+            return pings;
+        }
+    }
+    return pings;
+}
+
+Test(probe, a_node_the_others_wait_for_that_answers_no_ping_is_lost_within_a_second) {
+    round_of("lost", 3, 1);
+    uint64_t t0 = now_ms();
+    say_wait(0, 300);
+    say_wait(1, 320);
+    int over = 0;
+    int pings = listen_for(2, 400, 0, &over); /* node 2 hears the ping and says nothing */
+    cr_expect_eq(pings, 1, "node 2 was pinged %d times", pings);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0, "node 0 was not told: %s",
+                 (proc_expect(&srv, "\x01", 10), srv.out));
+    uint64_t took = now_ms() - t0;
+    const rdzv_msg *m = &P[0].last;
+    cr_expect_eq(m->u.round_over.reason, RDZV_REASON_HEARTBEAT);
+    cr_expect_eq(m->u.round_over.node_rank, 2);
+    cr_expect_str_eq(m->u.round_over.hostname, "lost-2");
+    const char *want[] = {"node lost-2 (10.0.0.3, node rank 2) answered no ping within 250 ms",
+                          "while 2 of its 2 peer node(s) waited for it inside a collective "
+                          "(lost-0, lost-1; the longest 0.",
+                          "its last heartbeat came "};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect(strstr(m->u.round_over.message, want[i]) != NULL, "'%s' not in: %s", want[i],
+                  m->u.round_over.message);
+    /* the deadline (250 ms) and the sweep (100 ms) after the waits: far from the 5 s timeout */
+    cr_expect(took >= 250 && took < 1000, "told %llu ms after the waits", (unsigned long long)took);
+    cr_assert_eq(peer_recv_type(&P[1], RDZV_ROUND_OVER, 1000), 0, "node 1 was not told");
+}
+
+Test(probe, a_slow_node_that_answers_is_not_lost_and_is_found_once_it_stops) {
+    round_of("slow", 2, 1);
+    /* node 0 waits for node 1 for 2 s, saying so every 200 ms; node 1 answers */
+    int pings = 0, over = 0;
+    for (int k = 0; k < 10 && !over; k++) {
+        say_wait(0, 200 * (uint32_t)(k + 1));
+        pings += listen_for(1, 200, 1, &over);
+    }
+    cr_expect_eq(over, 0, "a node that answered was lost: %s", P[1].last.u.round_over.message);
+    cr_expect(pings >= 4 && pings <= 9,
+              "node 1 was pinged %d times in 2 s (once per 250 ms at most)", pings);
+    rdzv_msg hb = {.type = RDZV_HEARTBEAT};
+    cr_expect_neq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 100), 0, "node 0 heard a round end");
+    peer_send(&P[0], &hb);
+    /* node 1 stops answering: found at the next wait */
+    uint64_t t0 = now_ms();
+    say_wait(0, 2400);
+    listen_for(1, 150, 0, &over);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0, "node 0 was not told");
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 1);
+    cr_expect_lt(now_ms() - t0, 1000);
+}
+
+/* Reads what nodes [from, to) are sent for ms, answering their pings;
+ * returns the pings seen; *over: a round ended. */
+static int listen_all(int from, int to, int ms, int *over) {
+    int pings = 0;
+    uint64_t until = now_ms() + (uint64_t)ms;
+    *over = 0;
+    while (now_ms() < until)
+        for (int i = from; i < to; i++) {
+            if (peer_recv(&P[i], 5) != 0)
+                continue;
+            if (P[i].last.type == RDZV_PING) {
+                pings++;
+                rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
+                peer_send(&P[i], &pong);
+            } else if (P[i].last.type == RDZV_ROUND_OVER) {
+                *over = 1;
+            }
+        }
+    return pings;
+}
+
+Test(probe, nobody_is_probed_while_fewer_wait_than_do_not) {
+    round_of("few", 4, 1);
+    say_wait(0, 500); /* one of four waits: the job is not waiting for one node */
+    int over = 0;
+    int pings = listen_all(1, 4, 300, &over);
+    cr_expect_eq(pings, 0, "%d pings with one node of four waiting", pings);
+    say_wait(1, 500); /* two of four: the other two are probed, and answer */
+    pings = listen_all(2, 4, 300, &over);
+    cr_expect_eq(pings, 2, "%d pings with two nodes of four waiting", pings);
+    cr_expect_eq(over, 0, "a round ended");
+}
+
+Test(probe, a_node_that_did_not_say_it_answers_is_never_probed) {
+    round_of("old", 2, 0); /* an older launcher: no RDZV_JOIN_PROBE */
+    int over = 0, pings = 0;
+    for (int k = 0; k < 4; k++) {
+        say_wait(0, 300 * (uint32_t)(k + 1));
+        pings += listen_for(1, 250, 0, &over);
+    }
+    cr_expect_eq(pings, 0, "an older launcher got %d pings", pings);
+    cr_expect_eq(over, 0, "its round ended: %s", P[1].last.u.round_over.message);
+}
+
+/* Four nodes: two wait, node 2 (a straggler) answers and computes on, node 3
+ * answers nothing. While node 2 can still finish the collective, node 3 is
+ * not what the job waits for: no round ends. Once node 2 waits too, the job
+ * is blocked on node 3 alone: it is lost. */
+Test(probe, a_silent_node_is_lost_only_when_the_job_is_blocked_on_it) {
+    round_of("blk", 4, 1);
+    say_wait(0, 300);
+    say_wait(1, 300);
+    int over = 0, pings = 0;
+    uint64_t until = now_ms() + 800; /* past the deadline and a sweep */
+    while (now_ms() < until && !over) {
+        pings += listen_all(2, 3, 50, &over);
+        int o3 = 0;
+        listen_for(3, 10, 0, &o3); /* node 3 reads its pings and says nothing */
+        over |= o3;
+        say_wait(0, 300);
+    }
+    cr_expect_eq(over, 0, "a round ended while the straggler could still finish");
+    cr_expect_geq(pings, 1, "the straggler was not probed");
+    uint64_t t0 = now_ms();
+    say_wait(2, 250); /* the straggler reaches the collective: nobody else can finish it */
+    say_wait(0, 1200);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0, "node 0 was not told");
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 3, "%s", P[0].last.u.round_over.message);
+    cr_expect(strstr(P[0].last.u.round_over.message, "3 of its 3 peer node(s) waited") != NULL,
+              "%s", P[0].last.u.round_over.message);
+    cr_expect_lt(now_ms() - t0, 1000);
+}
