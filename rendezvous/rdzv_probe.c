@@ -83,7 +83,7 @@ static void suspect(job *j, uint64_t now) {
             continue;
         GB_DEBUG("job %s: %u node(s) wait for %s in a collective: probing it", r->run_id, waiting,
                  m->rm.hostname);
-        ping(m, now, 1);
+        ping(m, now, RDZV_SUSPECT_WAITED);
     }
 }
 
@@ -101,6 +101,33 @@ void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg) {
     }
     m->p.wait_from_ms = now > w ? now - w : 1;
     suspect(job_of(m->rm.r), now);
+}
+
+void rdzv__probe_rx(member *m, uint64_t gap_ms) {
+    uint64_t most = m->rm.r ? m->rm.r->hb_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+    uint32_t gap = (uint32_t)(gap_ms > most ? most : gap_ms); /* longer: dropped anyway */
+    uint32_t decayed = m->p.gap_ms - m->p.gap_ms / RDZV_GAP_DECAY;
+    m->p.gap_ms = gap > decayed ? gap : decayed;
+}
+
+uint32_t rdzv__probe_silence_ms(const member *m) {
+    if (m->rm.r == NULL || m->p.gap_ms == 0)
+        return UINT32_MAX; /* nothing known of its gaps yet */
+    uint64_t t = (uint64_t)m->p.gap_ms + RDZV_SILENCE_STALL_MS;
+    if (t < RDZV_SILENCE_MIN_MS)
+        t = RDZV_SILENCE_MIN_MS;
+    return t + RDZV_PROBE_MAX_MS >= m->rm.r->hb_timeout_ms ? UINT32_MAX : (uint32_t)t;
+}
+
+void rdzv__probe_silent(member *m, uint64_t now) {
+    if (!m->p.answers || (m->p.sent_ms && m->p.suspected))
+        return;
+    uint32_t t = rdzv__probe_silence_ms(m);
+    if (t == UINT32_MAX || now - m->c->last_rx_ms < t)
+        return;
+    GB_DEBUG("job %s: %s sent nothing for %.1f s: probing it", m->rm.r->run_id, m->rm.hostname,
+             (double)(now - m->c->last_rx_ms) / 1000.0);
+    ping(m, now, RDZV_SUSPECT_SILENT);
 }
 
 void rdzv__probe_pong(conn *c, const rdzv_msg *msg) {
@@ -196,14 +223,22 @@ again:
             unlist(m);
             continue;
         }
-        if (!blocked_on(m)) { /* moot: a wait said again suspects it again */
+        if (m->p.suspected == RDZV_SUSPECT_WAITED && !blocked_on(m)) {
+            /* moot: a wait said again suspects it again */
             GB_DEBUG("%s answered no probe, but the job does not wait for it alone",
                      m->rm.hostname);
             unlist(m);
             continue;
         }
         char ev[RDZV_MAX_MSG / 2];
-        evidence(m, now, ev, sizeof ev);
+        if (m->p.suspected == RDZV_SUSPECT_WAITED)
+            evidence(m, now, ev, sizeof ev);
+        else
+            snprintf(ev, sizeof ev,
+                     "sent nothing for %.2f s (its worst recent gap %.2f s, the heartbeat timeout "
+                     "%.1f s) and answered no ping within %u ms",
+                     (double)(now - m->c->last_rx_ms) / 1000.0, (double)m->p.gap_ms / 1000.0,
+                     (double)m->rm.r->hb_timeout_ms / 1000.0, d);
         s->m.probes_unanswered++;
         m->p.suspected = 0;
         unlist(m);

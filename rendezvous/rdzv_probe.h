@@ -29,6 +29,14 @@
 #define RDZV_PROBE_AGAIN_MS 250   /* a suspect that answered is not probed again sooner */
 #define RDZV_PROBE_WAIT_MAX_MS 3600000 /* a wait said longer than this is taken as this */
 #define RDZV_PROBE_SAY_MS 60000        /* a suspect that answered is logged at most this often */
+/* Silence without the job's word: a node of a running round that sent
+ * nothing for its worst recent gap between frames + RDZV_SILENCE_STALL_MS
+ * (at least RDZV_SILENCE_MIN_MS) is probed the same way, before the
+ * heartbeat timeout; one whose threshold comes within RDZV_PROBE_MAX_MS of
+ * the timeout is left to it. */
+#define RDZV_SILENCE_STALL_MS 1500 /* a launcher's stall (SIGSTOP, swap, a long fork): no loss */
+#define RDZV_SILENCE_MIN_MS 2500
+#define RDZV_GAP_DECAY 16 /* the worst gap decays by 1/16 a frame */
 
 typedef struct conn conn;
 typedef struct member member;
@@ -42,11 +50,22 @@ typedef struct rdzv_probe {
     uint64_t said_ms;      /* the log last said so */
     uint32_t id;           /* the req id of the probe in flight */
     uint32_t rtt_ms;       /* its worst recent round trip (decays by 1/8 a probe) */
+    uint32_t gap_ms;       /* its worst recent gap between frames (RDZV_GAP_DECAY) */
     int answers;           /* its JOIN said RDZV_JOIN_PROBE */
-    int suspected;         /* the probe in flight is a suspicion's (else the join's calibration) */
+    int suspected;         /* the probe in flight is a suspicion's: RDZV_SUSPECT_* (0: the join's
+                              calibration) */
     int listed;            /* on the server's list of probes in flight (member.plink) */
 } rdzv_probe;
 
+enum { RDZV_SUSPECT_WAITED = 1, RDZV_SUSPECT_SILENT = 2 };
+
+/* A frame from m's node came, gap_ms after the one before. */
+void rdzv__probe_rx(member *m, uint64_t gap_ms);
+/* The heartbeat sweep, for each node of a running round: probes it when it
+ * is silent past its threshold. */
+void rdzv__probe_silent(member *m, uint64_t now);
+/* m's silence threshold (ms): UINT32_MAX when the heartbeat timeout comes first. */
+uint32_t rdzv__probe_silence_ms(const member *m);
 /* A JOIN was taken: whether the node answers probes; it is pinged once to
  * learn its round trip. */
 void rdzv__probe_joined(conn *c, const rdzv_msg *join);

@@ -395,7 +395,10 @@ static void read_frames(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0 || c->closing)
         return;
-    c->last_rx_ms = gb_now_ms();
+    uint64_t now = gb_now_ms();
+    if (c->m)
+        rdzv__probe_rx(c->m, now - c->last_rx_ms);
+    c->last_rx_ms = now;
     const uint8_t *p = (const uint8_t *)buf->base;
     size_t n = (size_t)nread;
     if (c->in.len == 0) {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "rdzv_codec.h"
@@ -217,4 +218,52 @@ Test(probe, a_silent_node_is_lost_only_when_the_job_is_blocked_on_it) {
     cr_expect(strstr(P[0].last.u.round_over.message, "3 of its 3 peer node(s) waited") != NULL,
               "%s", P[0].last.u.round_over.message);
     cr_expect_lt(now_ms() - t0, 1000);
+}
+
+/* Silence without the job's word: node 1 beats every 500 ms, then sends
+ * nothing. It is probed at its worst gap + 1.5 s (at least 2.5 s) of
+ * silence: no answer ends the round well before the 5 s timeout; an answer
+ * clears it (and that gap raises its threshold). */
+static uint64_t beat_then_silence(int answer, int *over, int *pings) {
+    rdzv_msg hb = {.type = RDZV_HEARTBEAT};
+    uint64_t t0 = 0; /* node 1's last frame */
+    for (int k = 0; k < 4; k++) {
+        peer_send(&P[1], &hb);
+        t0 = now_ms();
+        peer_send(&P[0], &hb);
+        usleep(500000);
+    }
+    *over = *pings = 0;
+    while (now_ms() - t0 < 4500 && !*over && !(answer && *pings)) {
+        peer_send(&P[0], &hb);
+        *pings += listen_for(1, 200, answer, over);
+    }
+    return now_ms() - t0;
+}
+
+Test(probe, a_silent_node_is_probed_before_the_timeout_and_lost_unless_it_answers) {
+    round_of("gone", 2, 1);
+    int over, pings;
+    uint64_t took = beat_then_silence(0, &over, &pings);
+    cr_assert(over, "a silent node that answered nothing was not lost in 4.5 s");
+    cr_expect_eq(pings, 1);
+    cr_expect(took >= 2750 && took < 3500,
+              "lost after %llu ms of silence (2.5 s + the probe's "
+              "250 ms expected; timeout 5 s)",
+              (unsigned long long)took);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 1000), 0);
+    cr_expect(strstr(P[0].last.u.round_over.message, "sent nothing for ") != NULL &&
+                  strstr(P[0].last.u.round_over.message, "and answered no ping within 250 ms"),
+              "%s", P[0].last.u.round_over.message);
+    for (int i = 0; i < 2; i++)
+        peer_close(&P[i]);
+    round_of("here", 2, 1);
+    took = beat_then_silence(1, &over, &pings);
+    cr_expect_eq(pings, 1, "no ping in 4.5 s of silence");
+    cr_expect(took >= 2500 && took <= 3200, "pinged after %llu ms of silence (2.5 s expected)",
+              (unsigned long long)took);
+    cr_expect_eq(over, 0, "a node that answered was lost");
+    over = 0;
+    listen_for(1, 1000, 1, &over);
+    cr_expect_eq(over, 0, "a node that answered was lost");
 }

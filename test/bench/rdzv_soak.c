@@ -29,7 +29,9 @@
  * the order the server saw their joins, which one process cannot impose on
  * several connections, so there each rank must be one of those and no two
  * nodes may hold it. The time a node stays silent before the server says so
- * must be within the heartbeat timeout and one heartbeat interval of it.
+ * must be between the silence that gets a node probed at the soonest
+ * (rdzv_probe.h: a frozen node answers no probe) less one heartbeat interval
+ * and the heartbeat timeout plus one.
  *
  * Figures: rounds formed, decisions checked, violations, the time from the
  * last join to every node assigned (p50, p99), the time to find a vanished
@@ -63,6 +65,7 @@
 #include "gpulaunch/rdzv.h"
 #include "rdzv_client_int.h"
 #include "rdzv_codec.h"
+#include "rdzv_probe.h"
 #include "rdzv_round.h"
 
 #define SOAK_JOB_MAX_NODES 6      /* nodes in one simulated job at most */
@@ -523,13 +526,15 @@ static void catch_up(job *j, uint32_t reason, uint64_t now) {
         uint64_t silent = now - j->frozen_at;
         if (S.ndetect_lat < SOAK_SAMPLES_MAX)
             S.detect_lat[S.ndetect_lat++] = silent;
-        if (silent + SOAK_HB_INTERVAL_MS + 100 < SOAK_HB_TIMEOUT_MS ||
+        /* probed once silent past its threshold (at least RDZV_SILENCE_MIN_MS),
+         * at the latest the heartbeat timeout */
+        if (silent + SOAK_HB_INTERVAL_MS + 100 < RDZV_SILENCE_MIN_MS ||
             silent > SOAK_HB_TIMEOUT_MS + SOAK_HB_INTERVAL_MS + SOAK_DETECT_SLACK_MS)
             violation(j, f,
-                      "said silent %.2f s after it froze (timeout %.1f s, heartbeats every "
-                      "%.1f s)",
-                      (double)silent / 1000.0, SOAK_HB_TIMEOUT_MS / 1000.0,
-                      SOAK_HB_INTERVAL_MS / 1000.0);
+                      "said silent %.2f s after it froze (probed after %.1f s of silence at the "
+                      "soonest, timeout %.1f s, heartbeats every %.1f s)",
+                      (double)silent / 1000.0, RDZV_SILENCE_MIN_MS / 1000.0,
+                      SOAK_HB_TIMEOUT_MS / 1000.0, SOAK_HB_INTERVAL_MS / 1000.0);
         rdzv_round_out out = {0};
         rdzv_round_heartbeat_lost(&f->m, silent, now, &out);
         model_apply(j, &out, now, 0);
