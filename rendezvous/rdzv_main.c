@@ -66,6 +66,9 @@ static const char usage[] =
     "  --straggler-threshold X     name a rank whose busy time per step is over X times\n"
     "                              the job's median (default 1.3; docs/health.md)\n"
     "  --straggler-windows N       ... for N consecutive windows of its reports (default 2)\n"
+    "  --probes on|off             probe a node its peers wait for, or that falls silent,\n"
+    "                              and find it lost before the heartbeat timeout when it\n"
+    "                              answers no ping (default on; docs/protocol.md)\n"
     "  --log-level LEVEL           error, warn, info or debug (default warn;\n"
     "                              also GPULAUNCH_LOG_LEVEL)\n"
     "  --help                      this text\n"
@@ -109,7 +112,8 @@ int main(int argc, char **argv) {
         O_HB,
         O_LOG,
         O_STRAG_T,
-        O_STRAG_W
+        O_STRAG_W,
+        O_PROBES
     };
     static const struct option longopts[] = {
         {"listen", required_argument, 0, O_LISTEN},
@@ -125,6 +129,7 @@ int main(int argc, char **argv) {
         {"log-level", required_argument, 0, O_LOG},
         {"straggler-threshold", required_argument, 0, O_STRAG_T},
         {"straggler-windows", required_argument, 0, O_STRAG_W},
+        {"probes", required_argument, 0, O_PROBES},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -205,6 +210,13 @@ int main(int argc, char **argv) {
             o.straggler_threshold = t;
             break;
         }
+        case O_PROBES:
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+                fprintf(stderr, "gpulaunch-rdzv: --probes takes on or off, not '%s'\n", optarg);
+                return 2;
+            }
+            o.probes = strcmp(optarg, "on") == 0;
+            break;
         case O_STRAG_W:
             if (parse_u64("--straggler-windows", optarg, 1000, &v))
                 return 2;

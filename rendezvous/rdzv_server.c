@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "gb_log.h"
@@ -469,7 +470,8 @@ static void accept_one(uv_stream_t *ls, int status) {
     memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
-    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | RDZV_CHALLENGE_PROBE;
+    ch.flags =
+        RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | (s->o.probes ? RDZV_CHALLENGE_PROBE : 0);
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
@@ -508,9 +510,9 @@ static void on_handle_closed(uv_handle_t *h) { server_unref(h->data); }
 gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts, rdzv_server **out,
                                char *err, size_t errlen) {
     *out = NULL;
-    if (opts == NULL || opts->version != RDZV_SERVER_OPTIONS_VERSION) {
+    if (opts == NULL || opts->version < 1 || opts->version > RDZV_SERVER_OPTIONS_VERSION) {
         snprintf(err, errlen,
-                 "rdzv_server_options.version must be %d (use "
+                 "rdzv_server_options.version must be 1 to %d (use "
                  "RDZV_SERVER_OPTIONS_INIT)",
                  RDZV_SERVER_OPTIONS_VERSION);
         return GPL_ERR_INVALID_ARG;
@@ -521,7 +523,10 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
         return GPL_ERR_NOMEM;
     }
     s->loop = loop;
-    s->o = *opts;
+    static const rdzv_server_options defaults = RDZV_SERVER_OPTIONS_INIT;
+    s->o = defaults; /* a version-1 struct ends before probes */
+    memcpy(&s->o, opts, opts->version == 1 ? offsetof(rdzv_server_options, probes) : sizeof *opts);
+    s->o.version = RDZV_SERVER_OPTIONS_VERSION;
     LIST_INIT(&s->conns);
     LIST_INIT(&s->doomed);
     TAILQ_INIT(&s->handshaking);

@@ -43,10 +43,19 @@ void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct) {
     snprintf(endpoint, sizeof endpoint, "%s:%s", a, RDZV_PORT);
 }
 
+const char *server_probes;
+
 void start_server(int verbose) {
     char listen[64];
     snprintf(listen, sizeof listen, "%s", endpoint);
-    char *argv[] = {RDZV, "--listen", listen, "--token-file", token_file, NULL};
+    char *argv[] = {RDZV,
+                    "--listen",
+                    listen,
+                    "--token-file",
+                    token_file,
+                    server_probes ? "--probes" : NULL,
+                    (char *)server_probes,
+                    NULL};
     if (verbose) /* the server's log then names every join and resume */
         setenv("GPULAUNCH_LOG_LEVEL", "info", 1);
     cr_assert_eq(netbed_spawn(&bed, RDZV_HOST, &server, argv), 0);

@@ -51,6 +51,8 @@ typedef struct job_args {
 /* A bed of nhosts for scenario name (skips the test without namespaces). */
 void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct);
 void start_server(int verbose);
+/* --probes for the next start_server ("on", "off"; NULL: the default). */
+extern const char *server_probes;
 /* The suite's fini: the bed down, the directory removed. */
 void teardown(void);
 void start_node(int host, const job_args *ja);

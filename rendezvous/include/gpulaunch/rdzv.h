@@ -40,7 +40,7 @@ enum rdzv_event_kind {
 
 typedef struct rdzv_server rdzv_server;
 
-#define RDZV_SERVER_OPTIONS_VERSION 1
+#define RDZV_SERVER_OPTIONS_VERSION 2 /* 2: probes; a version-1 struct is taken with probes on */
 typedef struct rdzv_server_options {
     uint32_t version;        /* RDZV_SERVER_OPTIONS_VERSION */
     const char *listen_addr; /* default "0.0.0.0" */
@@ -59,6 +59,10 @@ typedef struct rdzv_server_options {
      * 0: the defaults below. */
     double straggler_threshold;
     uint32_t straggler_windows;
+    /* 1: a vanished or frozen node is probed and found before the heartbeat
+     * timeout when its peers wait for it or it falls silent (docs/protocol.md,
+     * suspicion and probes); 0: the heartbeat timeout alone (version 2) */
+    int probes;
 } rdzv_server_options;
 
 #define RDZV_DEFAULT_STRAGGLER_THRESHOLD 1.3
@@ -68,7 +72,7 @@ typedef struct rdzv_server_options {
     {                                                                                              \
         RDZV_SERVER_OPTIONS_VERSION, "0.0.0.0", RDZV_DEFAULT_PORT, NULL, 0, 65536, 1024, 65536,    \
             256ull << 20, 8u << 20, 5000, RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS,                       \
-            RDZV_DEFAULT_STRAGGLER_THRESHOLD, RDZV_DEFAULT_STRAGGLER_WINDOWS                       \
+            RDZV_DEFAULT_STRAGGLER_THRESHOLD, RDZV_DEFAULT_STRAGGLER_WINDOWS, 1                    \
     }
 
 /* Starts a server on loop. On failure *out is NULL and err (errlen bytes)
