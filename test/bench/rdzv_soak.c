@@ -67,6 +67,8 @@
 #include "rdzv_codec.h"
 #include "rdzv_probe.h"
 #include "rdzv_round.h"
+#include "soak_hostile.h"
+#include "soak_server.h"
 
 #define SOAK_JOB_MAX_NODES 6      /* nodes in one simulated job at most */
 #define SOAK_ANSWER_MS 5000       /* a node hears what the model decided within this */
@@ -75,7 +77,6 @@
 #define SOAK_DETECT_SLACK_MS 1500 /* past the timeout, a silent node is said within this */
 #define SOAK_LAST_CALL_MS 1000    /* elastic jobs' last call (a grow waits for it) */
 #define SOAK_HANDSHAKE_MS 2000    /* the server's handshake timeout in the soak */
-#define SOAK_HOSTILE_MAX 64       /* hostile connections open at once */
 #define SOAK_SAMPLES_MAX 100000   /* latency samples kept per kind */
 #define SOAK_RESUME_MS 15000      /* every node reconnected after a server restart by then */
 #define SOAK_SHOWN_MAX 30         /* violations printed in full */
@@ -128,15 +129,6 @@ struct job {
     uint64_t frozen_at;
 };
 
-typedef struct hostile {
-    uv_tcp_t tcp;
-    uv_connect_t creq;
-    uv_write_t wreq;
-    int kind, closed_by_server, in_use;
-    uint64_t started;
-    char buf[512];
-} hostile;
-
 static struct {
     uv_loop_t loop;
     uv_timer_t tick;
@@ -154,7 +146,7 @@ static struct {
     int njobs;
     int live_nodes;
     /* figures */
-    uint64_t rounds, decisions, violations, actions[8], hostile_done, hostile_open, resumed;
+    uint64_t rounds, decisions, violations, actions[8], resumed;
     uint64_t node_ms; /* node-milliseconds connected: heartbeats sent ~ this / interval */
     uint64_t *join_lat, *detect_lat;
     size_t njoin_lat, ndetect_lat;
@@ -175,7 +167,6 @@ static struct {
     double quiet_cpu, quiet_us;
     int quiet_nodes;
     uint64_t reconnect_ms; /* the last restart: until every node was connected again */
-    hostile hos[SOAK_HOSTILE_MAX];
 } S;
 
 static const char *action_names[] = {"kill", "vanish", "fail", "notice", "grow", "done"};
@@ -206,120 +197,22 @@ static void violation(const job *j, const node *x, const char *fmt, ...) {
             x ? x->host : "", text);
 }
 
-/* ---- the server process ---- */
+static void hostile_violation(const char *text) { violation(NULL, NULL, "%s", text); }
 
-static long proc_count_fds(pid_t pid) { return gb_procstat_fds(pid); }
-
-static long proc_rss_kib(pid_t pid) {
-    gb_procstat st;
-    return gb_procstat_read(pid, &st) == 0 && st.rss_bytes >= 0 ? (long)(st.rss_bytes / 1024) : -1;
-}
-
-static double proc_cpu_s(pid_t pid) {
-    double s = gb_procstat_cpu_exact_s(pid);
-    return s < 0 ? 0 : s;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
-/* Whether something listens on the port yet. */
-static int port_open(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
+/* ---- the server process (soak_server.c) ---- */
 
 static int server_start(void) {
-    char listen[64], http[64], tf[] = "/tmp/rdzv-soak-token-XXXXXX";
-    int fd = mkstemp(tf);
-    if (fd < 0 || write(fd, SOAK_TOKEN, strlen(SOAK_TOKEN)) != (ssize_t)strlen(SOAK_TOKEN)) {
-        perror("rdzv_soak: token file");
+    pid_t pid = soak_server_start(GPL_RDZV_BIN, S.port, S.http_port, SOAK_TOKEN, SOAK_HANDSHAKE_MS);
+    if (pid < 0)
         return -1;
-    }
-    close(fd);
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", S.port);
-    snprintf(http, sizeof http, "127.0.0.1:%d", S.http_port);
-    char hs[16];
-    snprintf(hs, sizeof hs, "%d", SOAK_HANDSHAKE_MS);
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* malloc's per-thread cache holds freed chunks that mallinfo counts as
-         * in use: without it gpulaunch_rdzv_heap_bytes is exact */
-        setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1);
-        execl(GPL_RDZV_BIN, "gpulaunch-rdzv", "--listen", listen, "--http", http, "--token-file",
-              tf, "--handshake-timeout-ms", hs, "--log-level", "error", (char *)NULL);
-        _exit(127);
-    }
-    uint64_t until = now_ms() + 10000;
-    while (!port_open(S.port) || !port_open(S.http_port)) {
-        if (now_ms() > until || waitpid(pid, NULL, WNOHANG) == pid) {
-            fprintf(stderr, "rdzv_soak: the server did not start on %s\n", listen);
-            unlink(tf);
-            return -1;
-        }
-        usleep(10000);
-    }
-    unlink(tf);
     S.server = pid;
     S.server_started = now_ms();
-    S.server_cpu0 = proc_cpu_s(pid);
+    S.server_cpu0 = soak_proc_cpu_s(pid);
     S.node_ms = 0;
     return 0;
 }
 
-/* A value of the server's /metrics ("name" or "name{labels}"), -1 when absent. */
-static double server_metric(const char *name) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)S.http_port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    double v = -1;
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    struct timeval tv = {.tv_sec = 5}; /* a server that does not answer is said, not waited on */
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
-        close(fd);
-        return -1;
-    }
-    static char body[1 << 20];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof body - 1 && (r = read(fd, body + n, sizeof body - 1 - n)) > 0)
-        n += (size_t)r;
-    close(fd);
-    body[n] = 0;
-    size_t nl = strlen(name);
-    for (char *p = body; (p = strstr(p, name)) != NULL; p += nl)
-        if ((p == body || p[-1] == '\n') && (p[nl] == ' ' || p[nl] == '{')) {
-            char *sp = strchr(p, ' ');
-            if (sp)
-                v = strtod(sp + 1, NULL);
-            break;
-        }
-    return v;
-}
+static double server_metric(const char *name) { return soak_server_metric(S.http_port, name); }
 
 /* ---- the model ---- */
 
@@ -810,107 +703,6 @@ static void job_check(job *j, uint64_t now) {
         job_act(j, now);
 }
 
-/* ---- hostile connections ---- */
-
-static void hostile_closed(uv_handle_t *h) {
-    hostile *c = h->data;
-    c->in_use = 0;
-    S.hostile_open--;
-}
-
-static void hostile_alloc(uv_handle_t *h, size_t sz, uv_buf_t *b) {
-    hostile *c = h->data;
-    (void)sz;
-    *b = uv_buf_init(c->buf, sizeof c->buf);
-}
-
-static void hostile_read(uv_stream_t *st, ssize_t n, const uv_buf_t *b) {
-    hostile *c = st->data;
-    (void)b;
-    if (n < 0) { /* the server closed it: as it must */
-        c->closed_by_server = 1;
-        S.hostile_done++;
-        uv_close((uv_handle_t *)&c->tcp, hostile_closed);
-    }
-}
-
-static void hostile_written(uv_write_t *w, int status) { (void)w, (void)status; }
-
-static void hostile_connected(uv_connect_t *req, int status) {
-    hostile *c = req->data;
-    if (status < 0) {
-        violation(NULL, NULL, "a hostile connection could not connect: %s", uv_strerror(status));
-        uv_close((uv_handle_t *)&c->tcp, hostile_closed);
-        return;
-    }
-    uv_read_start((uv_stream_t *)&c->tcp, hostile_alloc, hostile_read);
-    size_t len = 0;
-    switch (c->kind) {
-    case 0: /* garbage */
-        for (len = 0; len < 64; len++)
-            c->buf[len] = (char)rnd();
-        break;
-    case 1: { /* a frame longer than any the server takes */
-        uint32_t big = htonl(0x7fffffffu);
-        memcpy(c->buf, &big, 4);
-        len = 4;
-        break;
-    }
-    case 2: { /* a hello and a wrong token */
-        rdzv_buf b;
-        rdzv_buf_init(&b, 4096);
-        rdzv_msg h = {.type = RDZV_HELLO, .req_id = 1};
-        h.u.hello.magic = RDZV_MAGIC;
-        h.u.hello.version = RDZV_VERSION;
-        rdzv_msg a = {.type = RDZV_AUTH, .req_id = 2};
-        memset(a.u.auth.mac, 0x5a, sizeof a.u.auth.mac);
-        if (rdzv_encode(&h, &b) == GPL_OK && rdzv_encode(&a, &b) == GPL_OK &&
-            b.len <= sizeof c->buf) {
-            memcpy(c->buf, b.data, b.len);
-            len = b.len;
-        }
-        rdzv_buf_free(&b);
-        break;
-    }
-    default: /* says nothing: the handshake timeout closes it */
-        return;
-    }
-    uv_buf_t ub = uv_buf_init(c->buf, (unsigned)len);
-    uv_write(&c->wreq, (uv_stream_t *)&c->tcp, &ub, 1, hostile_written);
-}
-
-static void hostile_start(uint64_t now) {
-    hostile *c = NULL;
-    for (int i = 0; i < SOAK_HOSTILE_MAX && c == NULL; i++)
-        if (!S.hos[i].in_use)
-            c = &S.hos[i];
-    if (c == NULL)
-        return;
-    memset(c, 0, sizeof *c);
-    c->in_use = 1;
-    c->kind = (int)(rnd() % 4);
-    c->started = now;
-    c->tcp.data = c->creq.data = c;
-    uv_tcp_init(&S.loop, &c->tcp);
-    c->tcp.data = c;
-    S.hostile_open++;
-    struct sockaddr_in a;
-    uv_ip4_addr("127.0.0.1", S.port, &a);
-    uv_tcp_connect(&c->creq, &c->tcp, (struct sockaddr *)&a, hostile_connected);
-}
-
-static void hostile_check(uint64_t now) {
-    for (int i = 0; i < SOAK_HOSTILE_MAX; i++) {
-        hostile *c = &S.hos[i];
-        if (c->in_use && !c->closed_by_server && !uv_is_closing((uv_handle_t *)&c->tcp) &&
-            now - c->started > SOAK_HANDSHAKE_MS + SOAK_ANSWER_MS) {
-            violation(NULL, NULL, "a hostile connection (kind %d) still open after %.1f s", c->kind,
-                      (double)(now - c->started) / 1000.0);
-            uv_close((uv_handle_t *)&c->tcp, hostile_closed);
-        }
-    }
-}
-
 /* ---- samples and restarts ---- */
 
 static void sample(uint64_t now, int last) {
@@ -918,7 +710,7 @@ static void sample(uint64_t now, int last) {
     if (life >= 16)
         return;
     uint64_t age = now - S.server_started, span = S.end_ms - S.t0;
-    long rss = proc_rss_kib(S.server), fds = proc_count_fds(S.server);
+    long rss = soak_proc_rss_kib(S.server), fds = soak_proc_fds(S.server);
     /* the first sample past a quarter of this server's life is the warm one */
     uint64_t life_ms = S.restarts ? span / (uint64_t)(S.restarts + 1) : span;
     if (S.rss_warm[life] == 0 && age >= life_ms / 4) {
@@ -933,7 +725,7 @@ static void sample(uint64_t now, int last) {
         S.fit[life][3] += t * t, S.fit[life][4] += t * r;
     }
     S.lives = life + 1;
-    double cpu = proc_cpu_s(S.server) - S.server_cpu0;
+    double cpu = soak_proc_cpu_s(S.server) - S.server_cpu0;
     double hb = (double)S.node_ms / SOAK_HB_INTERVAL_MS;
     if (hb > 0)
         S.cpu_per_hb_us[life] = cpu * 1e6 / hb;
@@ -990,7 +782,7 @@ static void on_tick(uv_timer_t *t) {
     last = now;
     for (int i = 0; i < S.njobs; i++)
         job_check(&S.jobs[i], now);
-    hostile_check(now);
+    soak_hostile_check(now);
     if (S.quiesce_from) { /* after a restart: every node back before the next change */
         int missing = 0;
         for (int i = 0; i < S.njobs; i++)
@@ -1006,7 +798,7 @@ static void on_tick(uv_timer_t *t) {
         }
     }
     if (!S.stopping && !S.draining && S.hostile_per_s > 0 && now >= S.next_hostile) {
-        hostile_start(now);
+        soak_hostile_start(now);
         S.next_hostile = now + (uint64_t)(1000.0 / S.hostile_per_s);
     }
     if (now >= S.next_sample) {
@@ -1036,12 +828,12 @@ static void on_tick(uv_timer_t *t) {
         if (settled) {
             S.quiet = 2;
             S.quiet_from = now;
-            S.quiet_cpu = proc_cpu_s(S.server);
+            S.quiet_cpu = soak_proc_cpu_s(S.server);
             S.quiet_node_ms = S.node_ms;
         }
     } else if (S.quiet == 2 && now - S.quiet_from >= SOAK_QUIET_MS) {
         double hb = (double)(S.node_ms - S.quiet_node_ms) / SOAK_HB_INTERVAL_MS;
-        S.quiet_us = hb > 0 ? (proc_cpu_s(S.server) - S.quiet_cpu) * 1e6 / hb : 0;
+        S.quiet_us = hb > 0 ? (soak_proc_cpu_s(S.server) - S.quiet_cpu) * 1e6 / hb : 0;
         S.quiet_nodes = S.live_nodes;
         S.quiet = 0;
         S.draining = 1;
@@ -1051,10 +843,10 @@ static void on_tick(uv_timer_t *t) {
         int live = 0;
         for (int i = 0; i < S.njobs; i++)
             live += S.jobs[i].live;
-        if (live == 0 && S.hostile_open == 0 && S.drained_at == 0)
+        if (live == 0 && soak_hostile_open() == 0 && S.drained_at == 0)
             S.drained_at = now;
         if (S.drained_at && now - S.drained_at >= SOAK_DRAIN_MS) { /* the server saw them go */
-            S.fds_drained = proc_count_fds(S.server); /* before the HTTP request's own */
+            S.fds_drained = soak_proc_fds(S.server); /* before the HTTP request's own */
             S.heap_drained = server_metric("gpulaunch_rdzv_heap_bytes");
             printf("rdzv_soak: t=%.0fs every job ended once: server heap %.0f bytes, fds %ld\n",
                    (double)(now - S.t0) / 1000.0, S.heap_drained, S.fds_drained);
@@ -1075,9 +867,7 @@ static void on_tick(uv_timer_t *t) {
             for (int i = 0; i < S.njobs; i++)
                 if (S.jobs[i].live)
                     job_end(&S.jobs[i], now);
-            for (int i = 0; i < SOAK_HOSTILE_MAX; i++)
-                if (S.hos[i].in_use && !uv_is_closing((uv_handle_t *)&S.hos[i].tcp))
-                    uv_close((uv_handle_t *)&S.hos[i].tcp, hostile_closed);
+            soak_hostile_close_all();
             S.finished = 1;
             uv_timer_stop(&S.tick);
             uv_close((uv_handle_t *)&S.tick, NULL);
@@ -1168,8 +958,8 @@ int main(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
-    S.port = free_port();
-    S.http_port = free_port();
+    S.port = soak_free_port();
+    S.http_port = soak_free_port();
     S.join_lat = calloc(SOAK_SAMPLES_MAX, sizeof *S.join_lat);
     S.detect_lat = calloc(SOAK_SAMPLES_MAX, sizeof *S.detect_lat);
     S.njobs = S.nodes / ((2 + SOAK_JOB_MAX_NODES) / 2);
@@ -1178,9 +968,10 @@ int main(int argc, char **argv) {
         server_start() != 0)
         return 1;
     usleep(200000);
-    S.fds_before = proc_count_fds(S.server);
+    S.fds_before = soak_proc_fds(S.server);
     S.heap_before = server_metric("gpulaunch_rdzv_heap_bytes");
     uv_loop_init(&S.loop);
+    soak_hostile_init(&S.loop, S.port, SOAK_HANDSHAKE_MS, SOAK_ANSWER_MS, rnd, hostile_violation);
     S.t0 = now_ms();
     S.end_ms = S.t0 + (uint64_t)(S.duration_s * 1000);
     S.next_sample = S.t0 + (uint64_t)(S.sample_s * 1000);
@@ -1202,7 +993,7 @@ int main(int argc, char **argv) {
 
     /* Every client is gone: the server must hold what it held before the first. */
     usleep(1000000);
-    long fds_after = proc_count_fds(S.server);
+    long fds_after = soak_proc_fds(S.server);
     double jobs_left = server_metric("gpulaunch_rdzv_jobs"),
            nodes_left = server_metric("gpulaunch_rdzv_nodes"),
            perr = server_metric("gpulaunch_rdzv_protocol_errors_total"),
@@ -1228,7 +1019,7 @@ int main(int argc, char **argv) {
         printf("%s%s %llu", a ? ", " : "", action_names[a], (unsigned long long)S.actions[a]);
     printf("), hostile connections closed by the server %llu (its protocol errors %.0f, auth "
            "refusals %.0f), nodes re-registered after restarts %llu (all back in %llu ms)\n",
-           (unsigned long long)S.hostile_done, perr, aref, (unsigned long long)S.resumed,
+           (unsigned long long)soak_hostile_closed(), perr, aref, (unsigned long long)S.resumed,
            (unsigned long long)S.reconnect_ms);
     printf("rdzv_soak: last join to every node assigned: p50 %.0f ms, p99 %.0f ms (%zu rounds); a "
            "vanished node said after p50 %.2f s, max %.2f s (%zu)\n",

@@ -1,0 +1,128 @@
+/* The soak's server under test: soak_server.h says what. */
+#include "soak_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gb_procstat.h"
+#include "gb_time.h"
+
+long soak_proc_fds(pid_t pid) { return gb_procstat_fds(pid); }
+
+long soak_proc_rss_kib(pid_t pid) {
+    gb_procstat st;
+    return gb_procstat_read(pid, &st) == 0 && st.rss_bytes >= 0 ? (long)(st.rss_bytes / 1024) : -1;
+}
+
+double soak_proc_cpu_s(pid_t pid) {
+    double s = gb_procstat_cpu_exact_s(pid);
+    return s < 0 ? 0 : s;
+}
+
+int soak_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* Whether something listens on the port yet. */
+static int port_open(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+pid_t soak_server_start(const char *bin, int port, int http_port, const char *token,
+                        int handshake_ms) {
+    char listen[64], http[64], tf[] = "/tmp/rdzv-soak-token-XXXXXX";
+    int fd = mkstemp(tf);
+    if (fd < 0 || write(fd, token, strlen(token)) != (ssize_t)strlen(token)) {
+        perror("rdzv_soak: token file");
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(http, sizeof http, "127.0.0.1:%d", http_port);
+    char hs[16];
+    snprintf(hs, sizeof hs, "%d", handshake_ms);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* malloc's per-thread cache holds freed chunks that mallinfo counts as
+         * in use: without it gpulaunch_rdzv_heap_bytes is exact */
+        setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1);
+        execl(bin, "gpulaunch-rdzv", "--listen", listen, "--http", http, "--token-file", tf,
+              "--handshake-timeout-ms", hs, "--log-level", "error", (char *)NULL);
+        _exit(127);
+    }
+    uint64_t until = gb_now_ms() + 10000;
+    while (!port_open(port) || !port_open(http_port)) {
+        if (gb_now_ms() > until || waitpid(pid, NULL, WNOHANG) == pid) {
+            fprintf(stderr, "rdzv_soak: the server did not start on %s\n", listen);
+            unlink(tf);
+            return -1;
+        }
+        usleep(10000);
+    }
+    unlink(tf);
+    return pid;
+}
+
+/* A value of the server's /metrics ("name" or "name{labels}"), -1 when absent. */
+double soak_server_metric(int http_port, const char *name) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)http_port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    double v = -1;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 5}; /* a server that does not answer is said, not waited on */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    static char body[1 << 20];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof body - 1 && (r = read(fd, body + n, sizeof body - 1 - n)) > 0)
+        n += (size_t)r;
+    close(fd);
+    body[n] = 0;
+    size_t nl = strlen(name);
+    for (char *p = body; (p = strstr(p, name)) != NULL; p += nl)
+        if ((p == body || p[-1] == '\n') && (p[nl] == ' ' || p[nl] == '{')) {
+            char *sp = strchr(p, ' ');
+            if (sp)
+                v = strtod(sp + 1, NULL);
+            break;
+        }
+    return v;
+}
