@@ -575,6 +575,8 @@ int rdzv_client_connected(const rdzv_client *c) { return c->state == CS_READY; }
 void rdzv_client_waiting(rdzv_client *c, uint32_t wait_ms) {
     int changed = (wait_ms != 0) != (c->wait_ms != 0);
     c->wait_ms = wait_ms;
+    if (!c->server_probe)
+        return; /* a server that predates waits: nothing to say */
     /* a wait that begins or ends is said at once, one that goes on every
      * RDZV_CLIENT_WAIT_EVERY_MS: the server probes again a node that
      * answered the last probe and may have gone since */
