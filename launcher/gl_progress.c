@@ -161,6 +161,17 @@ gb_progress_slot *gl_progress_slot(int local_rank) {
     return P.fd >= 0 && (uint32_t)local_rank < P.nslots ? &P.slots[local_rank] : NULL;
 }
 
+uint64_t gl_progress_waiting_since(int local_rank, uint64_t now_ns) {
+    gb_progress_slot *s = gl_progress_slot(local_rank);
+    uint64_t since = s ? atomic_load(&s->coll_since_ns) : 0;
+    if (since == 0 || since > now_ns)
+        return 0;
+    uint64_t alive = atomic_load(&s->wait_ns);
+    if (alive >= since && now_ns > alive && now_ns - alive > (uint64_t)GL_WAIT_ALIVE_MS * 1000000)
+        return 0;
+    return since;
+}
+
 /* ---- line reports: "STEP\n" on the pipe ---- */
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {

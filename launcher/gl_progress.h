@@ -34,6 +34,14 @@ void gl_progress_holder(int local_rank, int rank, const char *gpu);
 void gl_progress_started(uv_loop_t *loop, int local_rank);
 /* The slot of a local worker, NULL without a channel. */
 gb_progress_slot *gl_progress_slot(int local_rank);
+/* A rank waiting in libgpulaunch's collective says so every 20 ms (wait_ns):
+ * one whose wait loop has been silent this long is stuck itself. */
+#define GL_WAIT_ALIVE_MS 1000
+/* Since when (CLOCK_MONOTONIC ns) the local worker has waited inside a
+ * collective for its peers; 0 when it is in none, or its wait loop went
+ * silent for GL_WAIT_ALIVE_MS (stuck itself, not waiting). A collective
+ * without a wait loop (a framework's) counts as waiting. */
+uint64_t gl_progress_waiting_since(int local_rank, uint64_t now_ns);
 /* Live re-formation (docs/reliability.md). Whether each of the nproc local
  * workers said it re-forms in place (its slot's reform_ok). */
 int gl_progress_reform_ok(int nproc);

@@ -28,29 +28,24 @@ static uint64_t threshold_ns(void) {
     return t > floor ? t : floor;
 }
 
-uint32_t gl_waits_now(uint32_t *threshold_ms) {
-    if (threshold_ms)
-        *threshold_ms = 0;
+/* For how long every running local worker has waited in one collective, in
+ * ms; 0 when not all wait, or not for longer than the threshold. */
+static uint32_t waited_ms(void) {
     if (V.g == NULL || V.g->w == NULL || V.g->nrunning != V.g->n || V.g->stopping ||
         gl_progress_slot(0) == NULL)
         return 0;
     uint64_t now = gb_now_ns(), latest = 0;
     for (int i = 0; i < V.g->n; i++) {
-        gb_progress_slot *s = gl_progress_slot(i);
-        uint64_t since = atomic_load(&s->coll_since_ns);
-        if (since == 0 || since > now)
-            return 0; /* this one computes: the node is not waiting */
-        uint64_t alive = atomic_load(&s->wait_ns);
-        if (alive >= since && now - alive > (uint64_t)GL_WAITS_ALIVE_MS * 1000000)
-            return 0; /* stuck itself: the hang watchdog's, not a wait for a peer */
+        /* one that computes, or is stuck itself (the hang watchdog's): the
+         * node is not waiting for a peer */
+        uint64_t since = gl_progress_waiting_since(i, now);
+        if (since == 0)
+            return 0;
         if (since > latest)
             latest = since;
     }
-    uint64_t t = threshold_ns();
-    if (threshold_ms)
-        *threshold_ms = (uint32_t)(t / 1000000);
     uint64_t waited = now - latest;
-    if (waited < t)
+    if (waited < threshold_ns())
         return 0;
     uint64_t ms = waited / 1000000;
     return ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
@@ -58,7 +53,7 @@ uint32_t gl_waits_now(uint32_t *threshold_ms) {
 
 static void on_tick(uv_timer_t *t) {
     (void)t;
-    rdzv_client_waiting(V.cli, gl_waits_now(NULL));
+    rdzv_client_waiting(V.cli, waited_ms());
 }
 
 void gl_waits_start(uv_loop_t *loop, rdzv_client *cli, const gl_group *g) {

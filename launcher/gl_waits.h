@@ -18,15 +18,7 @@
 #define GL_WAITS_TICK_MS 50 /* how often the slots are looked at */
 #define GL_WAITS_MIN_MS 200 /* a wait shorter than this is never said ... */
 #define GL_WAITS_FACTOR 4   /* ... nor one under this many times the mean collective */
-#define GL_WAITS_ALIVE_MS                                                                          \
-    1000 /* a rank whose wait loop stopped saying so this long is stuck                            \
-            itself, not waiting for a peer (gl_watchdog.h: GL_WAIT_ALIVE_MS) */
 
 /* Looks at g's workers every GL_WAITS_TICK_MS from now on and tells cli. */
 void gl_waits_start(uv_loop_t *loop, rdzv_client *cli, const gl_group *g);
-/* For how long every running local worker has waited in one collective, in
- * ms (0: not all wait, or not for longer than the threshold), and the
- * threshold now. */
-uint32_t gl_waits_now(uint32_t *threshold_ms);
-
 #endif

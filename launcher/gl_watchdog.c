@@ -80,14 +80,7 @@ static int proc_stopped(pid_t pid) {
  * collective says it is alive while waiting (libgpulaunch's wait loops do,
  * every 100 ms), having said so within GL_WAIT_ALIVE_MS. */
 static int rank_waits(const gl_watchdog *wd, int i, uint64_t now) {
-    gb_progress_slot *s = gl_progress_slot(i);
-    uint64_t since = atomic_load(&s->coll_since_ns);
-    if (since == 0 || proc_stopped(wd->group->w[i].pid))
-        return 0;
-    uint64_t alive = atomic_load(&s->wait_ns);
-    if (alive >= since && now > alive && now - alive > (uint64_t)GL_WAIT_ALIVE_MS * 1000000)
-        return 0;
-    return 1;
+    return gl_progress_waiting_since(i, now) != 0 && !proc_stopped(wd->group->w[i].pid);
 }
 
 static void on_dump_done(uv_timer_t *t) {

@@ -15,11 +15,8 @@
 
 #define GL_WATCH_TICK_MS 100 /* how often the slots are looked at */
 #define GL_HANG_VICTIM_GRACE_MS                                                                    \
-    500 /* ranks all blocked in a collective: time for the                                         \
-           node of the rank they wait for to name it first */
-#define GL_WAIT_ALIVE_MS                                                                           \
-    1000 /* a rank waiting in libgpulaunch's collective says so every 20 ms                        \
-          */
+    500                           /* ranks all blocked in a collective: time for the               \
+                                     node of the rank they wait for to name it first */
 #define GL_SAVE_TIMEOUT_FACTOR 10 /* a rank in checkpoint I/O is hung after 10x the timeout */
 #define GL_STACK_DUMP_MS 300      /* from the stack signal to stopping the worker */
 #define GL_AUTO_WARMUP_STEPS 5    /* auto: steps before the step time is learned */

@@ -38,7 +38,8 @@ static void ping(member *m, uint64_t now, int suspected) {
         s->m.probes_sent++;
 }
 
-uint32_t rdzv__probe_deadline_ms(const member *m) {
+/* The deadline of a probe of m now (ms). */
+static uint32_t deadline_ms(const member *m) {
     uint64_t d = (uint64_t)m->p.rtt_ms * RDZV_PROBE_RTT_FACTOR;
     if (d < RDZV_PROBE_MIN_MS)
         d = RDZV_PROBE_MIN_MS;
@@ -110,7 +111,8 @@ void rdzv__probe_rx(member *m, uint64_t gap_ms) {
     m->p.gap_ms = gap > decayed ? gap : decayed;
 }
 
-uint32_t rdzv__probe_silence_ms(const member *m) {
+/* m's silence threshold (ms): UINT32_MAX when the heartbeat timeout comes first. */
+static uint32_t silence_ms(const member *m) {
     if (m->rm.r == NULL || m->p.gap_ms == 0)
         return UINT32_MAX; /* nothing known of its gaps yet */
     uint64_t t = (uint64_t)m->p.gap_ms + RDZV_SILENCE_STALL_MS;
@@ -122,7 +124,7 @@ uint32_t rdzv__probe_silence_ms(const member *m) {
 void rdzv__probe_silent(member *m, uint64_t now) {
     if (!m->p.answers || (m->p.sent_ms && m->p.suspected))
         return;
-    uint32_t t = rdzv__probe_silence_ms(m);
+    uint32_t t = silence_ms(m);
     if (t == UINT32_MAX || now - m->c->last_rx_ms < t)
         return;
     GB_DEBUG("job %s: %s sent nothing for %.1f s: probing it", m->rm.r->run_id, m->rm.hostname,
@@ -183,7 +185,7 @@ static void evidence(const member *m, uint64_t now, char *out, size_t len) {
     snprintf(out, len,
              "answered no ping within %u ms while %u of its %u peer node(s) waited for it inside a "
              "collective (%s%s; the longest %.2f s); its last heartbeat came %.2f s ago",
-             rdzv__probe_deadline_ms(m), waiting, others, names, waiting > 3 ? ", ..." : "",
+             deadline_ms(m), waiting, others, names, waiting > 3 ? ", ..." : "",
              (double)longest / 1000.0, (double)(now - m->c->last_rx_ms) / 1000.0);
 }
 
@@ -216,7 +218,7 @@ again:
             unlist(m); /* its round ended meanwhile: the suspicion is moot */
             continue;
         }
-        uint32_t d = rdzv__probe_deadline_ms(m);
+        uint32_t d = deadline_ms(m);
         if (now - m->p.sent_ms < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
             continue;
         if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */

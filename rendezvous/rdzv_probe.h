@@ -64,8 +64,6 @@ void rdzv__probe_rx(member *m, uint64_t gap_ms);
 /* The heartbeat sweep, for each node of a running round: probes it when it
  * is silent past its threshold. */
 void rdzv__probe_silent(member *m, uint64_t now);
-/* m's silence threshold (ms): UINT32_MAX when the heartbeat timeout comes first. */
-uint32_t rdzv__probe_silence_ms(const member *m);
 /* A JOIN was taken: whether the node answers probes; it is pinged once to
  * learn its round trip. */
 void rdzv__probe_joined(conn *c, const rdzv_msg *join);
@@ -77,7 +75,5 @@ void rdzv__probe_pong(conn *c, const rdzv_msg *msg);
 void rdzv__probe_gone(member *m);
 /* The sweep: probes past their deadline end their rounds. */
 void rdzv__probe_sweep(rdzv_server *s, uint64_t now);
-/* The deadline of a probe of m now (ms). */
-uint32_t rdzv__probe_deadline_ms(const member *m);
 
 #endif

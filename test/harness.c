@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -458,4 +459,38 @@ int prom_check(const char *text, char *why, size_t len) {
     if (bad)
         snprintf(why, len, "not promtool-clean at: %s", line);
     return bad ? -1 : 0;
+}
+
+int http_get_local(int port, const char *path, char *out, size_t len) {
+    out[0] = 0;
+    int fd = raw_connect(port);
+    if (fd < 0)
+        return 0;
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char req[300];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
+    size_t got = 0;
+    if (write(fd, req, (size_t)n) == n) {
+        ssize_t r;
+        while (got < len - 1 && (r = read(fd, out + got, len - 1 - got)) > 0)
+            got += (size_t)r;
+    }
+    close(fd);
+    out[got] = 0;
+    int code = 0;
+    if (sscanf(out, "HTTP/%*s %d", &code) != 1)
+        return 0;
+    char *body = strstr(out, "\r\n\r\n");
+    if (body)
+        memmove(out, body + 4, strlen(body + 4) + 1);
+    return code;
+}
+
+double prom_value(const char *text, const char *name) {
+    size_t nl = strlen(name);
+    for (const char *p = text; (p = strstr(p, name)) != NULL; p += nl)
+        if ((p == text || p[-1] == '\n') && p[nl] == ' ')
+            return strtod(p + nl + 1, NULL);
+    return -1;
 }

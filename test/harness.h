@@ -57,6 +57,11 @@ int proc_ignores(pid_t pid, int sig);
 long proc_read_long(pid_t pid, const char *file, const char *fmt);
 /* A TCP port that was free a moment ago (for listeners started by others). */
 int free_tcp_port(void);
+/* GET path from 127.0.0.1:port over plain HTTP/1.0 (3 s at most): the
+ * status code (0: no answer), the body NUL-terminated into out (len bytes). */
+int http_get_local(int port, const char *path, char *out, size_t len);
+/* The value of a Prometheus sample line "name value" in text, -1 when absent. */
+double prom_value(const char *text, const char *name);
 /* The largest relative difference between two float32 parameter dumps
  * (dp_train --dump-params), |a-b| / (|a| + 1e-3); -1 when either cannot be
  * read, holds under 100 values, or their sizes differ (*n says how many). */

@@ -15,12 +15,24 @@
 #include "rdzv_codec.h"
 
 static proc srv;
-static int port;
+static int port, hport;
 static peer *P;
 
 static void setup(void) {
     P = calloc(4, sizeof *P);
-    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0, "server did not start: %s", srv.out);
+    const char *extra[] = {"--http", "127.0.0.1:0", NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
+    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000), "%s", srv.out);
+    hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+}
+
+/* gpulaunch_rdzv_probes_total{result="<result>"} now. */
+static double probes(const char *result) {
+    static char body[65536];
+    char name[96];
+    cr_assert_eq(http_get_local(hport, "/metrics", body, sizeof body), 200);
+    snprintf(name, sizeof name, "gpulaunch_rdzv_probes_total{result=\"%s\"}", result);
+    return prom_value(body, name);
 }
 
 static void teardown(void) {
@@ -122,6 +134,8 @@ Test(probe, a_node_the_others_wait_for_that_answers_no_ping_is_lost_within_a_sec
     /* the deadline (250 ms) and the sweep (100 ms) after the waits: far from the 5 s timeout */
     cr_expect(took >= 250 && took < 1000, "told %llu ms after the waits", (unsigned long long)took);
     cr_assert_eq(peer_recv_type(&P[1], RDZV_ROUND_OVER, 1000), 0, "node 1 was not told");
+    cr_expect_eq(probes("unanswered"), 1);
+    cr_expect_eq(probes("answered"), 0);
 }
 
 Test(probe, a_slow_node_that_answers_is_not_lost_and_is_found_once_it_stops) {
@@ -135,6 +149,7 @@ Test(probe, a_slow_node_that_answers_is_not_lost_and_is_found_once_it_stops) {
     cr_expect_eq(over, 0, "a node that answered was lost: %s", P[1].last.u.round_over.message);
     cr_expect(pings >= 4 && pings <= 9,
               "node 1 was pinged %d times in 2 s (once per 250 ms at most)", pings);
+    cr_expect_eq(probes("answered"), pings, "every answer counted");
     rdzv_msg hb = {.type = RDZV_HEARTBEAT};
     cr_expect_neq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 100), 0, "node 0 heard a round end");
     peer_send(&P[0], &hb);
@@ -266,4 +281,19 @@ Test(probe, a_silent_node_is_probed_before_the_timeout_and_lost_unless_it_answer
     over = 0;
     listen_for(1, 1000, 1, &over);
     cr_expect_eq(over, 0, "a node that answered was lost");
+}
+
+/* --probes takes on or off; anything else is refused, naming the option. */
+Test(probe, a_bad_probes_value_is_refused) {
+    proc bad;
+    char *argv[] = {GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--probes",
+                    "maybe",
+                    NULL};
+    cr_assert_eq(proc_start(&bad, argv, NULL), 0);
+    int st = proc_wait(&bad, 5000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d", st);
+    cr_expect(strstr(bad.out, "--probes takes on or off, not 'maybe'") != NULL, "%s", bad.out);
 }
