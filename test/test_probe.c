@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -296,4 +297,45 @@ Test(probe, a_bad_probes_value_is_refused) {
     int st = proc_wait(&bad, 5000);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d", st);
     cr_expect(strstr(bad.out, "--probes takes on or off, not 'maybe'") != NULL, "%s", bad.out);
+}
+
+/* The embedding API: a version-1 options struct (before probes) is taken,
+ * with probes on; a version from the future is refused, saying which are
+ * known. */
+Test(probe, options_version_1_is_taken_and_a_future_one_refused) {
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    rdzv_server_options o = RDZV_SERVER_OPTIONS_INIT;
+    o.listen_addr = "127.0.0.1";
+    o.listen_port = 0;
+    o.version = 1;
+    o.probes = 0; /* past a version-1 struct's end: must not be read */
+    rdzv_server *s = NULL;
+    char err[256] = "";
+    cr_assert_eq(rdzv_server_start(&loop, &o, &s, err, sizeof err), GPL_OK, "%s", err);
+    /* its CHALLENGE says it probes: accepted and sent by the loop, read here */
+    int fd = raw_connect(rdzv_server_port(s));
+    cr_assert_geq(fd, 0);
+    uint8_t hdr[RDZV_HEADER_LEN];
+    ssize_t got = 0;
+    for (int i = 0; i < 200 && got < (ssize_t)sizeof hdr; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        ssize_t r = recv(fd, hdr + got, sizeof hdr - (size_t)got, MSG_DONTWAIT);
+        if (r > 0)
+            got += r;
+        else
+            usleep(5000);
+    }
+    cr_assert_eq(got, (ssize_t)sizeof hdr, "no CHALLENGE");
+    uint16_t type = (uint16_t)(hdr[4] << 8 | hdr[5]), flags = (uint16_t)(hdr[6] << 8 | hdr[7]);
+    cr_expect_eq(type, RDZV_CHALLENGE);
+    cr_expect(flags & RDZV_CHALLENGE_PROBE, "a version-1 struct's server does not probe (%x)",
+              flags);
+    close(fd);
+    rdzv_server_close(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    o.version = RDZV_SERVER_OPTIONS_VERSION + 1;
+    cr_expect_eq(rdzv_server_start(&loop, &o, &s, err, sizeof err), GPL_ERR_INVALID_ARG);
+    cr_expect(strstr(err, "version must be 1 to 2") != NULL, "%s", err);
+    uv_loop_close(&loop);
 }
