@@ -66,6 +66,7 @@
 #include "rdzv_client_int.h"
 #include "rdzv_codec.h"
 #include "rdzv_probe.h"
+#include "harness.h"
 #include "rdzv_round.h"
 #include "soak_hostile.h"
 #include "soak_server.h"
@@ -178,8 +179,6 @@ static uint32_t rnd(void) {
     S.seed ^= S.seed << 5;
     return S.seed;
 }
-
-static uint64_t now_ms(void) { return gb_now_ms(); }
 
 static void violation(const job *j, const node *x, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -958,8 +957,8 @@ int main(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max;
         (void)setrlimit(RLIMIT_NOFILE, &rl);
     }
-    S.port = soak_free_port();
-    S.http_port = soak_free_port();
+    S.port = free_tcp_port();
+    S.http_port = free_tcp_port();
     S.join_lat = calloc(SOAK_SAMPLES_MAX, sizeof *S.join_lat);
     S.detect_lat = calloc(SOAK_SAMPLES_MAX, sizeof *S.detect_lat);
     S.njobs = S.nodes / ((2 + SOAK_JOB_MAX_NODES) / 2);

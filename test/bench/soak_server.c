@@ -1,19 +1,16 @@
 /* The soak's server under test: soak_server.h says what. */
 #include "soak_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "gb_procstat.h"
 #include "gb_time.h"
+#include "harness.h"
 
 long soak_proc_fds(pid_t pid) { return gb_procstat_fds(pid); }
 
@@ -27,29 +24,12 @@ double soak_proc_cpu_s(pid_t pid) {
     return s < 0 ? 0 : s;
 }
 
-int soak_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 /* Whether something listens on the port yet. */
 static int port_open(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    int fd = raw_connect(port);
     if (fd >= 0)
         close(fd);
-    return ok;
+    return fd >= 0;
 }
 
 pid_t soak_server_start(const char *bin, int port, int http_port, const char *token,
@@ -89,40 +69,8 @@ pid_t soak_server_start(const char *bin, int port, int http_port, const char *to
     return pid;
 }
 
-/* A value of the server's /metrics ("name" or "name{labels}"), -1 when absent. */
 double soak_server_metric(int http_port, const char *name) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)http_port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    double v = -1;
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    struct timeval tv = {.tv_sec = 5}; /* a server that does not answer is said, not waited on */
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
-    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
-        close(fd);
-        return -1;
-    }
     static char body[1 << 20];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof body - 1 && (r = read(fd, body + n, sizeof body - 1 - n)) > 0)
-        n += (size_t)r;
-    close(fd);
-    body[n] = 0;
-    size_t nl = strlen(name);
-    for (char *p = body; (p = strstr(p, name)) != NULL; p += nl)
-        if ((p == body || p[-1] == '\n') && (p[nl] == ' ' || p[nl] == '{')) {
-            char *sp = strchr(p, ' ');
-            if (sp)
-                v = strtod(sp + 1, NULL);
-            break;
-        }
-    return v;
+    return http_get_local(http_port, "/metrics", body, sizeof body) == 200 ? prom_value(body, name)
+                                                                           : -1;
 }
