@@ -5,7 +5,14 @@
 # any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# each stage's wall time, said at the end (CI's budget is the sum)
+stage_times=() stage_start=$SECONDS
+took() { # name: closes the stage that began at the previous call
+  stage_times+=("$(printf '%6ds  %s' $((SECONDS - stage_start)) "$1")")
+  stage_start=$SECONDS
+}
 scripts/deps.sh
+took "Debian packages"
 
 jobs=$(nproc 2>/dev/null || echo 2)
 total=0 passed=0 failed_suites=()
@@ -49,12 +56,16 @@ torch2=$(scripts/torch2.sh | tail -n 1) || { echo "== torch 2: the environment c
 echo "== torch 2: $("$torch2" -c 'import torch; print("torch", torch.__version__)') in $(dirname "$(dirname "$torch2")")"
 # moto's S3 server for test_s3 (cached after the first run)
 s3py=$(scripts/s3server.sh | tail -n 1) || { echo "== S3 server: the environment could not be made (see above)"; exit 1; }
+took "torch 2 environment"
 echo "== S3 server: $("$s3py" -c 'from importlib.metadata import version; print("moto", version("moto"))') in $(dirname "$(dirname "$s3py")")"
+took "S3 server environment"
 run_suite plain build/test -DGPULAUNCH_TORCH2_PYTHON="$torch2" -DGPULAUNCH_S3_PYTHON="$s3py" || failed_suites+=(plain)
+took "plain: build and tests"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   run_suite asan+ubsan build/asan -DGPULAUNCH_SANITIZE=address,undefined -DGPULAUNCH_S3_PYTHON="$s3py" ||
   failed_suites+=(asan+ubsan)
+took "ASan+UBSan: build and tests"
 
 echo "== fault matrix self-check: scenario 2 must fail against a server without heartbeats"
 if [ "$(id -u)" = 0 ]; then
@@ -63,6 +74,7 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "   [SKIP] not root: the test bed needs network namespaces"
 fi
+took "fault matrix self-check"
 
 echo "== wheel: built and repaired, then installed and run in a minimal Debian with python3 only"
 if [ "$(id -u)" = 0 ]; then
@@ -72,6 +84,7 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "   [SKIP] not root: the check needs debootstrap, chroot and mounts"
 fi
+took "wheel"
 
 echo "== container: the Containerfile's image built by podman, gpulaunch as PID 1 (test/container)"
 if [ "$(id -u)" = 0 ]; then
@@ -92,6 +105,7 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "   [SKIP] not root: podman's containers here need root"
 fi
+took "container"
 
 echo "== fuzz: the rendezvous codec, 30 s (libFuzzer + ASan + UBSan)"
 fuzz_ok=1
@@ -104,17 +118,24 @@ if [ $fuzz_ok = 1 ]; then
   tail -n 1 build/fuzz.log
 fi
 [ $fuzz_ok = 1 ] || { tail -n 30 build/fuzz*.log; failed_suites+=(fuzz); }
+took "fuzz"
 
 echo "== release build: -O3 finds warnings that -O2 does not (build only)"
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGPULAUNCH_WERROR=ON >build/release.configure.log 2>&1 &&
   cmake --build build/release -j"$jobs" >build/release.build.log 2>&1 ||
   { grep -E 'error|warning' build/release.build.log | head -n 20; failed_suites+=(release-build); }
+took "release build"
 
 echo "== lint"
 cmake --build build/test --target lint || failed_suites+=(lint)
 # the Python package: typed throughout (torch's own stubs are not followed)
 /usr/bin/python3 -m mypy --strict --follow-imports=skip --no-incremental python/gpulaunch ||
   failed_suites+=(lint-python)
+took "lint"
+
+echo "== time by stage (wall clock)"
+printf '%s\n' "${stage_times[@]}"
+echo "$(printf '%6ds' "$SECONDS")  in all"
 
 if [ ${#failed_suites[@]} -ne 0 ]; then
   echo "gpulaunch tests: FAILED in ${failed_suites[*]}; $passed of $total tests passed"
