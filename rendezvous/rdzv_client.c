@@ -14,6 +14,7 @@
 #include "rdzv_auth.h"
 #include "rdzv_codec.h"
 #include "rdzv_client_int.h"
+#include "rdzv_peer.h"
 
 #define GB_COMPONENT "rdzv-client"
 
@@ -63,6 +64,8 @@ struct rdzv_client {
     int stats_warned;
     uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
     int frozen;          /* rdzv_client_freeze: sends nothing more */
+    rdzv_peer *peer;     /* the UDP port for peer probes (rdzv_peer.c); NULL: none */
+    int peer_failed;     /* it could not be opened: said once, not tried again */
 };
 
 static void start_connect(rdzv_client *c);
@@ -230,6 +233,10 @@ static void send_join(rdzv_client *c) {
         m.flags = RDZV_JOIN_WARM;
     if (c->server_probe)
         m.flags |= RDZV_JOIN_PROBE;
+    if (c->peer) {
+        m.flags |= RDZV_JOIN_PEER;
+        m.u.join.peer_port = rdzv__peer_port(c->peer);
+    }
     c->join_req = m.req_id;
     c->want_join = 0;
     c->pending = !c->assigned;
@@ -240,12 +247,35 @@ static void send_join(rdzv_client *c) {
     }
 }
 
+/* A peer probe the server asked for ended: its answer. */
+static void on_peer_done(void *data, uint32_t id, int ok, uint32_t rtt_ms) {
+    rdzv_client *c = data;
+    if (c->state != CS_READY || c->frozen)
+        return;
+    rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = id};
+    a.u.probe_ack.ok = ok ? 1 : 0;
+    a.u.probe_ack.rtt_ms = rtt_ms;
+    send_msg(c, &a);
+}
+
+static void open_peer(rdzv_client *c) {
+    char err[160];
+    if (rdzv__peer_open(c->loop, on_peer_done, c, &c->peer, err, sizeof err) != GPL_OK) {
+        c->peer_failed = 1;
+        GB_WARN("%s: this node answers the rendezvous's probes, but no other node's (a link "
+                "bad between the rendezvous and this node alone can then end a round early)",
+                err);
+    }
+}
+
 static void handle(rdzv_client *c, const rdzv_msg *m) {
     switch (m->type) {
     case RDZV_CHALLENGE: {
         c->server_health = (m->flags & RDZV_CHALLENGE_HEALTH) != 0;
         c->server_warm = (m->flags & RDZV_CHALLENGE_WARM) != 0;
         c->server_probe = (m->flags & RDZV_CHALLENGE_PROBE) != 0;
+        if ((m->flags & RDZV_CHALLENGE_PEER) && c->peer == NULL && !c->peer_failed)
+            open_peer(c);
         rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
         h.u.hello.magic = RDZV_MAGIC;
         h.u.hello.version = RDZV_VERSION;
@@ -335,6 +365,13 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         send_msg(c, &p);
         return;
     }
+    case RDZV_PROBE_REQ: /* the server asks this node to probe a peer it suspects */
+        if (c->peer)
+            rdzv__peer_probe(c->peer, m->req_id, m->u.probe_req.addr, m->u.probe_req.port,
+                             m->u.probe_req.deadline_ms);
+        else
+            on_peer_done(c, m->req_id, 0, 0);
+        return;
     case RDZV_ERROR:
         if (m->u.error.code == GPL_ERR_ROUND_OVER && m->req_id == c->join_req && c->assigned) {
             /* The restarted server could not resume our round: it is over. */
@@ -660,6 +697,13 @@ void rdzv_client_event(rdzv_client *c, uint32_t kind, uint64_t deadline_unix_ms,
 void rdzv_client_freeze(rdzv_client *c) {
     if (c == NULL || c->closing)
         return;
+    rdzv__peer_mute(c->peer);
+    rdzv_client_freeze_link(c);
+}
+
+void rdzv_client_freeze_link(rdzv_client *c) {
+    if (c == NULL || c->closing)
+        return;
     c->frozen = 1;
     uv_timer_stop(&c->retry);
     uv_timer_stop(&c->hb);
@@ -673,6 +717,8 @@ void rdzv_client_close(rdzv_client *c) {
         return;
     c->closing = 1;
     drop_conn(c);
+    rdzv__peer_close(c->peer);
+    c->peer = NULL;
     uv_timer_stop(&c->retry);
     uv_timer_stop(&c->hb);
     uv_timer_stop(&c->notice);

@@ -9,5 +9,8 @@
  * read, no reconnect, its connection left open. Only rdzv_client_close
  * follows. */
 void rdzv_client_freeze(rdzv_client *c);
+/* Only the link to the rendezvous goes silent (as above); the node still
+ * answers its peers' probes: a link bad between the server and it alone. */
+void rdzv_client_freeze_link(rdzv_client *c);
 
 #endif

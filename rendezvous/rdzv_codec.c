@@ -337,6 +337,8 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         u32(c, &m->u.join.base_rank);
         u32(c, &m->u.join.world_size);
         u32(c, &m->u.join.nnodes);
+        if (m->flags & RDZV_JOIN_PEER)
+            u16(c, &m->u.join.peer_port);
         break;
     case RDZV_ASSIGNED:
         u32(c, &m->u.assigned.round);
@@ -377,6 +379,15 @@ static void msg_fields(codec *c, rdzv_msg *m) {
     case RDZV_HEARTBEAT:
         if (m->flags & RDZV_HEARTBEAT_WAIT)
             u32(c, &m->u.heartbeat.wait_ms);
+        break;
+    case RDZV_PROBE_REQ:
+        str(c, m->u.probe_req.addr, RDZV_MAX_STR);
+        u16(c, &m->u.probe_req.port);
+        u32(c, &m->u.probe_req.deadline_ms);
+        break;
+    case RDZV_PROBE_ACK:
+        u8(c, &m->u.probe_ack.ok);
+        u32(c, &m->u.probe_ack.rtt_ms);
         break;
     case RDZV_OK:
     case RDZV_DONE:

@@ -54,7 +54,9 @@
     X(RDZV_STATS, 28)                                                                              \
     X(RDZV_NODE, 29)                                                                               \
     X(RDZV_PING, 30)                                                                               \
-    X(RDZV_PONG, 31)
+    X(RDZV_PONG, 31)                                                                               \
+    X(RDZV_PROBE_REQ, 32)                                                                          \
+    X(RDZV_PROBE_ACK, 33)
 
 enum rdzv_type {
 #define RDZV_TYPE_ENUM_(n, v) n = v,
@@ -87,6 +89,9 @@ typedef struct rdzv_bytes {
 #define RDZV_JOIN_PROBE                                                                            \
     4u /* this node answers PING with PONG (the same req id) at once: the server may probe         \
         * it when its peers wait for it (docs/protocol.md, suspicion and probes) */
+#define RDZV_JOIN_PEER                                                                             \
+    8u /* a u16 follows: this node's UDP port for peer probes (answers a PING datagram with a      \
+        * PONG) and it probes other nodes on PROBE_REQ */
 
 /* Flags on RDZV_CHALLENGE: what this server takes besides version 2's
  * messages (an older server sends 0; its clients never send these). */
@@ -94,6 +99,7 @@ typedef struct rdzv_bytes {
 #define RDZV_CHALLENGE_WARM 2u   /* NODE and JOIN with RDZV_JOIN_WARM */
 #define RDZV_CHALLENGE_PROBE                                                                       \
     4u /* HEARTBEAT with RDZV_HEARTBEAT_WAIT, PONG, JOIN with RDZV_JOIN_PROBE */
+#define RDZV_CHALLENGE_PEER 8u /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
 
 /* Flags on RDZV_NODE (a request without a body; answered OK): what a node's
  * workers can do now. */
@@ -110,7 +116,12 @@ typedef struct rdzv_bytes {
         * waited inside one collective (0: they do not wait now) */
 
 /* RDZV_PING (server to node, pushed; req id: the probe's) and RDZV_PONG (the
- * node's answer, same req id) have no body. */
+ * node's answer, same req id) have no body. The same two frames, alone in a
+ * UDP datagram, are a peer probe and its answer (req id: the prober's).
+ * RDZV_PROBE_REQ (server to node, pushed; req id: the probe's): probe the
+ * node at addr:port over UDP until deadline_ms, then say RDZV_PROBE_ACK
+ * (same req id): ok 1 with the round trip at the first answer, ok 0 at the
+ * deadline without one. */
 
 /* Flags on RDZV_FAIL. */
 #define RDZV_FAIL_HANG 1u /* a rank hung: its global rank follows the message */
@@ -147,6 +158,7 @@ typedef struct rdzv_msg {
             uint32_t last_call_ms, join_timeout_ms, heartbeat_timeout_ms;
             /* RESUME only: the assignment being re-registered. */
             uint32_t round, node_rank, base_rank, world_size, nnodes;
+            uint16_t peer_port; /* with RDZV_JOIN_PEER only */
         } join;
         struct {
             uint32_t round, node_rank, nnodes, base_rank, world_size;
@@ -203,6 +215,15 @@ typedef struct rdzv_msg {
         struct {
             uint32_t wait_ms; /* with RDZV_HEARTBEAT_WAIT only */
         } heartbeat;
+        struct {
+            char addr[RDZV_MAX_STR + 1]; /* numeric: IPv4, IPv6 or IPv4-mapped IPv6 */
+            uint16_t port;
+            uint32_t deadline_ms;
+        } probe_req;
+        struct {
+            uint8_t ok;
+            uint32_t rtt_ms; /* ok only */
+        } probe_ack;
         struct {
             uint32_t kind;
             uint32_t round;

@@ -79,13 +79,23 @@ char *rdzv_render_metrics(rdzv_server *s) {
               (unsigned long long)s->m.protocol_errors);
     sb_printf(&b,
               "# HELP gpulaunch_rdzv_probes_total Nodes probed because their peers waited for "
-              "them in a collective, by outcome.\n"
+              "them in a collective or they went silent, by outcome.\n"
               "# TYPE gpulaunch_rdzv_probes_total counter\n"
               "gpulaunch_rdzv_probes_total{result=\"answered\"} %llu\n"
               "gpulaunch_rdzv_probes_total{result=\"unanswered\"} %llu\n"
               "gpulaunch_rdzv_probes_total{result=\"moot\"} %llu\n",
               (unsigned long long)s->m.probes_answered, (unsigned long long)s->m.probes_unanswered,
               (unsigned long long)s->m.probes_moot);
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_probe_relays_total Peer nodes asked to probe a suspect that "
+              "did not answer the server, by what they said (no_answer: nothing, or only after it "
+              "was settled).\n"
+              "# TYPE gpulaunch_rdzv_probe_relays_total counter\n"
+              "gpulaunch_rdzv_probe_relays_total{result=\"reached\"} %llu\n"
+              "gpulaunch_rdzv_probe_relays_total{result=\"unreached\"} %llu\n"
+              "gpulaunch_rdzv_probe_relays_total{result=\"no_answer\"} %llu\n",
+              (unsigned long long)s->m.relays_reached, (unsigned long long)s->m.relays_unreached,
+              (unsigned long long)(s->m.relays_sent - s->m.relays_reached - s->m.relays_unreached));
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     /* what the server holds from malloc, not what the allocator keeps free:
      * back where it started once every job is gone (test/bench/rdzv_soak) */

@@ -19,6 +19,8 @@ static void unlist(member *m) {
     }
     m->p.sent_ms = 0;
     m->p.suspected = 0;
+    m->p.relayed = m->p.relay_nacks = 0;
+    m->p.relay_names[0] = '\0';
 }
 
 static void ping(member *m, uint64_t now, int suspected) {
@@ -28,6 +30,8 @@ static void ping(member *m, uint64_t now, int suspected) {
     m->p.id = s->probe_id;
     m->p.sent_ms = now ? now : 1;
     m->p.suspected = suspected;
+    m->p.relayed = m->p.relay_nacks = 0;
+    m->p.relay_names[0] = '\0';
     if (!m->p.listed) {
         LIST_INSERT_HEAD(&s->probing, m, plink);
         m->p.listed = 1;
@@ -52,6 +56,15 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
         return;
     m->p.answers = (join->flags & RDZV_JOIN_PROBE) != 0;
     m->p.wait_from_ms = 0; /* a new round: its workers wait in none of its collectives yet */
+    m->p.peer_port = (join->flags & RDZV_JOIN_PEER) ? join->u.join.peer_port : 0;
+    if (m->p.peer_port) { /* "ip:port" as the server sees it: the ip */
+        snprintf(m->p.peer_ip, sizeof m->p.peer_ip, "%s", rdzv__peer_of(c));
+        char *colon = strrchr(m->p.peer_ip, ':');
+        if (colon == NULL || colon == m->p.peer_ip)
+            m->p.peer_port = 0;
+        else
+            *colon = '\0';
+    }
     if (m->p.answers && m->p.rtt_ms == 0 && m->p.sent_ms == 0)
         ping(m, gb_now_ms(), 0); /* calibration: its round trip, before it is ever suspected */
 }
@@ -132,6 +145,30 @@ void rdzv__probe_silent(member *m, uint64_t now) {
     ping(m, now, RDZV_SUSPECT_SILENT);
 }
 
+/* m, suspected, answered: by itself (by == NULL) or to a peer's probe. */
+static void cleared(member *m, uint64_t now, uint32_t rtt, const member *by) {
+    m->p.cleared_ms = now;
+    m->c->s->m.probes_answered++;
+    if (m->p.said_ms == 0 || now - m->p.said_ms >= RDZV_PROBE_SAY_MS) {
+        m->p.said_ms = now;
+        if (by)
+            GB_INFO("job %s: node %s (node rank %u), suspected (%s), answered node %s's probe "
+                    "in %u ms but not the rendezvous's: the link between the rendezvous and it "
+                    "is slow or lossy, the node is not lost (said once a minute)",
+                    m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank,
+                    m->p.suspected == RDZV_SUSPECT_WAITED ? "its peers waited for it" : "silent",
+                    by->rm.hostname, rtt);
+        else
+            GB_INFO("job %s: node %s (node rank %u), suspected (%s), answered a probe in %u "
+                    "ms: slow, not lost (said once a minute)",
+                    m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank,
+                    m->p.suspected == RDZV_SUSPECT_WAITED ? "its peers waited for it" : "silent",
+                    rtt);
+    }
+    m->p.suspected = 0;
+    unlist(m);
+}
+
 void rdzv__probe_pong(conn *c, const rdzv_msg *msg) {
     member *m = c->m;
     if (m == NULL || m->p.sent_ms == 0 || msg->req_id != m->p.id)
@@ -142,18 +179,71 @@ void rdzv__probe_pong(conn *c, const rdzv_msg *msg) {
     m->p.rtt_ms = rtt > decayed ? rtt : decayed;
     if (m->p.rtt_ms == 0)
         m->p.rtt_ms = 1; /* known: under a millisecond */
-    if (m->p.suspected) {
-        m->p.cleared_ms = now;
-        c->s->m.probes_answered++;
-        if (m->p.said_ms == 0 || now - m->p.said_ms >= RDZV_PROBE_SAY_MS) {
-            m->p.said_ms = now;
-            GB_INFO("job %s: node %s (node rank %u), which the others waited for in a "
-                    "collective, answered a probe in %u ms: slow, not lost (said once a minute)",
-                    m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank, rtt);
-        }
-        m->p.suspected = 0;
+    if (m->p.suspected)
+        cleared(m, now, rtt, NULL);
+    else
+        unlist(m);
+}
+
+void rdzv__probe_ack(conn *c, const rdzv_msg *msg) {
+    if (c->m == NULL)
+        return;
+    member *m;
+    LIST_FOREACH(m, &c->s->probing, plink) {
+        if (m->p.id == msg->req_id && m->p.relayed)
+            break;
     }
-    unlist(m);
+    if (m == NULL)
+        return; /* the suspect answered, went or was judged meanwhile */
+    if (msg->u.probe_ack.ok) {
+        c->s->m.relays_reached++;
+        cleared(m, gb_now_ms(), msg->u.probe_ack.rtt_ms, c->m);
+        return;
+    }
+    c->s->m.relays_unreached++;
+    m->p.relay_nacks++;
+}
+
+/* Asks up to RDZV_PROBE_RELAYS other nodes of m's round to probe it: those
+ * with a UDP port that are not themselves suspected, on another host than m
+ * first, starting at a place that moves with the probe so that one node is
+ * not everyone's prober. */
+static void relay(member *m, uint64_t now) {
+    rdzv_round *r = m->rm.r;
+    uint64_t age = now - m->p.sent_ms;
+    uint32_t d = deadline_ms(m);
+    uint32_t left = age < d ? (uint32_t)(d - age) : 0;
+    m->p.relay_ms = left > RDZV_RELAY_MIN_MS ? left : RDZV_RELAY_MIN_MS;
+    m->p.relayed = 1; /* asked (even of no one): asked once per probe */
+    uint32_t asked = 0;
+    size_t off = 0;
+    for (int other_host = 1; other_host >= 0 && asked < RDZV_PROBE_RELAYS; other_host--) {
+        for (uint32_t k = 0; k < r->nranks && asked < RDZV_PROBE_RELAYS; k++) {
+            rdzv_rmember *rm = r->ranks[(k + m->p.id) % r->nranks];
+            if (rm == NULL || rm == &m->rm || rm->done || !rm->active)
+                continue;
+            member *x = member_of(rm);
+            int same = strcmp(x->rm.hostname, m->rm.hostname) == 0;
+            if (x->p.peer_port == 0 || (x->p.sent_ms && x->p.suspected) || same == other_host)
+                continue;
+            rdzv_msg q = {.type = RDZV_PROBE_REQ, .req_id = m->p.id};
+            snprintf(q.u.probe_req.addr, sizeof q.u.probe_req.addr, "%s", m->p.peer_ip);
+            q.u.probe_req.port = m->p.peer_port;
+            q.u.probe_req.deadline_ms = m->p.relay_ms;
+            rdzv__send_msg(x->c, &q);
+            m->c->s->m.relays_sent++;
+            if (off < sizeof m->p.relay_names) {
+                int n = snprintf(m->p.relay_names + off, sizeof m->p.relay_names - off, "%s%s",
+                                 off ? ", " : "", x->rm.hostname);
+                off += n > 0 ? (size_t)n : 0;
+            }
+            asked++;
+        }
+    }
+    m->p.relayed = asked ? asked : UINT32_MAX; /* UINT32_MAX: nobody to ask */
+    if (asked)
+        GB_DEBUG("%s answers no probe %u ms in: %u peer node(s) probe it (%s)", m->rm.hostname,
+                 (unsigned)age, asked, m->p.relay_names);
 }
 
 void rdzv__probe_gone(member *m) { unlist(m); }
@@ -219,8 +309,14 @@ again:
             continue;
         }
         uint32_t d = deadline_ms(m);
-        if (now - m->p.sent_ms < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
+        uint64_t age = now - m->p.sent_ms;
+        if (m->p.suspected && !m->p.relayed && age >= d / 3 && m->p.peer_port)
+            relay(m, now);
+        if (age < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
             continue;
+        if (m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
+            m->p.relay_nacks < m->p.relayed && age < (uint64_t)d + RDZV_RELAY_GRACE_MS)
+            continue;          /* the peers' word first */
         if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */
             unlist(m);
             continue;
@@ -241,6 +337,12 @@ again:
                      "%.1f s) and answered no ping within %u ms",
                      (double)(now - m->c->last_rx_ms) / 1000.0, (double)m->p.gap_ms / 1000.0,
                      (double)m->rm.r->hb_timeout_ms / 1000.0, d);
+        if (m->p.relayed && m->p.relayed != UINT32_MAX) {
+            size_t n = strlen(ev);
+            snprintf(ev + n, sizeof ev - n,
+                     "; nor did it answer the UDP probes of %u peer node(s) (%s) within %u ms",
+                     m->p.relayed, m->p.relay_names, m->p.relay_ms);
+        }
         s->m.probes_unanswered++;
         m->p.suspected = 0;
         unlist(m);

@@ -13,8 +13,14 @@
  * its nodes' workers alive, whatever their launchers do: a straggler that
  * answered, or a node whose launcher alone stopped, ends no round.
  * Every node is pinged once when it joins, so that its deadline follows its
- * round-trip time from the first suspicion on. Part of the server: runs on
- * its loop, owned by rdzv_server.c (the sweep) and rdzv_job.c (members). */
+ * round-trip time from the first suspicion on.
+ * A suspect silent a third into its deadline is also probed through up to
+ * RDZV_PROBE_RELAYS other nodes of its round that have a UDP port for peer
+ * probes (RDZV_PROBE_REQ; rdzv_peer.c is their side): any of them reaching
+ * it clears it as its own answer would, so that a link bad between the
+ * server and one node alone condemns no node; the verdict waits for their
+ * answers (at most RDZV_RELAY_GRACE_MS past the deadline) and names them. Part of the server: runs
+ * on its loop, owned by rdzv_server.c (the sweep) and rdzv_job.c (members). */
 #ifndef GPULAUNCH_RDZV_PROBE_H
 #define GPULAUNCH_RDZV_PROBE_H
 
@@ -29,6 +35,9 @@
 #define RDZV_PROBE_AGAIN_MS 250   /* a suspect that answered is not probed again sooner */
 #define RDZV_PROBE_WAIT_MAX_MS 3600000 /* a wait said longer than this is taken as this */
 #define RDZV_PROBE_SAY_MS 60000        /* a suspect that answered is logged at most this often */
+#define RDZV_PROBE_RELAYS 3   /* peers asked to probe a suspect silent a third into its deadline */
+#define RDZV_RELAY_MIN_MS 100 /* their deadline: what is left of the suspect's, at least this */
+#define RDZV_RELAY_GRACE_MS 250 /* the verdict waits this long past the deadline for their word */
 /* Silence without the job's word: a node of a running round that sent
  * nothing for its worst recent gap between frames + RDZV_SILENCE_STALL_MS
  * (at least RDZV_SILENCE_MIN_MS) is probed the same way, before the
@@ -55,6 +64,12 @@ typedef struct rdzv_probe {
     int suspected;         /* the probe in flight is a suspicion's: RDZV_SUSPECT_* (0: the join's
                               calibration) */
     int listed;            /* on the server's list of probes in flight (member.plink) */
+    uint16_t peer_port;    /* its UDP port for peer probes (RDZV_JOIN_PEER); 0: none */
+    char peer_ip[48];      /* its address as this server sees it, for the peers' probes */
+    uint32_t relayed;      /* peers asked to probe it for the probe in flight */
+    uint32_t relay_nacks;  /* of them, those that said they could not reach it */
+    uint32_t relay_ms;     /* the deadline they were given */
+    char relay_names[96];  /* the first of them by name, for the verdict */
 } rdzv_probe;
 
 enum { RDZV_SUSPECT_WAITED = 1, RDZV_SUSPECT_SILENT = 2 };
@@ -71,6 +86,8 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join);
 void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg);
 /* A PONG from c's node. */
 void rdzv__probe_pong(conn *c, const rdzv_msg *msg);
+/* A PROBE_ACK from c's node: what its probe of a suspect found. */
+void rdzv__probe_ack(conn *c, const rdzv_msg *msg);
 /* c's member goes: off the server's list. */
 void rdzv__probe_gone(member *m);
 /* The sweep: probes past their deadline end their rounds. */

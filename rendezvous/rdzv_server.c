@@ -206,6 +206,9 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
     case RDZV_PONG:
         rdzv__probe_pong(c, msg);
         return;
+    case RDZV_PROBE_ACK:
+        rdzv__probe_ack(c, msg);
+        return;
     case RDZV_JOIN:
     case RDZV_ATTACH:
     case RDZV_KV_SET:
@@ -470,8 +473,8 @@ static void accept_one(uv_stream_t *ls, int status) {
     memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
-    ch.flags =
-        RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | (s->o.probes ? RDZV_CHALLENGE_PROBE : 0);
+    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM |
+               (s->o.probes ? RDZV_CHALLENGE_PROBE | RDZV_CHALLENGE_PEER : 0);
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }

@@ -70,6 +70,8 @@ typedef struct rdzv_metrics {
     /* suspicions' probes: sent = answered + unanswered + moot (the round ended, the node
      * went) + in flight */
     uint64_t probes_sent, probes_answered, probes_unanswered, probes_moot;
+    /* peers asked to probe a suspect (PROBE_REQ), and what they said */
+    uint64_t relays_sent, relays_reached, relays_unreached;
     uint64_t failures[7]; /* by rdzv_reason */
 } rdzv_metrics;
 

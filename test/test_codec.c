@@ -481,6 +481,54 @@ Test(codec, heartbeat_wait_and_probes) {
     rdzv_buf_free(&b);
 }
 
+/* Peer probes: a JOIN's UDP port only behind RDZV_JOIN_PEER (an older
+ * server's JOIN is byte for byte the same without it), PROBE_REQ and
+ * PROBE_ACK round trip, and a request's address over its limit is refused. */
+Test(codec, join_peer_port_and_probe_requests) {
+    rdzv_msg m = {.type = RDZV_JOIN, .req_id = 5}, d;
+    rdzv_buf b;
+    rdzv_buf_init(&b, 4096);
+    snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "job");
+    m.u.join.peer_port = 40123;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    size_t plain = b.len;
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.join.peer_port, 0, "a port without the flag was read");
+    m.flags = RDZV_JOIN_PROBE | RDZV_JOIN_PEER;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_expect_eq(b.len, plain + 2);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.join.peer_port, 40123);
+    b.data[3] -= 2; /* the flag without its port: refused */
+    cr_expect_eq(rdzv_decode(b.data, b.len - 2, &d, NULL, 0), GPL_ERR_PROTOCOL);
+
+    rdzv_msg q = {.type = RDZV_PROBE_REQ, .req_id = 99};
+    snprintf(q.u.probe_req.addr, sizeof q.u.probe_req.addr, "::ffff:10.1.2.3");
+    q.u.probe_req.port = 5555;
+    q.u.probe_req.deadline_ms = 167;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&q, &b), GPL_OK);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.req_id, 99);
+    cr_expect_str_eq(d.u.probe_req.addr, "::ffff:10.1.2.3");
+    cr_expect_eq(d.u.probe_req.port, 5555);
+    cr_expect_eq(d.u.probe_req.deadline_ms, 167);
+    cr_expect_str_eq(rdzv_type_name(RDZV_PROBE_REQ), "PROBE_REQ");
+
+    rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = 99};
+    a.u.probe_ack.ok = 1;
+    a.u.probe_ack.rtt_ms = 3;
+    b.len = 0;
+    cr_assert_eq(rdzv_encode(&a, &b), GPL_OK);
+    cr_expect_eq(b.len, RDZV_HEADER_LEN + 5);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.probe_ack.ok, 1);
+    cr_expect_eq(d.u.probe_ack.rtt_ms, 3);
+    cr_expect_str_eq(rdzv_type_name(RDZV_PROBE_ACK), "PROBE_ACK");
+    rdzv_buf_free(&b);
+}
+
 /* The checkpoint group of a STATS entry is optional: written only when it
  * says something, read when bytes follow the GPU; an older launcher's entry
  * (without it) reads -1, -1, 0, 0, a group cut short is refused, and a newer

@@ -25,6 +25,21 @@ int main(int argc, char **argv) {
             m.u.join.nproc = 8;
             m.u.join.static_rank = -1;
             m.u.join.min_nodes = m.u.join.max_nodes = 2;
+            m.flags = RDZV_JOIN_PROBE | RDZV_JOIN_PEER;
+            m.u.join.peer_port = 40000;
+            break;
+        case RDZV_HEARTBEAT:
+            m.flags = RDZV_HEARTBEAT_WAIT;
+            m.u.heartbeat.wait_ms = 300;
+            break;
+        case RDZV_PROBE_REQ:
+            memcpy(m.u.probe_req.addr, "10.0.0.3", 9);
+            m.u.probe_req.port = 40000;
+            m.u.probe_req.deadline_ms = 200;
+            break;
+        case RDZV_PROBE_ACK:
+            m.u.probe_ack.ok = 1;
+            m.u.probe_ack.rtt_ms = 2;
             break;
         case RDZV_KV_SET:
             m.u.kv_set.key = (rdzv_bytes){(const uint8_t *)"k", 1};

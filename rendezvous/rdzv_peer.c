@@ -1,0 +1,244 @@
+/* Peer probes, a node's side: rdzv_peer.h says what and why. */
+#include "rdzv_peer.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "rdzv_codec.h"
+
+#define GB_COMPONENT "rdzv-client"
+
+typedef struct probe {
+    int used;
+    uint32_t id;    /* the server's */
+    uint32_t nonce; /* the datagrams' req id: an answer must echo it */
+    struct sockaddr_storage to;
+    uint64_t start_ms, end_ms;
+} probe;
+
+struct rdzv_peer {
+    uv_udp_t udp;
+    uv_timer_t tick;
+    int v6; /* the socket is IPv6 (dual stack) */
+    int handles, closing, muted;
+    rdzv_peer_done_cb done;
+    void *data;
+    uint16_t port;
+    uint32_t nonce;
+    probe probes[RDZV_PEER_MAX_PROBES];
+    char rx[64]; /* a PING or PONG is RDZV_HEADER_LEN bytes; anything longer is not one */
+};
+
+static void on_closed(uv_handle_t *h) {
+    rdzv_peer *p = h->data;
+    if (--p->handles == 0)
+        free(p);
+}
+
+/* Sends one frame of type t with req id id to sa, without blocking: a
+ * datagram the socket cannot take now is lost as one on the wire would be. */
+static void send_frame(rdzv_peer *p, uint16_t t, uint32_t id, const struct sockaddr *sa) {
+    rdzv_msg m = {.type = t, .req_id = id};
+    uint8_t mem[RDZV_HEADER_LEN + 4];
+    rdzv_buf b = {.data = mem, .cap = sizeof mem, .max = sizeof mem};
+    if (rdzv_encode(&m, &b) != GPL_OK)
+        return;
+    uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
+    (void)uv_udp_try_send(&p->udp, &ub, 1, sa);
+}
+
+/* The address as text without the IPv4-mapped prefix, for comparing. */
+static void ip_of(const struct sockaddr *sa, char *out, size_t len) {
+    out[0] = '\0';
+    if (sa->sa_family == AF_INET6)
+        uv_ip6_name((const struct sockaddr_in6 *)(const void *)sa, out, len);
+    else if (sa->sa_family == AF_INET)
+        uv_ip4_name((const struct sockaddr_in *)(const void *)sa, out, len);
+    if (strncmp(out, "::ffff:", 7) == 0 && strchr(out + 7, '.'))
+        memmove(out, out + 7, strlen(out + 7) + 1);
+}
+
+static void finish(rdzv_peer *p, probe *pr, int ok, uint64_t now) {
+    pr->used = 0;
+    if (!p->closing)
+        p->done(p->data, pr->id, ok, ok ? (uint32_t)(now - pr->start_ms) : 0);
+}
+
+static void on_recv(uv_udp_t *u, ssize_t nread, const uv_buf_t *buf, const struct sockaddr *from,
+                    unsigned flags) {
+    rdzv_peer *p = u->data;
+    (void)flags;
+    if (nread <= 0 || from == NULL || p->closing || p->muted)
+        return;
+    size_t flen = 0;
+    rdzv_msg m;
+    char why[128];
+    if (rdzv_frame_peek((const uint8_t *)buf->base, (size_t)nread, &flen) != GPL_OK ||
+        flen != (size_t)nread ||
+        rdzv_decode((const uint8_t *)buf->base, flen, &m, why, sizeof why) != GPL_OK)
+        return; /* not a probe: nothing is said back to a stranger */
+    if (m.type == RDZV_PING) {
+        send_frame(p, RDZV_PONG, m.req_id, from);
+        return;
+    }
+    if (m.type != RDZV_PONG)
+        return;
+    char a[64], b[64];
+    ip_of(from, a, sizeof a);
+    for (int i = 0; i < RDZV_PEER_MAX_PROBES; i++) {
+        probe *pr = &p->probes[i];
+        if (!pr->used || pr->nonce != m.req_id)
+            continue;
+        ip_of((const struct sockaddr *)&pr->to, b, sizeof b);
+        if (strcmp(a, b) == 0)
+            finish(p, pr, 1, gb_now_ms());
+        return;
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    rdzv_peer *p = h->data;
+    (void)suggested;
+    *buf = uv_buf_init(p->rx, sizeof p->rx);
+}
+
+static void on_tick(uv_timer_t *t) {
+    rdzv_peer *p = t->data;
+    uint64_t now = gb_now_ms();
+    int active = 0;
+    for (int i = 0; i < RDZV_PEER_MAX_PROBES; i++) {
+        probe *pr = &p->probes[i];
+        if (!pr->used)
+            continue;
+        if (now >= pr->end_ms || p->muted) {
+            finish(p, pr, 0, now);
+            continue;
+        }
+        send_frame(p, RDZV_PING, pr->nonce, (const struct sockaddr *)&pr->to);
+        active = 1;
+    }
+    if (!active)
+        uv_timer_stop(&p->tick);
+}
+
+gpl_result_t rdzv__peer_open(uv_loop_t *loop, rdzv_peer_done_cb done, void *data, rdzv_peer **out,
+                             char *err, size_t errlen) {
+    *out = NULL;
+    rdzv_peer *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return GPL_ERR_NOMEM;
+    }
+    p->done = done;
+    p->data = data;
+    if (getrandom(&p->nonce, sizeof p->nonce, GRND_NONBLOCK) != (ssize_t)sizeof p->nonce)
+        p->nonce = (uint32_t)gb_now_ns();
+    uv_udp_init(loop, &p->udp);
+    uv_timer_init(loop, &p->tick);
+    p->udp.data = p->tick.data = p;
+    p->handles = 2;
+    struct sockaddr_storage ss;
+    /* every address, IPv6 and IPv4 on one socket; IPv4 alone where IPv6 is off */
+    int r = 0, fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        uv_ip6_addr("::", 0, (struct sockaddr_in6 *)&ss);
+        if (bind(fd, (const struct sockaddr *)&ss, sizeof(struct sockaddr_in6)) == 0)
+            p->v6 = 1;
+        else
+            close(fd);
+    }
+    if (!p->v6) {
+        fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        uv_ip4_addr("0.0.0.0", 0, (struct sockaddr_in *)&ss);
+        if (fd >= 0 && bind(fd, (const struct sockaddr *)&ss, sizeof(struct sockaddr_in)) != 0) {
+            r = uv_translate_sys_error(errno);
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (fd < 0 && r == 0)
+        r = uv_translate_sys_error(errno);
+    if (r == 0 && (r = uv_udp_open(&p->udp, fd)) != 0)
+        close(fd);
+    int len = sizeof ss;
+    if (r == 0)
+        r = uv_udp_getsockname(&p->udp, (struct sockaddr *)&ss, &len);
+    if (r == 0)
+        r = uv_udp_recv_start(&p->udp, on_alloc, on_recv);
+    if (r != 0) {
+        snprintf(err, errlen, "could not open a UDP port for peer probes: %s", uv_strerror(r));
+        p->closing = 1;
+        rdzv__peer_close(p);
+        return GPL_ERR_SYSTEM;
+    }
+    p->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    *out = p;
+    return GPL_OK;
+}
+
+uint16_t rdzv__peer_port(const rdzv_peer *p) { return p->port; }
+
+/* addr:port as this socket can send to it (IPv4 as IPv4-mapped on a dual
+ * stack socket, IPv4-mapped as IPv4 on an IPv4 one); 0 when it cannot. */
+static int target(const rdzv_peer *p, const char *addr, uint16_t port,
+                  struct sockaddr_storage *to) {
+    char v4[64];
+    const char *mapped = strncmp(addr, "::ffff:", 7) == 0 ? addr + 7 : NULL;
+    if (uv_ip4_addr(addr, port, (struct sockaddr_in *)to) == 0 ||
+        (mapped && uv_ip4_addr(mapped, port, (struct sockaddr_in *)to) == 0)) {
+        if (!p->v6)
+            return 1;
+        snprintf(v4, sizeof v4, "::ffff:%s", mapped ? mapped : addr);
+        return uv_ip6_addr(v4, port, (struct sockaddr_in6 *)to) == 0;
+    }
+    return p->v6 && uv_ip6_addr(addr, port, (struct sockaddr_in6 *)to) == 0;
+}
+
+void rdzv__peer_probe(rdzv_peer *p, uint32_t id, const char *addr, uint16_t port,
+                      uint32_t deadline_ms) {
+    uint64_t now = gb_now_ms();
+    probe *pr = NULL;
+    for (int i = 0; i < RDZV_PEER_MAX_PROBES && pr == NULL; i++)
+        if (!p->probes[i].used)
+            pr = &p->probes[i];
+    if (pr == NULL || p->muted || port == 0 || !target(p, addr, port, &pr->to)) {
+        GB_DEBUG("peer probe of %s:%u not sent: %s", addr, port,
+                 pr == NULL ? "too many in flight" : "not an address this socket reaches");
+        probe none = {.id = id, .start_ms = now};
+        finish(p, pr ? pr : &none, 0, now);
+        return;
+    }
+    pr->used = 1;
+    pr->id = id;
+    if (++p->nonce == 0)
+        p->nonce = 1;
+    pr->nonce = p->nonce;
+    pr->start_ms = now;
+    pr->end_ms =
+        now + (deadline_ms > RDZV_PEER_MAX_DEADLINE_MS ? RDZV_PEER_MAX_DEADLINE_MS : deadline_ms);
+    send_frame(p, RDZV_PING, pr->nonce, (const struct sockaddr *)&pr->to);
+    if (!uv_is_active((uv_handle_t *)&p->tick))
+        uv_timer_start(&p->tick, on_tick, RDZV_PEER_EVERY_MS, RDZV_PEER_EVERY_MS);
+}
+
+void rdzv__peer_mute(rdzv_peer *p) {
+    if (p)
+        p->muted = 1;
+}
+
+void rdzv__peer_close(rdzv_peer *p) {
+    if (p == NULL)
+        return;
+    p->closing = 1;
+    uv_close((uv_handle_t *)&p->udp, on_closed);
+    uv_close((uv_handle_t *)&p->tick, on_closed);
+}
