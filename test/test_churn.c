@@ -77,6 +77,12 @@ static int trace_segments(int world[MAX_SEGS], long after[MAX_SEGS], long *redon
     }
     if (f)
         fclose(f);
+    /* a step inside the run that no rank 0 traced ran in the world before
+     * it: rank 0's node was killed after the step's all-reduce and before
+     * its line (its successor traces from the next step, in the new world) */
+    for (long st = 2; st < last; st++)
+        if (w_at[st] == 0 && w_at[st - 1])
+            w_at[st] = w_at[st - 1];
     int n = 0;
     for (long st = 2; st <= last && n < MAX_SEGS; st++)
         if (w_at[st] && w_at[st - 1] && w_at[st] != w_at[st - 1]) {
