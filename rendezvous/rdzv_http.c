@@ -87,6 +87,13 @@ char *rdzv_render_metrics(rdzv_server *s) {
               (unsigned long long)s->m.probes_answered, (unsigned long long)s->m.probes_unanswered,
               (unsigned long long)s->m.probes_moot);
     sb_printf(&b,
+              "# HELP gpulaunch_rdzv_frames_total Protocol frames the server decoded (in) and "
+              "sent (out).\n"
+              "# TYPE gpulaunch_rdzv_frames_total counter\n"
+              "gpulaunch_rdzv_frames_total{direction=\"in\"} %llu\n"
+              "gpulaunch_rdzv_frames_total{direction=\"out\"} %llu\n",
+              (unsigned long long)s->m.frames_in, (unsigned long long)s->m.frames_out);
+    sb_printf(&b,
               "# HELP gpulaunch_rdzv_probe_relays_total Peer nodes asked to probe a suspect that "
               "did not answer the server, by what they said (no_answer: nothing, or only after it "
               "was settled).\n"

@@ -119,6 +119,7 @@ void rdzv__send_msg(conn *c, const rdzv_msg *m) {
         GB_ERROR("cannot encode %s for %s", rdzv_type_name(m->type), rdzv__peer_of(c));
         return;
     }
+    c->s->m.frames_out++;
     send_frame(c, b->data, b->len);
 }
 
@@ -169,6 +170,7 @@ void rdzv__push_send(rdzv_server *s, rdzv_push *p) {
      * also attach) is written directly once only: two threads must never
      * write one socket, and its second frame follows the first in order. */
     uint64_t mark = ++s->push_mark;
+    s->m.frames_out += p->n;
     for (size_t i = 0; i < p->n; i++) {
         conn *c = p->conns[i];
         uv_os_fd_t fd;
@@ -249,6 +251,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
         conn_close(c, why);
         return;
     }
+    s->m.frames_in++;
     switch (c->state) {
     case C_HELLO:
         if (msg.type != RDZV_HELLO || msg.u.hello.magic != RDZV_MAGIC) {

@@ -72,7 +72,8 @@ typedef struct rdzv_metrics {
     uint64_t probes_sent, probes_answered, probes_unanswered, probes_moot;
     /* peers asked to probe a suspect (PROBE_REQ), and what they said */
     uint64_t relays_sent, relays_reached, relays_unreached;
-    uint64_t failures[7]; /* by rdzv_reason */
+    uint64_t frames_in, frames_out; /* every frame decoded and every frame sent */
+    uint64_t failures[7];           /* by rdzv_reason */
 } rdzv_metrics;
 
 struct rdzv_server {

@@ -201,7 +201,8 @@ static void hostile_violation(const char *text) { violation(NULL, NULL, "%s", te
 /* ---- the server process (soak_server.c) ---- */
 
 static int server_start(void) {
-    pid_t pid = soak_server_start(GPL_RDZV_BIN, S.port, S.http_port, SOAK_TOKEN, SOAK_HANDSHAKE_MS);
+    pid_t pid =
+        soak_server_start(GPL_RDZV_BIN, S.port, S.http_port, SOAK_TOKEN, SOAK_HANDSHAKE_MS, NULL);
     if (pid < 0)
         return -1;
     S.server = pid;

@@ -33,7 +33,7 @@ static int port_open(int port) {
 }
 
 pid_t soak_server_start(const char *bin, int port, int http_port, const char *token,
-                        int handshake_ms) {
+                        int handshake_ms, const char *probes) {
     char listen[64], http[64], tf[] = "/tmp/rdzv-soak-token-XXXXXX";
     int fd = mkstemp(tf);
     if (fd < 0 || write(fd, token, strlen(token)) != (ssize_t)strlen(token)) {
@@ -53,7 +53,8 @@ pid_t soak_server_start(const char *bin, int port, int http_port, const char *to
          * in use: without it gpulaunch_rdzv_heap_bytes is exact */
         setenv("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0", 1);
         execl(bin, "gpulaunch-rdzv", "--listen", listen, "--http", http, "--token-file", tf,
-              "--handshake-timeout-ms", hs, "--log-level", "error", (char *)NULL);
+              "--handshake-timeout-ms", hs, "--log-level", "error", "--probes",
+              probes ? probes : "on", (char *)NULL);
         _exit(127);
     }
     uint64_t until = gb_now_ms() + 10000;
