@@ -140,7 +140,7 @@ void start_node(int host, const job_args *ja) {
     argv[n++] = "--seed";
     argv[n++] = "7";
     argv[n++] = "--print-every";
-    argv[n++] = "100000";
+    argv[n++] = ja->print_every ? (char *)ja->print_every : "100000";
     argv[n++] = "--checkpoint-dir";
     argv[n++] = ja->ckdir ? (char *)ja->ckdir : ck;
     argv[n++] = "--checkpoint-every";

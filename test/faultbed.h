@@ -33,19 +33,20 @@ extern proc server, nodes[NODES + 1];
 extern const int all_nodes[NODES];
 
 typedef struct job_args {
-    const char *nnodes;     /* "4" or "3:4" */
-    const char *steps;      /* training steps */
-    const char *sleep_ms;   /* --step-sleep-ms */
-    const char *ck_every;   /* --checkpoint-every */
-    const char *preempt_ep; /* a metadata endpoint on the node, or NULL */
-    const char *ckdir;      /* default <dir>/ck */
-    const char *dump;       /* --dump-params file, or NULL */
-    int pytorch;            /* train_ddp.py (PyTorch DDP) instead of dp_train */
-    int default_last_call;  /* leave out last_call_timeout=1: the default 30 s */
-    const char *progress;   /* --progress-timeout, or NULL for the default */
-    int reform;             /* the example's --reform: re-form in place, not restart */
-    const char *state_mib;  /* dp_train's --state-mib, or NULL */
-    const char *mirror;     /* shard_train --mirror-every K instead of dp_train, or NULL */
+    const char *nnodes;      /* "4" or "3:4" */
+    const char *steps;       /* training steps */
+    const char *sleep_ms;    /* --step-sleep-ms */
+    const char *ck_every;    /* --checkpoint-every */
+    const char *preempt_ep;  /* a metadata endpoint on the node, or NULL */
+    const char *ckdir;       /* default <dir>/ck */
+    const char *dump;        /* --dump-params file, or NULL */
+    int pytorch;             /* train_ddp.py (PyTorch DDP) instead of dp_train */
+    int default_last_call;   /* leave out last_call_timeout=1: the default 30 s */
+    const char *progress;    /* --progress-timeout, or NULL for the default */
+    int reform;              /* the example's --reform: re-form in place, not restart */
+    const char *state_mib;   /* dp_train's --state-mib, or NULL */
+    const char *mirror;      /* shard_train --mirror-every K instead of dp_train, or NULL */
+    const char *print_every; /* the example's --print-every, or NULL for 100000 */
 } job_args;
 
 /* A bed of nhosts for scenario name (skips the test without namespaces). */

@@ -235,16 +235,23 @@ int netbed_spawn(netbed *b, int host, proc *p, char *const argv[]) {
     return proc_start(p, full, NULL);
 }
 
+/* On the TUN fabric the host's own device goes down: its packets go
+ * nowhere (a process on it that sends between the cut and its kill sees an
+ * error; netbed_cut is followed by the kill at once). */
 int netbed_cut(netbed *b, int host) {
-    char br[40];
-    ns_name(b, -1, br, sizeof br);
-    return sh("ip -n %s link set v%d down", br, host);
+    char ns[40];
+    ns_name(b, b->link_pid ? host : -1, ns, sizeof ns);
+    if (b->link_pid)
+        return sh("ip -n %s link set eth0 down", ns);
+    return sh("ip -n %s link set v%d down", ns, host);
 }
 
 int netbed_restore(netbed *b, int host) {
-    char br[40];
-    ns_name(b, -1, br, sizeof br);
-    return sh("ip -n %s link set v%d up", br, host);
+    char ns[40];
+    ns_name(b, b->link_pid ? host : -1, ns, sizeof ns);
+    if (b->link_pid)
+        return sh("ip -n %s link set eth0 up", ns);
+    return sh("ip -n %s link set v%d up", ns, host);
 }
 
 int netbed_kill_host(netbed *b, int host) {

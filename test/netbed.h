@@ -39,7 +39,8 @@ void netbed_addr(int host, char *buf, size_t len);
 /* Starts argv[0] (a path) inside host's namespace with its host name. */
 int netbed_spawn(netbed *b, int host, proc *p, char *const argv[]);
 /* Cuts / restores host's link at the bridge: no packet in or out, no error
- * seen by the host's processes. */
+ * seen by the host's processes (on the TUN fabric: the host's device goes
+ * down, so cut it just before killing what runs on it). */
 int netbed_cut(netbed *b, int host);
 int netbed_restore(netbed *b, int host);
 /* SIGKILLs every process in host's namespace; returns how many. */

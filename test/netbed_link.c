@@ -7,6 +7,11 @@
  *
  *   netbed_link DELAY_MS LOSS_PERCENT SEED TUN0 TUN1 ...
  *
+ * NETBED_PAIR=A:B:EXTRA_MS:SLOW_S:FAST_S in the environment makes the link
+ * between hosts A and B alone slower by EXTRA_MS for SLOW_S seconds out of
+ * every SLOW_S + FAST_S (both ways; the pair's packets keep their order, as
+ * a queue that drains would).
+ *
  * Bounded: at most LINK_QUEUE_MAX packets wait at once (more are dropped, as a
  * full switch queue would). Stops on SIGTERM or when stdin closes. */
 #include <errno.h>
@@ -43,8 +48,14 @@ static uv_timer_t timer;
 static uv_signal_t sigterm;
 static uint64_t delay_ms;
 static unsigned loss_pct, seed;
-static pkt *head, *tail;
+/* two queues, each in due order: every other packet, and the slow pair's */
+typedef struct queue {
+    pkt *head, *tail;
+} queue;
+static queue q[2];
 static unsigned queued;
+static int pair_a = -1, pair_b = -1;
+static uint64_t pair_extra_ms, pair_slow_ms, pair_fast_ms, t_start;
 static unsigned long forwarded, lost, overflow;
 
 static unsigned next_rand(void) {
@@ -55,27 +66,41 @@ static unsigned next_rand(void) {
 static void on_timer(uv_timer_t *t);
 
 static void rearm(void) {
-    if (head == NULL)
+    uint64_t due = UINT64_MAX;
+    for (int i = 0; i < 2; i++)
+        if (q[i].head && q[i].head->due_ms < due)
+            due = q[i].head->due_ms;
+    if (due == UINT64_MAX)
         return;
     uint64_t now = uv_now(uv_default_loop());
-    uv_timer_start(&timer, on_timer, head->due_ms > now ? head->due_ms - now : 0, 0);
+    uv_timer_start(&timer, on_timer, due > now ? due - now : 0, 0);
 }
 
 static void on_timer(uv_timer_t *t) {
     (void)t;
     uint64_t now = uv_now(uv_default_loop());
-    while (head && head->due_ms <= now) {
-        pkt *p = head;
-        head = p->next;
-        if (head == NULL)
-            tail = NULL;
-        queued--;
-        /* a host whose TUN queue is full loses the packet, as a link would */
-        if (write(tunfd[p->to], p->data, p->len) == (ssize_t)p->len)
-            forwarded++;
-        free(p);
+    for (int i = 0; i < 2; i++) {
+        while (q[i].head && q[i].head->due_ms <= now) {
+            pkt *p = q[i].head;
+            q[i].head = p->next;
+            if (q[i].head == NULL)
+                q[i].tail = NULL;
+            queued--;
+            /* a host whose TUN queue is full loses the packet, as a link would */
+            if (write(tunfd[p->to], p->data, p->len) == (ssize_t)p->len)
+                forwarded++;
+            free(p);
+        }
     }
     rearm();
+}
+
+/* The slow pair's extra delay now (0 in its fast phase); UINT64_MAX for
+ * any other two hosts. */
+static uint64_t pair_delay(int from, int to, uint64_t now) {
+    if (!((from == pair_a && to == pair_b) || (from == pair_b && to == pair_a)))
+        return UINT64_MAX;
+    return (now - t_start) % (pair_slow_ms + pair_fast_ms) < pair_slow_ms ? pair_extra_ms : 0;
 }
 
 static void on_readable(uv_poll_t *h, int status, int events) {
@@ -106,15 +131,21 @@ static void on_readable(uv_poll_t *h, int status, int events) {
         }
         p->len = (uint16_t)n;
         p->to = to;
-        p->due_ms = uv_now(uv_default_loop()) + delay_ms;
+        uint64_t now = uv_now(uv_default_loop());
+        int from = (int)p->data[15] - NETBED_HOST_BASE;
+        uint64_t extra = pair_delay(from, to, now);
+        queue *qq = &q[extra != UINT64_MAX];
+        p->due_ms = now + delay_ms + (extra == UINT64_MAX ? 0 : extra);
+        if (qq->tail && qq->tail->due_ms > p->due_ms)
+            p->due_ms = qq->tail->due_ms; /* behind what the pair's queue holds */
         p->next = NULL;
-        if (tail)
-            tail->next = p;
+        if (qq->tail)
+            qq->tail->next = p;
         else
-            head = p;
-        tail = p;
-        if (queued++ == 0)
-            rearm();
+            qq->head = p;
+        qq->tail = p;
+        queued++;
+        rearm();
     }
 }
 
@@ -149,6 +180,20 @@ int main(int argc, char **argv) {
     seed = (unsigned)strtoul(argv[3], NULL, 10);
     ntun = argc - 4;
     uv_loop_t *loop = uv_default_loop();
+    t_start = uv_now(loop);
+    const char *pair = getenv("NETBED_PAIR");
+    if (pair) {
+        unsigned a, b;
+        unsigned long long extra, slow, fast;
+        if (sscanf(pair, "%u:%u:%llu:%llu:%llu", &a, &b, &extra, &slow, &fast) != 5 || slow == 0 ||
+            (int)a >= ntun || (int)b >= ntun) {
+            fprintf(stderr, "netbed_link: NETBED_PAIR=A:B:EXTRA_MS:SLOW_S:FAST_S, not '%s'\n",
+                    pair);
+            return 2;
+        }
+        pair_a = (int)a, pair_b = (int)b;
+        pair_extra_ms = extra, pair_slow_ms = slow * 1000, pair_fast_ms = fast * 1000;
+    }
     for (int i = 0; i < ntun; i++) {
         tunfd[i] = tun_open(argv[4 + i]);
         if (tunfd[i] < 0) {
