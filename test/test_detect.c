@@ -129,8 +129,12 @@ Test(detect, a_vanished_node_is_found_within_a_second) { vanish_case("D1-vanish"
 
 Test(detect, a_frozen_node_is_found_within_a_second) { vanish_case("D2-freeze", 0, 1, 1); }
 
-Test(detect, a_vanished_node_of_a_pytorch_job_is_found_within_a_second, .timeout = 240) {
-    vanish_case("D3-vanish-pytorch", 1, 0, 0);
+Test(detect, a_vanished_node_of_a_pytorch_job_is_found_within_a_second, .timeout = 300) {
+    vanish_case("D3-vanish-pytorch", 1, 0, 1);
+}
+
+Test(detect, a_frozen_node_of_a_pytorch_job_is_found_within_a_second, .timeout = 300) {
+    vanish_case("D6-freeze-pytorch", 1, 1, 1);
 }
 
 /* A straggler (host 3's steps take 40x the others': the rest wait for it in
