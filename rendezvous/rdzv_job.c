@@ -546,7 +546,17 @@ static void sweep_heartbeats(job *j, uint64_t now, rdzv_round_out *out) {
         conn *c = member_of(m)->c;
         rdzv__probe_silent(member_of(m), now);
         if (now - c->last_rx_ms > j->r.hb_timeout_ms) {
-            rdzv_round_heartbeat_lost(m, now - c->last_rx_ms, now, out);
+            char peers[256], ev[512];
+            if (rdzv__probe_kept(member_of(m), now, peers, sizeof peers))
+                continue; /* its peers reach it: its link to the rendezvous alone is bad */
+            if (peers[0]) {
+                snprintf(ev, sizeof ev, "sent no heartbeat for %.1f s (timeout %.1f s)%s",
+                         (double)(now - c->last_rx_ms) / 1000.0, j->r.hb_timeout_ms / 1000.0,
+                         peers);
+                rdzv_round_unresponsive(m, ev, now, out);
+            } else {
+                rdzv_round_heartbeat_lost(m, now - c->last_rx_ms, now, out);
+            }
             apply(j, out);
             rdzv__conn_drop(c, "heartbeat timeout");
             return;

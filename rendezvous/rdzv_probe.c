@@ -118,6 +118,8 @@ void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg) {
 }
 
 void rdzv__probe_rx(member *m, uint64_t gap_ms) {
+    m->p.peer_kept_ms = 0; /* heard from: kept by its own word, not its peers' */
+    m->p.unreached[0] = '\0';
     uint64_t most = m->rm.r ? m->rm.r->hb_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
     uint32_t gap = (uint32_t)(gap_ms > most ? most : gap_ms); /* longer: dropped anyway */
     uint32_t decayed = m->p.gap_ms - m->p.gap_ms / RDZV_GAP_DECAY;
@@ -134,20 +136,56 @@ static uint32_t silence_ms(const member *m) {
     return t + RDZV_PROBE_MAX_MS >= m->rm.r->hb_timeout_ms ? UINT32_MAX : (uint32_t)t;
 }
 
+static void relay(member *m, uint64_t now);
+
 void rdzv__probe_silent(member *m, uint64_t now) {
-    if (!m->p.answers || (m->p.sent_ms && m->p.suspected))
+    if (!m->p.answers || (m->p.sent_ms && m->p.suspected) || m->rm.r == NULL)
         return;
+    uint64_t silent = now - m->c->last_rx_ms, hb = m->rm.r->hb_timeout_ms;
     uint32_t t = silence_ms(m);
-    if (t == UINT32_MAX || now - m->c->last_rx_ms < t)
+    int kind = RDZV_SUSPECT_SILENT;
+    if (t == UINT32_MAX || (m->p.peer_kept_ms && silent >= t)) {
+        /* left to the timeout, or kept by its peers: they are asked before it */
+        if (m->p.peer_port == 0 || hb <= RDZV_TIMEOUT_ASK_MS || silent < hb - RDZV_TIMEOUT_ASK_MS)
+            return;
+        if (m->p.peer_kept_ms && now - m->p.peer_kept_ms < RDZV_PEER_AGAIN_MS)
+            return;
+        kind = RDZV_SUSPECT_TIMEOUT;
+    } else if (silent < t) {
         return;
-    GB_DEBUG("job %s: %s sent nothing for %.1f s: probing it", m->rm.r->run_id, m->rm.hostname,
-             (double)(now - m->c->last_rx_ms) / 1000.0);
-    ping(m, now, RDZV_SUSPECT_SILENT);
+    }
+    GB_DEBUG("job %s: %s sent nothing for %.1f s: probing it%s", m->rm.r->run_id, m->rm.hostname,
+             (double)silent / 1000.0, kind == RDZV_SUSPECT_TIMEOUT ? " and asking its peers" : "");
+    ping(m, now, kind);
+    if (kind == RDZV_SUSPECT_TIMEOUT)
+        relay(m, now); /* at once: their word must come before the timeout */
+}
+
+int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
+    evidence[0] = '\0';
+    uint64_t silent = now - m->c->last_rx_ms, hb = m->rm.r ? m->rm.r->hb_timeout_ms : 0;
+    if (m->p.peer_kept_ms && silent <= (uint64_t)RDZV_PEER_KEEP_FACTOR * hb &&
+        now - m->p.peer_kept_ms <= hb)
+        return 1;
+    if (m->p.sent_ms && m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
+        m->p.relay_nacks < m->p.relayed &&
+        now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS)
+        return 1; /* the peers' word first (bounded by their deadline) */
+    if (m->p.peer_kept_ms)
+        snprintf(evidence, len,
+                 "; its peers' UDP probes last reached it %.1f s ago, and the rendezvous has not "
+                 "heard from it for %u x the timeout",
+                 (double)(now - m->p.peer_kept_ms) / 1000.0, (unsigned)RDZV_PEER_KEEP_FACTOR);
+    else if (m->p.unreached[0])
+        snprintf(evidence, len, "; nor did it answer the UDP probes of %s", m->p.unreached);
+    return 0;
 }
 
 /* m, suspected, answered: by itself (by == NULL) or to a peer's probe. */
 static void cleared(member *m, uint64_t now, uint32_t rtt, const member *by) {
     m->p.cleared_ms = now;
+    m->p.peer_kept_ms = by ? now : 0; /* its own answer: its link to the rendezvous works */
+    m->p.unreached[0] = '\0';
     m->c->s->m.probes_answered++;
     if (m->p.said_ms == 0 || now - m->p.said_ms >= RDZV_PROBE_SAY_MS) {
         m->p.said_ms = now;
@@ -213,7 +251,13 @@ static void relay(member *m, uint64_t now) {
     uint64_t age = now - m->p.sent_ms;
     uint32_t d = deadline_ms(m);
     uint32_t left = age < d ? (uint32_t)(d - age) : 0;
+    if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) { /* until the timeout, less the grace */
+        uint64_t silent = now - m->c->last_rx_ms, hb = r->hb_timeout_ms;
+        uint64_t to = silent + RDZV_RELAY_GRACE_MS < hb ? hb - silent - RDZV_RELAY_GRACE_MS : 0;
+        left = to > RDZV_PROBE_MAX_MS ? RDZV_PROBE_MAX_MS : (uint32_t)to;
+    }
     m->p.relay_ms = left > RDZV_RELAY_MIN_MS ? left : RDZV_RELAY_MIN_MS;
+    m->p.relay_at_ms = now;
     m->p.relayed = 1; /* asked (even of no one): asked once per probe */
     uint32_t asked = 0;
     size_t off = 0;
@@ -318,6 +362,20 @@ again:
             m->p.relay_nacks < m->p.relayed && age < (uint64_t)d + RDZV_RELAY_GRACE_MS)
             continue;          /* the peers' word first */
         if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */
+            unlist(m);
+            continue;
+        }
+        if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
+            /* judged by the heartbeat timeout, not here: what the peers found is kept for it */
+            if (m->p.relayed && m->p.relayed != UINT32_MAX && m->p.relay_nacks < m->p.relayed &&
+                now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS)
+                continue;
+            if (m->p.relayed && m->p.relayed != UINT32_MAX)
+                snprintf(m->p.unreached, sizeof m->p.unreached, "%u peer node(s) (%s) within %u ms",
+                         m->p.relayed, m->p.relay_names, m->p.relay_ms);
+            m->p.peer_kept_ms = 0; /* asked again, and not reached: no longer kept */
+            s->m.probes_unanswered++;
+            m->p.suspected = 0;
             unlist(m);
             continue;
         }

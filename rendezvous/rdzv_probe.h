@@ -24,6 +24,7 @@
 #ifndef GPULAUNCH_RDZV_PROBE_H
 #define GPULAUNCH_RDZV_PROBE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "rdzv_codec.h"
@@ -46,6 +47,16 @@
 #define RDZV_SILENCE_STALL_MS 1500 /* a launcher's stall (SIGSTOP, swap, a long fork): no loss */
 #define RDZV_SILENCE_MIN_MS 2500
 #define RDZV_GAP_DECAY 16 /* the worst gap decays by 1/16 a frame */
+/* The heartbeat timeout asks the peers too: a node left to the timeout is
+ * probed RDZV_TIMEOUT_ASK_MS before it, directly and through its peers at
+ * once, and the timeout ends its round only when neither reached it. A node
+ * its peers reach (its link to the rendezvous alone is slow or lossy) is
+ * kept while they keep reaching it (probed again every RDZV_PEER_AGAIN_MS),
+ * up to RDZV_PEER_KEEP_FACTOR x the timeout of silence to the rendezvous:
+ * past that the rendezvous cannot tell it of a round's end, and it is lost. */
+#define RDZV_TIMEOUT_ASK_MS 2250
+#define RDZV_PEER_AGAIN_MS 1000
+#define RDZV_PEER_KEEP_FACTOR 2
 
 typedef struct conn conn;
 typedef struct member member;
@@ -70,9 +81,15 @@ typedef struct rdzv_probe {
     uint32_t relay_nacks;  /* of them, those that said they could not reach it */
     uint32_t relay_ms;     /* the deadline they were given */
     char relay_names[96];  /* the first of them by name, for the verdict */
+    uint64_t relay_at_ms;  /* when they were asked */
+    uint64_t peer_kept_ms; /* a peer's probe last reached it (0: never) */
+    char unreached[128];   /* the peers whose probes before the timeout did not reach it ("":
+                              none asked, or one reached it since) */
 } rdzv_probe;
 
-enum { RDZV_SUSPECT_WAITED = 1, RDZV_SUSPECT_SILENT = 2 };
+/* WAITED: the others wait for it in a collective; SILENT: silent past its
+ * own threshold; TIMEOUT: silent near the heartbeat timeout, which judges */
+enum { RDZV_SUSPECT_WAITED = 1, RDZV_SUSPECT_SILENT = 2, RDZV_SUSPECT_TIMEOUT = 3 };
 
 /* A frame from m's node came, gap_ms after the one before. */
 void rdzv__probe_rx(member *m, uint64_t gap_ms);
@@ -88,6 +105,10 @@ void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg);
 void rdzv__probe_pong(conn *c, const rdzv_msg *msg);
 /* A PROBE_ACK from c's node: what its probe of a suspect found. */
 void rdzv__probe_ack(conn *c, const rdzv_msg *msg);
+/* The heartbeat sweep, for a node silent past the timeout: 1 when it is
+ * kept (its peers reach it, or their word on it is still to come), else 0
+ * with what its peers found in evidence ("" when none were asked). */
+int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len);
 /* c's member goes: off the server's list. */
 void rdzv__probe_gone(member *m);
 /* The sweep: probes past their deadline end their rounds. */
