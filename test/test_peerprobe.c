@@ -98,8 +98,8 @@ static double metric(const char *name) {
     return prom_value(body, name);
 }
 
-/* NODES launcher clients of one static job, all assigned. */
-static void start_job(const char *run) {
+/* NODES launcher clients of one static job, heartbeats every interval_ms, all assigned. */
+static void start_job(const char *run, uint32_t interval_ms) {
     for (uint32_t i = 0; i < NODES; i++) {
         char host[64], inst[64];
         snprintf(host, sizeof host, "%s-%u", run, i);
@@ -114,7 +114,7 @@ static void start_job(const char *run) {
                                .min_nodes = NODES,
                                .max_nodes = NODES,
                                .join_timeout_ms = 10000,
-                               .heartbeat_interval_ms = 1000,
+                               .heartbeat_interval_ms = interval_ms,
                                .heartbeat_timeout_ms = 5000};
         rdzv_client_options o = {.host = "127.0.0.1", .port = port, .connect_timeout_ms = 10000};
         rdzv_client_callbacks cb = {.data = &nodes[i],
@@ -134,7 +134,7 @@ static void start_job(const char *run) {
 }
 
 Test(peerprobe, a_node_only_its_link_to_the_rendezvous_lost_is_reached_by_its_peers_and_kept) {
-    start_job("link");
+    start_job("link", 1000);
     rdzv_client_freeze_link(nodes[2].c); /* silent to the server; its UDP port still answers */
     uint64_t t0 = now_ms();
     pump(3000, t0); /* the others wait for it for 3 s: well past a probe's deadline */
@@ -169,7 +169,7 @@ Test(peerprobe, a_node_only_its_link_to_the_rendezvous_lost_is_reached_by_its_pe
 }
 
 Test(peerprobe, a_node_that_answers_nobody_is_lost_within_a_second_and_its_probers_named) {
-    start_job("gone");
+    start_job("gone", 1000);
     rdzv_client_freeze(nodes[2].c); /* the host vanished: nothing answers */
     uint64_t t0 = now_ms();
     while (nodes[0].over == 0 && now_ms() < t0 + 3000)
@@ -190,4 +190,28 @@ Test(peerprobe, a_node_that_answers_nobody_is_lost_within_a_second_and_its_probe
     cr_expect_eq(metric("gpulaunch_rdzv_probe_relays_total{result=\"reached\"}"), 0);
     cr_expect_eq(metric("gpulaunch_rdzv_probes_total{result=\"unanswered\"}"), 1);
     cr_log_info("vanished node told in %llu ms with peer probes", (unsigned long long)took);
+}
+
+/* Heartbeats every 2 s: the silence threshold (the worst gap + 1.5 s) comes
+ * within 2 s of the timeout, so a node gone silent, with no collective to
+ * point at it, is left to the timeout; its peers are asked before it, and it
+ * is lost at the timeout with what they found. */
+Test(peerprobe, a_node_left_to_the_timeout_is_lost_at_it_when_no_peer_reaches_it) {
+    start_job("late", 2000);
+    pump(4500, 0); /* two heartbeats: its gaps are known */
+    rdzv_client_freeze(nodes[2].c);
+    uint64_t t0 = now_ms();
+    while (nodes[0].over == 0 && now_ms() < t0 + 8000)
+        pump(20, 0);
+    uint64_t took = now_ms() - t0;
+    cr_assert_eq(nodes[0].over, 1, "node 0 was not told: %s", srv.out);
+    /* its last frame came up to one interval before the freeze */
+    cr_expect(took >= 2800 && took < 5600, "told %llu ms after the freeze",
+              (unsigned long long)took);
+    const char *want[] = {"sent no heartbeat for",
+                          "nor did it answer the UDP probes of 2 peer node(s)", "late-0", "late-1"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect(strstr(nodes[0].over_msg, want[i]) != NULL, "'%s' not in: %s", want[i],
+                  nodes[0].over_msg);
+    cr_log_info("left to the timeout: told %llu ms after the freeze", (unsigned long long)took);
 }
