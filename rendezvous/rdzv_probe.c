@@ -150,6 +150,9 @@ void rdzv__probe_silent(member *m, uint64_t now) {
             return;
         if (m->p.peer_kept_ms && now - m->p.peer_kept_ms < RDZV_PEER_AGAIN_MS)
             return;
+        if (m->p.unreached[0])
+            return; /* its peers were asked in this silence and did not reach it: the timeout
+                       judges (asking again would put the verdict off for ever) */
         kind = RDZV_SUSPECT_TIMEOUT;
     } else if (silent < t) {
         return;
