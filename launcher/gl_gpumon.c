@@ -4,6 +4,7 @@
  * seen; the workers it reads from the group, and its notices go to the owner's
  * callback. */
 #include "gl_ckptview.h"
+#include "gl_story.h"
 #include "gl_gpumon.h"
 
 #include <errno.h>
@@ -466,6 +467,8 @@ static size_t render_text(char *p, size_t cap) {
     if (b.len < cap) { /* the workers' checkpoints (gl_ckptview.c) after the GPUs' figures */
         char job[600];
         b.len += gl_ckptview_metrics(p + b.len, cap - b.len, esc(M.job, job, sizeof job));
+        if (b.len < cap) /* how each round began and what it cost (gl_story.c) */
+            b.len += gl_story_metrics(p + b.len, cap - b.len, job);
     }
     if (b.len < cap) /* then the launcher's own: process, threads, heap, children, handles */
         b.len +=

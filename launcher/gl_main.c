@@ -23,6 +23,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "gl_ckptview.h"
+#include "gl_story.h"
 #include "gl_endpoint.h"
 #include "gl_errfile.h"
 #include "gl_report.h"
@@ -186,6 +187,9 @@ static void reform_fall_back(const char *why) {
     fprintf(stderr, "gpulaunch: re-forming in place failed: %s; restarting the local workers\n",
             why);
     GB_WARN("re-formation failed: %s; restarting the local workers", why);
+    char told[GL_STORY_WHY_MAX];
+    snprintf(told, sizeof told, "re-forming in place failed: %s", why);
+    gl_story_restart_why(told, 1);
     gl_reform_abort(&R, why);
     L.group_failed = 1;
     L.round_over = 0;
@@ -212,6 +216,7 @@ static void on_reform_taken(gl_reform *r, uint32_t round, double told_ms, double
                 "round ended, %.1f ms after this one was handed over)\n",
                 round, L.cfg.nproc, told_ms, taken_ms);
     gl_watchdog_round(&WD);
+    gl_story_began(round, r->first ? GL_ROUND_WARM : GL_ROUND_IN_PLACE);
 }
 
 static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
@@ -262,6 +267,9 @@ static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
             snprintf(msg, sizeof msg, "rank %d (local rank %d) exited with code %lld", w->rank,
                      w->local_rank, (long long)status);
         GB_ERROR("%s: stopping the local workers", msg);
+        if (L.assigned)
+            gl_story_ended(L.a.round);
+        gl_story_restart_why(msg, 0);
         gl_group_stop(g, GL_DISCARD_GRACE_MS);
         rdzv_client_fail(L.cli, msg);
     }
@@ -378,6 +386,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     }
     gl_gpumon_round();
     gl_watchdog_round(&WD);
+    gl_story_began(a->round, GL_ROUND_RESTART); /* the first round when none ended before */
     gl_progress_start_stats(L.loop, L.cfg.stats_interval_s, stats_due, send_stats, NULL);
 }
 
@@ -392,6 +401,7 @@ static int workers_go_on(void) {
 static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint32_t node_rank,
                           const char *host, const char *msg) {
     fprintf(stderr, "gpulaunch: round %u is over: %s\n", round, msg);
+    gl_story_ended(round);
     gl_hold_end(&H);
     /* a local worker that failed just before another node was found gone
      * failed because of it (its peer's link dropped first) */
@@ -416,6 +426,10 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
         rdzv_client_rejoin(L.cli);
         return;
     }
+    gl_story_restart_why(!gl_reform_possible(&R)    ? "not every local worker re-forms in place"
+                         : G.nrunning < L.cfg.nproc ? "a local worker had exited"
+                                                    : "the local workers were stopping",
+                         0);
     if (gl_reform_state(&R) != GL_REFORM_NONE)
         gl_reform_abort(&R, msg);
     if (G.nrunning)
@@ -768,6 +782,7 @@ int main(int argc, char **argv) {
     gl_hold_init(&H, L.loop, &G, L.cfg.nproc, maybe_finish_round);
     gl_progress_set_go_on(L.cfg.min_nodes < L.cfg.max_nodes); /* on_event */
     gl_ckptview_start(L.loop, L.cfg.nproc);
+    gl_story_init(L.loop, L.cfg.nproc);
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

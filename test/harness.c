@@ -369,7 +369,8 @@ pid_t proc_find(pid_t parent, const char *a, const char *b) {
 int prom_check(const char *text, char *why, size_t len) {
     enum { MAXF = 512 };
     static char fam[MAXF][128], series[4096][256];
-    static int typed[MAXF], helped[MAXF], sampled[MAXF];
+    static int typed[MAXF], helped[MAXF], sampled[MAXF], hist[MAXF]; /* hist: 1 histogram,
+                                                                         2 summary */
     int nf = 0, ns = 0, cur = -1, bad = 0;
     char line[1024] = "";
     for (const char *l = text; *l && !bad;) {
@@ -394,6 +395,18 @@ int prom_check(const char *text, char *why, size_t len) {
         }
         snprintf(name, sizeof name, "%.*s", (int)k, p);
         p += k;
+        if (!help && !type) { /* a histogram's or summary's samples belong to its family */
+            static const char *const sfx[] = {"_bucket", "_sum", "_count"};
+            for (size_t x = 0; x < 3; x++) {
+                size_t nl = strlen(name), sl = strlen(sfx[x]);
+                if (nl <= sl || strcmp(name + nl - sl, sfx[x]) != 0)
+                    continue;
+                for (int g = 0; g < nf; g++)
+                    if (strlen(fam[g]) == nl - sl && strncmp(fam[g], name, nl - sl) == 0 &&
+                        (hist[g] == 1 || (hist[g] == 2 && x > 0)))
+                        name[nl - sl] = '\0';
+            }
+        }
         int f = 0;
         while (f < nf && strcmp(fam[f], name) != 0)
             f++;
@@ -403,7 +416,7 @@ int prom_check(const char *text, char *why, size_t len) {
                 break;
             }
             snprintf(fam[nf], sizeof fam[nf], "%s", name);
-            typed[nf] = helped[nf] = sampled[nf] = 0;
+            typed[nf] = helped[nf] = sampled[nf] = hist[nf] = 0;
             nf++;
         }
         if (help || type) {
@@ -413,6 +426,10 @@ int prom_check(const char *text, char *why, size_t len) {
                    strcmp(p + 1, "untyped") && strcmp(p + 1, "summary") &&
                    strcmp(p + 1, "histogram"));
             *seen = 1;
+            if (type)
+                hist[f] = strcmp(p + 1, "histogram") == 0 ? 1
+                          : strcmp(p + 1, "summary") == 0 ? 2
+                                                          : 0;
             continue;
         }
         bad = !typed[f] || (sampled[f] && cur != f);

@@ -483,12 +483,18 @@ Test(health, checkpoint_figures_in_status_and_metrics) {
         "# TYPE x gauge\nx{a=1} 1\n",                      /* an unquoted label */
         "# TYPE x gauge\nx 1.2.3\n",                       /* not a number */
         "# TYPE x gauge\n# TYPE x counter\nx 1\n",         /* TYPE twice */
+        "# TYPE x gauge\nx_bucket{le=\"1\"} 1\n",          /* a gauge has no buckets */
+        "# TYPE x summary\nx_bucket{le=\"1\"} 1\n",        /* nor has a summary */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert_eq(prom_check(bad[i], why, sizeof why), -1, "%s", bad[i]);
     cr_assert_eq(
         prom_check("# HELP x X.\n# TYPE x gauge\nx{a=\"q\\\"\"} -1\nx 2.5e+06\n", why, sizeof why),
         0, "%s", why);
+    cr_assert_eq(prom_check("# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\n"
+                            "h_sum 3.5\nh_count 2\n",
+                            why, sizeof why),
+                 0, "a histogram: %s", why);
     start_server(NULL);
     node *nodes = start_nodes("ckpt", 2, 4);
     /* no launcher reports checkpoints */

@@ -220,6 +220,13 @@ Test(reform_live, a_failure_during_re_formation_falls_back_to_restart) {
                  "host2 did not fall back: %s", nodes[2].out);
     expect_exit(surv, NODES - 1, 0, 90000);
     save_logs("run");
+    /* each launcher's log says how its rounds began: host2's restart as such */
+    const char *r2 = strstr(nodes[2].out, " began: restarted the workers (");
+    cr_expect(r2 != NULL, "host2 did not say its restart: %s", nodes[2].out);
+    cr_expect(strstr(nodes[1].out, " began: re-formed in place") != NULL,
+              "host1 did not say its re-formation: %s", nodes[1].out);
+    if (r2)
+        cr_log_info("host2's log: round%.*s", (int)strcspn(r2, "\n"), r2);
     char live[65];
     expect_same_params(surv, NODES - 1, 6, live);
     expect_restart_agrees("restart", 8, STEPS, NULL, live);

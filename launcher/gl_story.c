@@ -1,0 +1,212 @@
+/* How each round began on this node and what it cost (see gl_story.h). */
+#include "gl_story.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gb_progress.h"
+#include "gb_time.h"
+#include "gl_progress.h"
+
+/* the pause histogram's upper bounds (s), +Inf last */
+static const double pause_le[GL_STORY_PAUSE_BUCKETS - 1] = {0.05, 0.1, 0.25, 0.5, 1,
+                                                            2.5,  5,   10,   30,  60};
+
+static struct {
+    uv_timer_t timer;
+    int inited, nproc, watching;
+    uint64_t ended_ns; /* the last round's end (0: none yet) */
+    uint32_t ended_round;
+    int64_t reached; /* the newest step the ended round reached (-1: none said) */
+    uint32_t round;  /* the round being watched */
+    enum gl_story_kind kind;
+    uint64_t began_ns;
+    uint64_t base[GB_PROGRESS_MAX_SLOTS]; /* each slot's step count when it began */
+    char why[GL_STORY_WHY_MAX];
+    int fell_back; /* why is a re-formation's fallback */
+    /* --metrics */
+    uint64_t rounds[GL_ROUND_KINDS], redone, fallbacks;
+    uint64_t pause_count, pause_bucket[GL_STORY_PAUSE_BUCKETS];
+    double pause_sum;
+} S;
+
+const char *gl_story_kind_name(enum gl_story_kind kind) {
+    static const char *const names[GL_ROUND_KINDS] = {"first", "in_place", "restart", "warm_join"};
+    return (unsigned)kind < GL_ROUND_KINDS ? names[kind] : "unknown";
+}
+
+void gl_story_init(uv_loop_t *loop, int nproc) {
+    S.nproc = nproc < GB_PROGRESS_MAX_SLOTS ? nproc : GB_PROGRESS_MAX_SLOTS;
+    S.reached = -1;
+    if (S.inited)
+        return;
+    S.inited = 1;
+    uv_timer_init(loop, &S.timer);
+    uv_unref((uv_handle_t *)&S.timer); /* never what keeps the launcher running */
+}
+
+void gl_story_ended(uint32_t round) {
+    if (S.ended_ns && S.ended_round == round)
+        return; /* said twice (the server's word after a local failure's) */
+    S.ended_ns = gb_now_ns();
+    S.ended_round = round;
+    S.reached = -1;
+    for (int i = 0; i < S.nproc; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        if (s && atomic_load(&s->steps) > 0) {
+            int64_t st = atomic_load(&s->step);
+            S.reached = st > S.reached ? st : S.reached;
+        }
+    }
+    S.why[0] = '\0';
+    S.fell_back = 0;
+    if (S.watching) { /* ended before its first step */
+        S.watching = 0;
+        uv_timer_stop(&S.timer);
+    }
+}
+
+void gl_story_restart_why(const char *why, int fell_back) {
+    if (S.why[0] == '\0' && why) {
+        snprintf(S.why, sizeof S.why, "%s", why);
+        S.fell_back = fell_back;
+    }
+}
+
+/* The line and the figures; pause_s < 0: no step seen. */
+static void tell(int64_t first, double pause_s) {
+    int after_end = S.ended_ns != 0 && S.kind != GL_ROUND_FIRST && S.kind != GL_ROUND_WARM;
+    int64_t redone =
+        after_end && first >= 0 && S.reached >= 0 && first <= S.reached ? S.reached - first + 1 : 0;
+    S.rounds[S.kind]++;
+    S.redone += (uint64_t)redone;
+    S.fallbacks += S.kind == GL_ROUND_RESTART && S.fell_back;
+    if (pause_s >= 0 && after_end) {
+        S.pause_count++;
+        S.pause_sum += pause_s;
+        int b = 0;
+        while (b < GL_STORY_PAUSE_BUCKETS - 1 && pause_s > pause_le[b])
+            b++;
+        S.pause_bucket[b]++;
+    }
+    if (S.kind == GL_ROUND_FIRST)
+        return; /* not a change: the launcher's round line says it */
+    char how[GL_STORY_WHY_MAX + 64], cost[160];
+    switch (S.kind) {
+    case GL_ROUND_IN_PLACE:
+        snprintf(how, sizeof how, "re-formed in place (the workers kept)");
+        break;
+    case GL_ROUND_WARM:
+        snprintf(how, sizeof how, "joined warm (the workers started before it took it)");
+        break;
+    default:
+        snprintf(how, sizeof how, "restarted the workers (%s)",
+                 S.why[0] ? S.why : "they do not re-form in place");
+        break;
+    }
+    if (pause_s < 0)
+        snprintf(cost, sizeof cost, "no step reported within %d s", GL_STORY_WATCH_MS / 1000);
+    else if (after_end)
+        snprintf(cost, sizeof cost,
+                 "paused %.3f s from round %u's end to the first step (step %lld), %lld step(s) "
+                 "done again",
+                 pause_s, S.ended_round, (long long)first, (long long)redone);
+    else
+        snprintf(cost, sizeof cost, "first step (step %lld) %.3f s after it began",
+                 (long long)first, (double)(gb_now_ns() - S.began_ns) / 1e9);
+    fprintf(stderr, "gpulaunch: round %u began: %s; %s\n", S.round, how, cost);
+}
+
+static void on_tick(uv_timer_t *t) {
+    (void)t;
+    uint64_t now = gb_now_ns();
+    for (int i = 0; i < S.nproc; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        if (s == NULL)
+            continue;
+        uint64_t n = atomic_load(&s->steps);
+        if (n <= S.base[i])
+            continue;
+        /* the first step of this round: the step now less those after it */
+        int64_t first = atomic_load(&s->step) - (int64_t)(n - S.base[i]) + 1;
+        uint64_t at = atomic_load(&s->step_ns);
+        uint64_t from = S.ended_ns && S.kind != GL_ROUND_FIRST && S.kind != GL_ROUND_WARM
+                            ? S.ended_ns
+                            : S.began_ns;
+        S.watching = 0;
+        uv_timer_stop(&S.timer);
+        tell(first, at > from ? (double)(at - from) / 1e9 : 0.0);
+        return;
+    }
+    if (now - S.began_ns > (uint64_t)GL_STORY_WATCH_MS * 1000000ull) {
+        S.watching = 0;
+        uv_timer_stop(&S.timer);
+        tell(-1, -1);
+    }
+}
+
+void gl_story_began(uint32_t round, enum gl_story_kind kind) {
+    if (!S.inited)
+        return;
+    if (S.watching) /* the last one never stepped: said without its pause */
+        tell(-1, -1);
+    S.round = round;
+    S.kind = kind == GL_ROUND_RESTART && S.ended_ns == 0 ? GL_ROUND_FIRST : kind;
+    S.began_ns = gb_now_ns();
+    for (int i = 0; i < S.nproc; i++) {
+        gb_progress_slot *s = gl_progress_slot(i);
+        S.base[i] = s ? atomic_load(&s->steps) : 0;
+    }
+    S.watching = 1;
+    uv_timer_start(&S.timer, on_tick, GL_STORY_TICK_MS, GL_STORY_TICK_MS);
+}
+
+size_t gl_story_metrics(char *p, size_t cap, const char *job) {
+    size_t len = 0;
+    int w = snprintf(p, cap,
+                     "# HELP gpulaunch_rounds_total Rounds this node ran, by how they began "
+                     "(first, in_place, restart, warm_join).\n"
+                     "# TYPE gpulaunch_rounds_total counter\n");
+    if (w < 0 || (size_t)w >= cap)
+        return 0;
+    len = (size_t)w;
+#define PUT(...)                                                                                   \
+    do {                                                                                           \
+        w = snprintf(p + len, cap - len, __VA_ARGS__);                                             \
+        if (w < 0 || (size_t)w >= cap - len)                                                       \
+            return len;                                                                            \
+        len += (size_t)w;                                                                          \
+    } while (0)
+    for (int k = 0; k < GL_ROUND_KINDS; k++)
+        PUT("gpulaunch_rounds_total{job=\"%s\",kind=\"%s\"} %llu\n", job,
+            gl_story_kind_name((enum gl_story_kind)k), (unsigned long long)S.rounds[k]);
+    PUT("# HELP gpulaunch_round_pause_seconds From a round's end to this node's first step in "
+        "the next (re-formed in place or restarted).\n"
+        "# TYPE gpulaunch_round_pause_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int b = 0; b < GL_STORY_PAUSE_BUCKETS; b++) {
+        cum += S.pause_bucket[b];
+        if (b < GL_STORY_PAUSE_BUCKETS - 1)
+            PUT("gpulaunch_round_pause_seconds_bucket{job=\"%s\",le=\"%g\"} %llu\n", job,
+                pause_le[b], (unsigned long long)cum);
+        else
+            PUT("gpulaunch_round_pause_seconds_bucket{job=\"%s\",le=\"+Inf\"} %llu\n", job,
+                (unsigned long long)cum);
+    }
+    PUT("gpulaunch_round_pause_seconds_sum{job=\"%s\"} %.9g\n"
+        "gpulaunch_round_pause_seconds_count{job=\"%s\"} %llu\n",
+        job, S.pause_sum, job, (unsigned long long)S.pause_count);
+    PUT("# HELP gpulaunch_steps_redone_total Steps this node's workers did again after a round "
+        "change (a restart from an older checkpoint).\n"
+        "# TYPE gpulaunch_steps_redone_total counter\n"
+        "gpulaunch_steps_redone_total{job=\"%s\"} %llu\n",
+        job, (unsigned long long)S.redone);
+    PUT("# HELP gpulaunch_reform_fallbacks_total Re-formations in place that fell back to "
+        "restarting the workers.\n"
+        "# TYPE gpulaunch_reform_fallbacks_total counter\n"
+        "gpulaunch_reform_fallbacks_total{job=\"%s\"} %llu\n",
+        job, (unsigned long long)S.fallbacks);
+#undef PUT
+    return len;
+}

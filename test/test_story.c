@@ -1,0 +1,188 @@
+/* How each round began on a node and what it cost (launcher/gl_story.h,
+ * docs/health.md "How each round began"): a restart from a checkpoint says
+ * its reason, its pause and the steps done again; a live re-formation says
+ * it kept its workers, paused a fraction of a second and redid nothing; the
+ * same figures on the launcher's --metrics, which stay promtool-clean. Real
+ * launchers, a real rendezvous and dp_train workers. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define GL GPL_BUILD_DIR "/launcher/gpulaunch"
+#define DP GPL_BUILD_DIR "/examples/dp_train"
+
+static char dir[64];
+
+static void mkdir_tmp(void) {
+    tmpdir_make(dir, sizeof dir, "gpl-story");
+    cr_assert(dir[0]);
+}
+
+static void rm_tmp(void) { tmpdir_remove(dir); }
+
+TestSuite(story, .init = mkdir_tmp, .fini = rm_tmp, .timeout = 90);
+
+static double metric(int port, const char *name) {
+    static char body[1 << 18];
+    cr_assert_eq(http_get_local(port, "/metrics", body, sizeof body), 200);
+    char why[256];
+    cr_expect_eq(prom_check(body, why, sizeof why), 0, "--metrics is not promtool-clean: %s", why);
+    return prom_value(body, name);
+}
+
+/* "round N began: ...; paused P s ..., R step(s) done again": P and R (-1: no such line). */
+static const char *began(const char *out, uint32_t round, double *pause, long *redone) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "round %u began: ", round);
+    const char *l = strstr(out, needle), *p = l ? strstr(l, "; paused ") : NULL;
+    const char *r = p ? strstr(p, " s from round ") : NULL;
+    const char *d = r ? strstr(r, "), ") : NULL;
+    *pause = p ? strtod(p + strlen("; paused "), NULL) : -1;
+    *redone = d ? strtol(d + 3, NULL, 10) : -1;
+    return l;
+}
+
+Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
+    char ck[128], ms[32];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    int mport = free_tcp_port();
+    snprintf(ms, sizeof ms, "127.0.0.1:%d", mport);
+    char *argv[] = {GL,
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    "--max-restarts",
+                    "1",
+                    "--metrics",
+                    ms,
+                    DP,
+                    "--steps",
+                    "600",
+                    "--step-sleep-ms",
+                    "10",
+                    "--checkpoint-dir",
+                    ck,
+                    "--checkpoint-every",
+                    "50",
+                    "--print-every",
+                    "100000",
+                    NULL};
+    proc p;
+    cr_assert_eq(proc_start(&p, argv, NULL), 0);
+    cr_assert(proc_expect(&p, "checkpoint: step 50 written", 20000), "%s", p.out);
+    usleep(300000); /* some steps past the checkpoint: they are done again */
+    pid_t w = proc_find(p.pid, "LOCAL_RANK=1", NULL);
+    cr_assert(w > 0, "no local rank 1");
+    kill(w, SIGKILL);
+    cr_assert(proc_expect(&p, "round 2 began: ", 20000), "%s", p.out);
+    cr_assert(proc_expect(&p, "done again", 5000), "%s", p.out);
+    double pause;
+    long redone;
+    const char *l = began(p.out, 2, &pause, &redone);
+    cr_expect(strstr(l, "restarted the workers (rank 1 (local rank 1) killed by SIGKILL)") != NULL,
+              "%s", l);
+    cr_expect(pause > 0 && pause < 5, "paused %.3f s: %s", pause, l);
+    cr_expect(redone >= 1 && redone <= 100, "%ld steps done again: %s", redone, l);
+    /* the same on --metrics, under the job's run id */
+    char job[96] = "", name[192];
+    const char *j = strstr(p.out, "gpulaunch: job ");
+    cr_assert(j && sscanf(j, "gpulaunch: job %95s", job) == 1, "%s", p.out);
+    snprintf(name, sizeof name, "gpulaunch_rounds_total{job=\"%s\",kind=\"restart\"}", job);
+    cr_expect_eq(metric(mport, name), 1, "%s", name);
+    snprintf(name, sizeof name, "gpulaunch_rounds_total{job=\"%s\",kind=\"first\"}", job);
+    cr_expect_eq(metric(mport, name), 1, "%s", name);
+    snprintf(name, sizeof name, "gpulaunch_steps_redone_total{job=\"%s\"}", job);
+    cr_expect_eq(metric(mport, name), (double)redone, "%s", name);
+    snprintf(name, sizeof name, "gpulaunch_round_pause_seconds_count{job=\"%s\"}", job);
+    cr_expect_eq(metric(mport, name), 1, "%s", name);
+    snprintf(name, sizeof name, "gpulaunch_round_pause_seconds_sum{job=\"%s\"}", job);
+    double sum = metric(mport, name);
+    cr_expect(sum > pause - 0.001 && sum < pause + 0.001, "pause sum %g, said %g", sum, pause);
+    int st = proc_wait(&p, 60000);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, p.out);
+    cr_log_info("a restart from a checkpoint: paused %.3f s, %ld steps done again", pause, redone);
+}
+
+/* A launcher of an elastic job (1:2 nodes) whose dp_train workers re-form
+ * in place, on a real rendezvous. */
+static void start_node(proc *p, int port, const char *host) {
+    char ep[64], ck[128];
+    snprintf(ep, sizeof ep, "127.0.0.1:%d", port);
+    snprintf(ck, sizeof ck, "%s/ck-%s", dir, host);
+    char *argv[] = {GL,
+                    "--nnodes",
+                    "1:2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    ep,
+                    "--rdzv-id",
+                    "story",
+                    "--rdzv-conf",
+                    "last_call_timeout=1",
+                    DP,
+                    "--steps",
+                    "100000",
+                    "--step-sleep-ms",
+                    "10",
+                    "--print-every",
+                    "100000",
+                    "--checkpoint-dir",
+                    ck,
+                    "--checkpoint-every",
+                    "100",
+                    "--reform",
+                    NULL};
+    cr_assert_eq(proc_start(p, argv, NULL), 0);
+}
+
+Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause) {
+    proc srv, a, b, c;
+    int port;
+    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0);
+    start_node(&a, port, "story-a");
+    start_node(&b, port, "story-b");
+    cr_assert(proc_expect(&a, "round 1: node rank", 20000), "%s", a.out);
+    cr_assert(proc_expect(&b, "round 1: node rank", 20000), "%s", b.out);
+    usleep(1500000);      /* training */
+    kill(b.pid, SIGKILL); /* its workers follow (PDEATHSIG) */
+    proc_wait(&b, 5000);
+    cr_assert(proc_expect(&a, "round 2 began: ", 20000), "%s", a.out);
+    cr_assert(proc_expect(&a, "done again", 5000), "%s", a.out);
+    double pause;
+    long redone;
+    const char *l = began(a.out, 2, &pause, &redone);
+    cr_expect(strstr(l, "re-formed in place (the workers kept)") != NULL, "%s", l);
+    cr_expect(pause > 0 && pause < 2, "paused %.3f s: %s", pause, l);
+    cr_expect_eq(redone, 0, "%s", l);
+    double lost_pause = pause;
+    /* a new node joins the live job: its workers start before its round */
+    start_node(&c, port, "story-c");
+    cr_assert(proc_expect(&c, "round 3 began: ", 30000), "%s", c.out);
+    cr_assert(proc_expect(&a, "round 3 began: ", 10000), "%s", a.out);
+    cr_assert(proc_expect(&a, "done again", 5000), "%s", a.out);
+    l = began(a.out, 3, &pause, &redone);
+    cr_expect(strstr(l, "re-formed in place") != NULL && redone == 0 && pause > 0 && pause < 2,
+              "%s", l);
+    cr_expect(strstr(c.out, "round 3 began: joined warm") != NULL, "%s", c.out);
+    const char *cl = strstr(c.out, "round 3 began: ");
+    cr_log_info("%.*s", cl ? (int)strcspn(cl, "\n") : 0, cl ? cl : "");
+    cr_log_info("%.*s", (int)strcspn(l, "\n"), l);
+    for (proc *x = &a; x; x = x == &a ? &c : NULL) {
+        proc_kill(x, SIGTERM);
+        proc_wait(x, 10000);
+    }
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+    cr_log_info("a node lost: the survivor paused %.3f s, re-formed in place; a node joined: "
+                "paused %.3f s",
+                lost_pause, pause);
+}
