@@ -254,9 +254,14 @@ static void relay(member *m, uint64_t now) {
     uint64_t age = now - m->p.sent_ms;
     uint32_t d = deadline_ms(m);
     uint32_t left = age < d ? (uint32_t)(d - age) : 0;
-    if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) { /* until the timeout, less the grace */
+    if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
+        /* until the timeout less the grace, but long enough for a round trip
+         * on a slow link and a launcher's stall (a node kept past the timeout
+         * is asked again with the whole window) */
         uint64_t silent = now - m->c->last_rx_ms, hb = r->hb_timeout_ms;
         uint64_t to = silent + RDZV_RELAY_GRACE_MS < hb ? hb - silent - RDZV_RELAY_GRACE_MS : 0;
+        if (to < RDZV_TIMEOUT_RELAY_MIN_MS)
+            to = RDZV_TIMEOUT_RELAY_MIN_MS;
         left = to > RDZV_PROBE_MAX_MS ? RDZV_PROBE_MAX_MS : (uint32_t)to;
     }
     m->p.relay_ms = left > RDZV_RELAY_MIN_MS ? left : RDZV_RELAY_MIN_MS;

@@ -55,6 +55,7 @@
  * up to RDZV_PEER_KEEP_FACTOR x the timeout of silence to the rendezvous:
  * past that the rendezvous cannot tell it of a round's end, and it is lost. */
 #define RDZV_TIMEOUT_ASK_MS 2250
+#define RDZV_TIMEOUT_RELAY_MIN_MS 1750 /* their window: at least a launcher's stall + a grace */
 #define RDZV_PEER_AGAIN_MS 1000
 #define RDZV_PEER_KEEP_FACTOR 2
 
