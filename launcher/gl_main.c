@@ -219,6 +219,12 @@ static void on_reform_taken(gl_reform *r, uint32_t round, double told_ms, double
     gl_story_began(round, r->first ? GL_ROUND_WARM : GL_ROUND_IN_PLACE);
 }
 
+/* How the round began here, to the rendezvous (its job page and /metrics). */
+static void send_story(const rdzv_story *story) {
+    if (L.cli)
+        rdzv_client_story(L.cli, story);
+}
+
 static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
     int failed = status != 0 || sig != 0;
     if (gl_warm_phase(&W) != GL_WARM_NONE && !L.assigned && !g->stopping) {
@@ -782,7 +788,7 @@ int main(int argc, char **argv) {
     gl_hold_init(&H, L.loop, &G, L.cfg.nproc, maybe_finish_round);
     gl_progress_set_go_on(L.cfg.min_nodes < L.cfg.max_nodes); /* on_event */
     gl_ckptview_start(L.loop, L.cfg.nproc);
-    gl_story_init(L.loop, L.cfg.nproc);
+    gl_story_init(L.loop, L.cfg.nproc, send_story);
     L.t_join_ns = gb_now_ns();
     if (rdzv_client_start(L.loop, &co, &jp, &cb, &L.cli, err, sizeof err) != GPL_OK) {
         fprintf(stderr, "gpulaunch: %s\n", err);

@@ -16,6 +16,7 @@ static const double pause_le[GL_STORY_PAUSE_BUCKETS - 1] = {0.05, 0.1, 0.25, 0.5
 static struct {
     uv_timer_t timer;
     int inited, nproc, watching;
+    gl_story_sink sink;
     uint64_t ended_ns; /* the last round's end (0: none yet) */
     uint32_t ended_round;
     int64_t reached; /* the newest step the ended round reached (-1: none said) */
@@ -36,7 +37,8 @@ const char *gl_story_kind_name(enum gl_story_kind kind) {
     return (unsigned)kind < GL_ROUND_KINDS ? names[kind] : "unknown";
 }
 
-void gl_story_init(uv_loop_t *loop, int nproc) {
+void gl_story_init(uv_loop_t *loop, int nproc, gl_story_sink sink) {
+    S.sink = sink;
     S.nproc = nproc < GB_PROGRESS_MAX_SLOTS ? nproc : GB_PROGRESS_MAX_SLOTS;
     S.reached = -1;
     if (S.inited)
@@ -89,6 +91,15 @@ static void tell(int64_t first, double pause_s) {
         while (b < GL_STORY_PAUSE_BUCKETS - 1 && pause_s > pause_le[b])
             b++;
         S.pause_bucket[b]++;
+    }
+    if (S.sink) {
+        rdzv_story st = {.round = S.round,
+                         .kind = (uint32_t)S.kind,
+                         .pause_ms = pause_s < 0 ? RDZV_STORY_UNKNOWN : (uint32_t)(pause_s * 1000),
+                         .redone = (uint32_t)redone,
+                         .nproc = (uint32_t)S.nproc,
+                         .why = S.kind == GL_ROUND_RESTART ? S.why : NULL};
+        S.sink(&st);
     }
     if (S.kind == GL_ROUND_FIRST)
         return; /* not a change: the launcher's round line says it */

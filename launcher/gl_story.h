@@ -14,22 +14,27 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "gpulaunch/rdzv.h"
+
 #define GL_STORY_TICK_MS 5        /* how often the slots are looked at until the first step */
 #define GL_STORY_WATCH_MS 600000  /* a round's first step is waited for at most this long */
 #define GL_STORY_WHY_MAX 256      /* bytes of a restart's reason kept */
 #define GL_STORY_PAUSE_BUCKETS 11 /* the pause histogram's buckets, +Inf included */
 
+/* The protocol's kinds (gpulaunch/rdzv.h): the same story goes to the rendezvous. */
 enum gl_story_kind {
-    GL_ROUND_FIRST = 0,    /* the node's first round, its workers started for it */
-    GL_ROUND_IN_PLACE = 1, /* the workers were kept and took the round (live re-formation) */
-    GL_ROUND_RESTART = 2,  /* the workers were stopped and started again */
-    GL_ROUND_WARM = 3,     /* the workers, started before the round, took it (a warm join) */
-    GL_ROUND_KINDS = 4
+    GL_ROUND_FIRST = RDZV_STORY_FIRST,       /* the node's first round, workers started for it */
+    GL_ROUND_IN_PLACE = RDZV_STORY_IN_PLACE, /* the workers kept took it (live re-formation) */
+    GL_ROUND_RESTART = RDZV_STORY_RESTART,   /* the workers were stopped and started again */
+    GL_ROUND_WARM = RDZV_STORY_WARM,         /* workers started before it took it (warm join) */
+    GL_ROUND_KINDS = RDZV_STORY_KINDS
 };
 const char *gl_story_kind_name(enum gl_story_kind kind);
 
-/* Watches the slots of nproc workers on loop. */
-void gl_story_init(uv_loop_t *loop, int nproc);
+/* Each story as it is said (the launcher sends it to the rendezvous). */
+typedef void (*gl_story_sink)(const rdzv_story *story);
+/* Watches the slots of nproc workers on loop; sink may be NULL. */
+void gl_story_init(uv_loop_t *loop, int nproc, gl_story_sink sink);
 /* The round this node ran ended: the newest step its workers reached is kept. */
 void gl_story_ended(uint32_t round);
 /* Why the next round restarts the workers (a local failure; fell_back: a

@@ -59,6 +59,7 @@ struct rdzv_client {
     int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
     int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
     int server_probe;  /* the server takes waits in heartbeats and probes (RDZV_CHALLENGE_PROBE) */
+    int server_story;  /* the server takes how rounds began (RDZV_CHALLENGE_STORY) */
     uint32_t wait_ms;  /* rdzv_client_waiting's last: said in every heartbeat */
     uint64_t wait_said_ms; /* when a heartbeat last said a wait */
     int stats_warned;
@@ -274,6 +275,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         c->server_health = (m->flags & RDZV_CHALLENGE_HEALTH) != 0;
         c->server_warm = (m->flags & RDZV_CHALLENGE_WARM) != 0;
         c->server_probe = (m->flags & RDZV_CHALLENGE_PROBE) != 0;
+        c->server_story = (m->flags & RDZV_CHALLENGE_STORY) != 0;
         if ((m->flags & RDZV_CHALLENGE_PEER) && c->peer == NULL && !c->peer_failed)
             open_peer(c);
         rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
@@ -452,11 +454,14 @@ static void on_connect(uv_connect_t *req, int status) {
     /* A path that goes silent (a cut link, a server host that vanished without
      * closing anything) must not look alive for the 15 minutes of TCP's
      * retransmissions: once the heartbeats sent on it stay unacknowledged for
-     * the heartbeat timeout, the connection fails and the client reconnects
-     * (a RESUME of a round that ended meanwhile comes back as round over). */
+     * RDZV_KEEP_FACTOR x the heartbeat timeout (as long as the server keeps a
+     * node its peers still reach: a slow, lossy link is not given up on
+     * sooner), the connection fails and the client reconnects (a RESUME of a
+     * round that ended meanwhile comes back as round over). */
     uv_os_fd_t fd;
     unsigned ut =
-        c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+        RDZV_KEEP_FACTOR * (c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms
+                                                       : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS);
     if (uv_fileno((uv_handle_t *)c->tcp, &fd) == 0)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
     c->state = CS_HANDSHAKE;
@@ -678,6 +683,19 @@ void rdzv_client_stats(rdzv_client *c, uint32_t window_ms, const rdzv_rank_stats
     m.u.stats.ranks = (rdzv_bytes){list.data, (uint32_t)list.len};
     send_msg(c, &m);
     rdzv_buf_free(&list);
+}
+
+void rdzv_client_story(rdzv_client *c, const rdzv_story *story) {
+    if (c->state != CS_READY || !c->server_story)
+        return;
+    rdzv_msg m = {.type = RDZV_STORY}; /* no reply */
+    m.u.story.round = story->round;
+    m.u.story.kind = story->kind;
+    m.u.story.pause_ms = story->pause_ms;
+    m.u.story.redone = story->redone;
+    m.u.story.nproc = story->nproc;
+    snprintf(m.u.story.why, sizeof m.u.story.why, "%s", story->why ? story->why : "");
+    send_msg(c, &m);
 }
 
 void rdzv_client_done(rdzv_client *c) {

@@ -389,6 +389,14 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         u8(c, &m->u.probe_ack.ok);
         u32(c, &m->u.probe_ack.rtt_ms);
         break;
+    case RDZV_STORY:
+        u32(c, &m->u.story.round);
+        u32(c, &m->u.story.kind);
+        u32(c, &m->u.story.pause_ms);
+        u32(c, &m->u.story.redone);
+        u32(c, &m->u.story.nproc);
+        str(c, m->u.story.why, RDZV_MAX_MSG);
+        break;
     case RDZV_OK:
     case RDZV_DONE:
     case RDZV_JOB_DONE:

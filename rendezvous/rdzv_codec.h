@@ -56,7 +56,8 @@
     X(RDZV_PING, 30)                                                                               \
     X(RDZV_PONG, 31)                                                                               \
     X(RDZV_PROBE_REQ, 32)                                                                          \
-    X(RDZV_PROBE_ACK, 33)
+    X(RDZV_PROBE_ACK, 33)                                                                          \
+    X(RDZV_STORY, 34)
 
 enum rdzv_type {
 #define RDZV_TYPE_ENUM_(n, v) n = v,
@@ -99,7 +100,18 @@ typedef struct rdzv_bytes {
 #define RDZV_CHALLENGE_WARM 2u   /* NODE and JOIN with RDZV_JOIN_WARM */
 #define RDZV_CHALLENGE_PROBE                                                                       \
     4u /* HEARTBEAT with RDZV_HEARTBEAT_WAIT, PONG, JOIN with RDZV_JOIN_PROBE */
-#define RDZV_CHALLENGE_PEER 8u /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
+#define RDZV_CHALLENGE_PEER 8u   /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
+#define RDZV_CHALLENGE_STORY 16u /* STORY */
+
+/* A node silent to the server but reached by its peers' probes is kept up
+ * to this many heartbeat timeouts of silence (rdzv_probe.h); a client's
+ * connection bears unacknowledged data as long (TCP_USER_TIMEOUT) before it
+ * gives up on the path, so that neither side drops what the other keeps. */
+#define RDZV_KEEP_FACTOR 2
+
+/* RDZV_STORY (node to server, unanswered): how the node's workers began a
+ * round and what it cost them (enum rdzv_story_kind, rdzv_client_story in
+ * gpulaunch/rdzv.h; docs/protocol.md, "How a round began"). */
 
 /* Flags on RDZV_NODE (a request without a body; answered OK): what a node's
  * workers can do now. */
@@ -224,6 +236,13 @@ typedef struct rdzv_msg {
             uint8_t ok;
             uint32_t rtt_ms; /* ok only */
         } probe_ack;
+        struct {
+            uint32_t round, kind;       /* enum rdzv_story_kind */
+            uint32_t pause_ms;          /* from the last round's end to the first step; or
+                                           RDZV_STORY_UNKNOWN */
+            uint32_t redone, nproc;     /* steps done again; the node's workers */
+            char why[RDZV_MAX_MSG + 1]; /* a restart's reason ("": none) */
+        } story;
         struct {
             uint32_t kind;
             uint32_t round;

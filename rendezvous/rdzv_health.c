@@ -199,6 +199,53 @@ void rdzv_health_round_end(rdzv_health *h, uint32_t round, const char *node, con
     rdzv_health_note(h, RDZV_TL_ROUND_OVER, round, node, -1, "round %u over: %s", round, why);
 }
 
+const double rdzv_health_pause_le[RDZV_HEALTH_PAUSE_BUCKETS - 1] = {0.05, 0.1, 0.25, 0.5, 1,
+                                                                    2.5,  5,   10,   30,  60};
+
+const char *rdzv_story_kind_name(uint32_t kind) {
+    static const char *const names[RDZV_STORY_KINDS] = {"first", "in_place", "restart",
+                                                        "warm_join"};
+    return kind < RDZV_STORY_KINDS ? names[kind] : "unknown";
+}
+
+void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
+    if (h == NULL || m->u.story.kind >= RDZV_STORY_KINDS)
+        return;
+    rdzv_round_rec *r = NULL;
+    for (uint32_t i = h->rounds_n; i-- > 0 && r == NULL;) {
+        rdzv_round_rec *x = &h->rounds[(h->rounds_head + i) % h->rounds_cap];
+        if (x->round == m->u.story.round)
+            r = x;
+    }
+    if (r == NULL)
+        return; /* a round no longer remembered */
+    rdzv_round_story *st = &r->story;
+    uint32_t kind = m->u.story.kind, pause = m->u.story.pause_ms;
+    st->nodes[kind]++;
+    h->cost.nodes[kind]++;
+    if (kind == RDZV_STORY_RESTART && st->why[0] == '\0')
+        snprintf(st->why, sizeof st->why, "%s: %s", node,
+                 m->u.story.why[0] ? m->u.story.why : "restarted");
+    if (m->u.story.redone > st->redone) {
+        h->cost.redone += m->u.story.redone - st->redone;
+        st->redone = m->u.story.redone;
+    }
+    /* a first round's or warm join's time is a start, not a pause */
+    if (pause == RDZV_STORY_UNKNOWN || kind == RDZV_STORY_FIRST || kind == RDZV_STORY_WARM)
+        return;
+    if (pause > st->pause_max_ms)
+        st->pause_max_ms = pause;
+    st->pause_rank_ms += (uint64_t)pause * m->u.story.nproc;
+    h->cost.pause_rank_ms += (uint64_t)pause * m->u.story.nproc;
+    double s = pause / 1000.0;
+    h->cost.pauses++;
+    h->cost.pause_sum_s += s;
+    int b = 0;
+    while (b < RDZV_HEALTH_PAUSE_BUCKETS - 1 && s > rdzv_health_pause_le[b])
+        b++;
+    h->cost.pause_bucket[b]++;
+}
+
 void rdzv_health_hang(rdzv_health *h, uint32_t round, const char *node, uint32_t rank,
                       const char *message) {
     if (h == NULL)

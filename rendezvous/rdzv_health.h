@@ -45,11 +45,31 @@ typedef struct rdzv_tl_event {
     char text[RDZV_HEALTH_TEXT];
 } rdzv_tl_event;
 
+/* How a round began, from its nodes' STORY messages (enum rdzv_story_kind). */
+#define RDZV_HEALTH_PAUSE_BUCKETS 11 /* the pause histogram's buckets, +Inf included */
+typedef struct rdzv_round_story {
+    uint32_t nodes[RDZV_STORY_KINDS]; /* nodes that began it each way */
+    uint32_t pause_max_ms;            /* the longest pause a node said (0: none said) */
+    uint64_t pause_rank_ms;           /* pauses x the nodes' workers, summed */
+    uint32_t redone;                  /* steps done again (the most a node said) */
+    char why[RDZV_HEALTH_TEXT];       /* the first restart's node and reason ("": none) */
+} rdzv_round_story;
+
 typedef struct rdzv_round_rec {
     uint32_t round, nnodes, world;
     uint64_t start_unix_ms, end_unix_ms; /* end 0: running */
     char end[RDZV_HEALTH_TEXT];          /* why it ended */
+    rdzv_round_story story;
 } rdzv_round_rec;
+
+/* What the job's membership changes cost so far (every node's STORY). */
+typedef struct rdzv_health_cost {
+    uint64_t nodes[RDZV_STORY_KINDS]; /* node rounds begun each way */
+    uint64_t pause_rank_ms;           /* paused rank-milliseconds (GPU-ms with a GPU a rank) */
+    uint64_t redone;                  /* steps done again, a round's most summed */
+    uint64_t pauses, pause_bucket[RDZV_HEALTH_PAUSE_BUCKETS]; /* nodes' pauses, histogram */
+    double pause_sum_s;
+} rdzv_health_cost;
 
 typedef struct rdzv_rank_health {
     rdzv_rank_stats st; /* its last window, as reported */
@@ -109,7 +129,11 @@ typedef struct rdzv_health {
     rdzv_tl_event hang;
     /* counters */
     uint64_t stats_msgs, stats_ranks, stats_dropped, hangs_total, stragglers_total;
+    rdzv_health_cost cost;
 } rdzv_health;
+
+/* The pause histogram's upper bounds in seconds (the last, +Inf, left out). */
+extern const double rdzv_health_pause_le[RDZV_HEALTH_PAUSE_BUCKETS - 1];
 
 /* A straggler named (named = 1) or recovered (0); text says who and why. */
 typedef void (*rdzv_health_notice_fn)(void *ctx, const rdzv_rank_health *r, int named,
@@ -127,6 +151,12 @@ void rdzv_health_note(rdzv_health *h, uint32_t kind, uint32_t round, const char 
 void rdzv_health_round_start(rdzv_health *h, uint32_t round, uint32_t nnodes, uint32_t world);
 /* The current round ended; why goes into its record and the timeline. */
 void rdzv_health_round_end(rdzv_health *h, uint32_t round, const char *node, const char *why);
+/* Node `node` said how it began a round (a STORY message): kept with the
+ * round's record (dropped when the round is no longer remembered) and in
+ * the job's cost. */
+void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m);
+/* The kind's name in /status and /metrics: first, in_place, restart, warm_join. */
+const char *rdzv_story_kind_name(uint32_t kind);
 /* Rank `rank` of node `node` hung (a FAIL with RDZV_FAIL_HANG). */
 void rdzv_health_hang(rdzv_health *h, uint32_t round, const char *node, uint32_t rank,
                       const char *message);

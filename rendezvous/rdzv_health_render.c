@@ -75,6 +75,25 @@ static void render_event(sbuf *b, const rdzv_tl_event *e) {
     sb_printf(b, "}");
 }
 
+/* How a round began: ,"story":{...} (nodes by kind, the longest pause, the
+ * rank-seconds paused, steps done again, the first restart's reason), or
+ * nothing when no node said. */
+static void render_story(sbuf *b, const rdzv_round_story *st) {
+    uint32_t said = 0;
+    for (int k = 0; k < RDZV_STORY_KINDS; k++)
+        said += st->nodes[k];
+    if (said == 0)
+        return;
+    sb_printf(b,
+              ",\"story\":{\"first\":%u,\"in_place\":%u,\"restart\":%u,\"warm_join\":%u,"
+              "\"pause_max_s\":%.3f,\"rank_seconds_paused\":%.3f,\"steps_redone\":%u,\"why\":",
+              st->nodes[RDZV_STORY_FIRST], st->nodes[RDZV_STORY_IN_PLACE],
+              st->nodes[RDZV_STORY_RESTART], st->nodes[RDZV_STORY_WARM], st->pause_max_ms / 1000.0,
+              st->pause_rank_ms / 1000.0, st->redone);
+    sb_json_str(b, st->why);
+    sb_printf(b, "}");
+}
+
 void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
     const rdzv_health *h = j->health;
     if (h == NULL)
@@ -88,9 +107,19 @@ void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
                   i ? "," : "", r->round, r->nnodes, r->world, (unsigned long long)r->start_unix_ms,
                   (unsigned long long)r->end_unix_ms);
         sb_json_str(b, r->end);
+        render_story(b, &r->story);
         sb_printf(b, "}");
     }
-    sb_printf(b, "],\"events_total\":%llu,\"events\":[", (unsigned long long)h->events_total);
+    const rdzv_health_cost *c = &h->cost;
+    sb_printf(b,
+              "],\"membership_cost\":{\"first\":%llu,\"in_place\":%llu,\"restart\":%llu,"
+              "\"warm_join\":%llu,\"rank_seconds_paused\":%.3f,\"steps_redone\":%llu}",
+              (unsigned long long)c->nodes[RDZV_STORY_FIRST],
+              (unsigned long long)c->nodes[RDZV_STORY_IN_PLACE],
+              (unsigned long long)c->nodes[RDZV_STORY_RESTART],
+              (unsigned long long)c->nodes[RDZV_STORY_WARM], c->pause_rank_ms / 1000.0,
+              (unsigned long long)c->redone);
+    sb_printf(b, ",\"events_total\":%llu,\"events\":[", (unsigned long long)h->events_total);
     for (uint32_t i = 0; i < h->ev_n; i++) {
         sb_printf(b, "%s", i ? "," : "");
         render_event(b, rdzv_health_event(h, i));
@@ -234,6 +263,60 @@ void rdzv_health_render_metrics(rdzv_server *s, sbuf *b) {
                 sb_printf(b, "} %.3f\n", c->stall_ms / 1e3);
             else
                 sb_printf(b, "} %llu\n", (unsigned long long)c->drain_left);
+        }
+    }
+    /* What membership changes cost each job (its nodes' STORY messages). */
+    sb_printf(b, "# HELP gpulaunch_job_node_rounds_total Rounds the job's nodes began, by how "
+                 "(first, in_place, restart, warm_join).\n"
+                 "# TYPE gpulaunch_job_node_rounds_total counter\n");
+    LIST_FOREACH(j, &s->jobs, link) {
+        if (j->health == NULL)
+            continue;
+        for (uint32_t k = 0; k < RDZV_STORY_KINDS; k++) {
+            sb_printf(b, "gpulaunch_job_node_rounds_total{job=");
+            sb_label(b, j->r.run_id);
+            sb_printf(b, ",kind=\"%s\"} %llu\n", rdzv_story_kind_name(k),
+                      (unsigned long long)j->health->cost.nodes[k]);
+        }
+    }
+    sb_printf(b, "# HELP gpulaunch_job_round_pause_seconds A node's pause from a round's end to "
+                 "its first step in the next.\n"
+                 "# TYPE gpulaunch_job_round_pause_seconds histogram\n");
+    LIST_FOREACH(j, &s->jobs, link) {
+        if (j->health == NULL)
+            continue;
+        const rdzv_health_cost *c = &j->health->cost;
+        uint64_t cum = 0;
+        for (int k = 0; k < RDZV_HEALTH_PAUSE_BUCKETS; k++) {
+            cum += c->pause_bucket[k];
+            sb_printf(b, "gpulaunch_job_round_pause_seconds_bucket{job=");
+            sb_label(b, j->r.run_id);
+            if (k < RDZV_HEALTH_PAUSE_BUCKETS - 1)
+                sb_printf(b, ",le=\"%g\"} %llu\n", rdzv_health_pause_le[k],
+                          (unsigned long long)cum);
+            else
+                sb_printf(b, ",le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+        }
+        sb_printf(b, "gpulaunch_job_round_pause_seconds_sum{job=");
+        sb_label(b, j->r.run_id);
+        sb_printf(b, "} %.3f\ngpulaunch_job_round_pause_seconds_count{job=", c->pause_sum_s);
+        sb_label(b, j->r.run_id);
+        sb_printf(b, "} %llu\n", (unsigned long long)c->pauses);
+    }
+    static const struct {
+        const char *name, *help;
+    } sm[] = {
+        {"gpulaunch_job_paused_rank_seconds_total",
+         "Rank-seconds (GPU-seconds with a GPU a rank) the job's ranks paused in round changes."},
+        {"gpulaunch_job_steps_redone_total", "Steps the job did again after round changes."},
+    };
+    for (size_t k = 0; k < sizeof sm / sizeof sm[0]; k++) {
+        sb_printf(b, "# HELP %s %s\n# TYPE %s counter\n", sm[k].name, sm[k].help, sm[k].name);
+        LIST_FOREACH(j, &s->jobs, link) {
+            if (j->health == NULL)
+                continue;
+            const rdzv_health_cost *c = &j->health->cost;
+            job_series(b, sm[k].name, j, k == 0 ? c->pause_rank_ms / 1000.0 : (double)c->redone);
         }
     }
     /* Per-rank series: at most RDZV_METRICS_RANKS per job and metric, the

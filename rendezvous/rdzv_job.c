@@ -430,6 +430,20 @@ static void handle_stats(conn *c, const rdzv_msg *msg) {
                       gb_now_ms(), straggler_notice, j);
 }
 
+/* How the node began a round: kept with the round while the node is in
+ * the job (the round may have ended meanwhile: it is still its story). */
+static void handle_story(conn *c, const rdzv_msg *msg) {
+    member *m = c->m;
+    if (m == NULL || m->rm.r == NULL)
+        return;
+    job *j = job_of(m->rm.r);
+    GB_INFO("job %s: %s began round %u: %s, paused %.3f s, %u step(s) done again%s%s", j->r.run_id,
+            m->rm.hostname, msg->u.story.round, rdzv_story_kind_name(msg->u.story.kind),
+            msg->u.story.pause_ms == RDZV_STORY_UNKNOWN ? -1.0 : msg->u.story.pause_ms / 1000.0,
+            msg->u.story.redone, msg->u.story.why[0] ? ": " : "", msg->u.story.why);
+    rdzv_health_story(j->health, m->rm.hostname, msg);
+}
+
 static void handle_fail(conn *c, const rdzv_msg *msg) {
     member *m = c->m;
     if (m && m->rm.active && m->rm.r) {
@@ -489,6 +503,9 @@ void rdzv__job_request(conn *c, const rdzv_msg *msg) {
         return;
     case RDZV_STATS:
         handle_stats(c, msg);
+        return;
+    case RDZV_STORY:
+        handle_story(c, msg);
         return;
     case RDZV_DONE:
         handle_done(c, msg);

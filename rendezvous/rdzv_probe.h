@@ -57,7 +57,7 @@
 #define RDZV_TIMEOUT_ASK_MS 2250
 #define RDZV_TIMEOUT_RELAY_MIN_MS 1750 /* their window: at least a launcher's stall + a grace */
 #define RDZV_PEER_AGAIN_MS 1000
-#define RDZV_PEER_KEEP_FACTOR 2
+#define RDZV_PEER_KEEP_FACTOR RDZV_KEEP_FACTOR /* rdzv_codec.h: the client's bound too */
 
 typedef struct conn conn;
 typedef struct member member;

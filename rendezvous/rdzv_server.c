@@ -223,6 +223,7 @@ static void handle_ready(conn *c, const rdzv_msg *msg) {
     case RDZV_EVENT:
     case RDZV_FAIL:
     case RDZV_STATS:
+    case RDZV_STORY:
     case RDZV_DONE:
     case RDZV_NODE:
         rdzv__job_request(c, msg);
@@ -476,7 +477,7 @@ static void accept_one(uv_stream_t *ls, int status) {
     memcpy(ch.u.challenge.nonce, c->nonce, RDZV_NONCE_LEN);
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
-    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM |
+    ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | RDZV_CHALLENGE_STORY |
                (s->o.probes ? RDZV_CHALLENGE_PROBE | RDZV_CHALLENGE_PEER : 0);
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);

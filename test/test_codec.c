@@ -718,3 +718,28 @@ Test(auth, hmac_matches_a_reference_value) {
         snprintf(hex + 2 * i, 3, "%02x", mac[i]);
     cr_assert_str_eq(hex, "788875a205c058d0c48f897a35f1c2709d071cb673ccaaacdecadb5365dab6cc");
 }
+
+/* STORY: how a node's workers began a round, every field round trip; a
+ * server that takes it says so in its CHALLENGE. */
+Test(codec, story_round_trip) {
+    rdzv_msg m = {.type = RDZV_STORY, .req_id = 0}, d;
+    m.u.story.round = 7;
+    m.u.story.kind = RDZV_STORY_RESTART;
+    m.u.story.pause_ms = 4210;
+    m.u.story.redone = 48;
+    m.u.story.nproc = 8;
+    snprintf(m.u.story.why, sizeof m.u.story.why, "re-forming in place failed: rank 3 exited");
+    rdzv_buf b;
+    rdzv_buf_init(&b, 4096);
+    cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
+    cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
+    cr_expect_eq(d.u.story.round, 7);
+    cr_expect_eq(d.u.story.kind, RDZV_STORY_RESTART);
+    cr_expect_eq(d.u.story.pause_ms, 4210);
+    cr_expect_eq(d.u.story.redone, 48);
+    cr_expect_eq(d.u.story.nproc, 8);
+    cr_expect_str_eq(d.u.story.why, "re-forming in place failed: rank 3 exited");
+    cr_expect_eq(rdzv_decode(b.data, b.len - 1, &d, NULL, 0), GPL_ERR_PROTOCOL, "cut short");
+    cr_expect_str_eq(rdzv_type_name(RDZV_STORY), "STORY");
+    rdzv_buf_free(&b);
+}

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "browser.h"
 #include "harness.h"
 
 static proc srv;
@@ -674,20 +675,12 @@ static int count_of(const char *hay, const char *needle) {
     return n;
 }
 
-static const char *chromium(void) {
-    static const char *const paths[] = {"/usr/bin/chromium", "/usr/bin/chromium-browser"};
-    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
-        if (access(paths[i], X_OK) == 0)
-            return paths[i];
-    return NULL;
-}
-
 /* The page at / in a real browser: a job with a straggler and a second one
  * with a hang; the DOM after the page's scripts ran shows the jobs, the
  * members, the straggler highlighted, both plots with points; a screenshot
  * is written for the docs. */
 Test(health, job_page_in_chromium, .timeout = 90) {
-    const char *browser = chromium();
+    const char *browser = browser_path();
     if (browser == NULL)
         cr_skip_test("chromium is not installed (Debian package chromium, scripts/deps.sh): the "
                      "job page is not checked in a browser");
@@ -711,8 +704,7 @@ Test(health, job_page_in_chromium, .timeout = 90) {
     char dir[256];
     tmpdir_make(dir, sizeof dir, "gpl-page");
     char cmd[2048];
-    const char *flags = "--headless --no-sandbox --disable-gpu --no-first-run "
-                        "--disable-dev-shm-usage --virtual-time-budget=4000";
+    const char *flags = BROWSER_FLAGS;
     snprintf(cmd, sizeof cmd,
              "timeout 60 %s %s --user-data-dir=%s/profile --dump-dom "
              "'http://127.0.0.1:%d/#job=train' >%s/train.html 2>%s/chromium.log",
@@ -769,49 +761,20 @@ Test(health, job_page_in_chromium, .timeout = 90) {
               "a job without checkpoints: %s", dom);
     free(dom);
 
-    /* 1280 px wide, no horizontal scrolling: the page, fetched by a local
-     * file, drawn in a 1280 px frame of that file's own (srcdoc, its base
-     * the server) and measured there; reading the server from a file needs
-     * --disable-web-security, with this test's own profile. Both jobs: eval's
-     * round ended with a long reason. */
+    /* 1280 px wide, no horizontal scrolling (browser.c draws the page in a
+     * 1280 px frame): both jobs; eval's round ended with a long reason */
     static const char *const shown[2][2] = {{"train", "ckpt-local"}, {"eval", "hang"}};
     for (int k = 0; k < 2; k++) {
-        snprintf(path, sizeof path, "%s/frame-%s.html", dir, shown[k][0]);
-        FILE *fr = fopen(path, "w");
-        cr_assert(fr != NULL);
-        fprintf(fr,
-                "<!doctype html><body style=\"margin:0\"><iframe id=\"f\" style=\"width:1280px;"
-                "height:900px;border:0\"></iframe><script>\n"
-                "const srv = 'http://127.0.0.1:%d/', f = document.getElementById('f');\n"
-                "const say = w => document.body.setAttribute('data-width', w);\n"
-                "const measure = () => { const d = f.contentDocument.documentElement;\n"
-                "  say(d.scrollWidth + ' ' + d.clientWidth + ' ' +\n"
-                "      (f.contentDocument.getElementById('%s') ? 'drawn' : 'empty')); };\n"
-                "fetch(srv).then(r => r.text()).then(t => {\n"
-                "  f.onload = () => { f.onload = null; f.contentWindow.location.hash = 'job=%s';\n"
-                "    setTimeout(measure, 2500); };\n"
-                "  f.srcdoc = t.replace('<head>', '<head><base href=\"' + srv + '\">'); })\n"
-                "  .catch(e => say('error ' + e));\n"
-                "</script></body>\n",
-                hport, shown[k][1], shown[k][0]);
-        fclose(fr);
-        snprintf(cmd, sizeof cmd,
-                 "timeout 60 %s %s --disable-web-security --user-data-dir=%s/profile --dump-dom "
-                 "'file://%s' >%s/frame.dom 2>>%s/chromium.log",
-                 browser, flags, dir, path, dir, dir);
-        st = run_pumping(cmd, 70000);
-        snprintf(path, sizeof path, "%s/frame.dom", dir);
-        dom = slurp(path);
-        const char *dw = strstr(dom, "data-width=\"");
         unsigned sw = 0, cw = 0;
-        char drawn[16] = "";
-        cr_expect(dw && sscanf(dw + 12, "%u %u %15[a-z]", &sw, &cw, drawn) == 3 && cw > 1200 &&
-                      sw <= cw && strcmp(drawn, "drawn") == 0,
-                  "job %s: the page scrolls sideways at 1280 px (scroll width, client width, job "
-                  "drawn): %s",
-                  shown[k][0], dom);
+        int drawn = 0;
+        char why[2100];
+        int rc = browser_width_1280(dir, hport, shown[k][0], shown[k][1], run_pumping, &sw, &cw,
+                                    &drawn, why, sizeof why);
+        cr_expect(rc == 0 && cw > 1200 && sw <= cw && drawn,
+                  "job %s: the page scrolls sideways at 1280 px (%u px of content in %u, drawn "
+                  "%d): %s",
+                  shown[k][0], sw, cw, drawn, rc ? why : "");
         cr_log_info("the job page of %s at 1280 px: %u px of content in %u", shown[k][0], sw, cw);
-        free(dom);
     }
 
     /* the screenshot for docs/health.md */

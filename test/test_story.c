@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "browser.h"
 #include "harness.h"
 
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
@@ -109,6 +110,58 @@ Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
     cr_log_info("a restart from a checkpoint: paused %.3f s, %ld steps done again", pause, redone);
 }
 
+/* The rendezvous's view of the same story: /status's rounds and the job's
+ * cost, /metrics (promtool-clean), and the job page in headless Chromium:
+ * the kinds in the rounds table and on the step-rate chart, the summary, no
+ * sideways scrolling at 1280 px. Round 2: node a re-formed in place after
+ * b was killed; round 3: a again, with c joining. */
+static void check_server(int hport, double lost_pause) {
+    static char body[1 << 18];
+    usleep(300000); /* the last story on its way */
+    cr_assert_eq(http_get_local(hport, "/status?job=story", body, sizeof body), 200);
+    const char *cost = strstr(body, "\"membership_cost\":{");
+    cr_assert_not_null(cost, "%s", body);
+    unsigned first = 0, in_place = 0, restart = 9, warm = 0;
+    cr_expect_eq(sscanf(cost,
+                        "\"membership_cost\":{\"first\":%u,\"in_place\":%u,\"restart\":%u,"
+                        "\"warm_join\":%u",
+                        &first, &in_place, &restart, &warm),
+                 4, "%s", cost);
+    cr_expect(in_place == 2 && restart == 0 && first + warm == 3,
+              "first %u in place %u restart %u warm %u: %.300s", first, in_place, restart, warm,
+              cost);
+    cr_expect(strstr(body, "\"round\":2,") &&
+                  strstr(body, "\"story\":{\"first\":0,\"in_place\":1,"),
+              "round 2's story: %s", body);
+    double v = metric(hport, "gpulaunch_job_node_rounds_total{job=\"story\",kind=\"in_place\"}");
+    cr_expect_eq(v, 2);
+    v = metric(hport, "gpulaunch_job_round_pause_seconds_count{job=\"story\"}");
+    cr_expect_eq(v, 2);
+    v = metric(hport, "gpulaunch_job_paused_rank_seconds_total{job=\"story\"}");
+    cr_expect(v >= 2 * lost_pause - 0.01 && v < 8, "rank-seconds paused %g", v);
+    if (browser_path() == NULL) {
+        cr_log_warn("chromium is not installed (scripts/deps.sh): the job page is not checked");
+        return;
+    }
+    int st = 0;
+    char *dom = browser_dom(dir, hport, "story", browser_run_plain, &st);
+    cr_expect(strstr(dom, "<b id=\"cost-in-place\">2</b>") != NULL &&
+                  strstr(dom, "<b id=\"cost-restart\">0</b>") != NULL &&
+                  strstr(dom, "<b id=\"cost-redone\">0</b>") != NULL,
+              "the summary of round changes: %s", dom);
+    cr_expect(strstr(dom, "round 2: in place") != NULL, "the chart's mark: %s", dom);
+    cr_expect(strstr(dom, "<td>in place</td>") != NULL, "the rounds table's kind: %s", dom);
+    free(dom);
+    unsigned sw = 0, cw = 0;
+    int drawn = 0;
+    char why[2100];
+    int rc = browser_width_1280(dir, hport, "story", "cost-in-place", browser_run_plain, &sw, &cw,
+                                &drawn, why, sizeof why);
+    cr_expect(rc == 0 && cw > 1200 && sw <= cw && drawn,
+              "the page scrolls sideways at 1280 px (%u px in %u, drawn %d): %s", sw, cw, drawn,
+              rc ? why : "");
+}
+
 /* A launcher of an elastic job (1:2 nodes) whose dp_train workers re-form
  * in place, on a real rendezvous. */
 static void start_node(proc *p, int port, const char *host) {
@@ -128,6 +181,8 @@ static void start_node(proc *p, int port, const char *host) {
                     "story",
                     "--rdzv-conf",
                     "last_call_timeout=1",
+                    "--stats-interval", /* the job page's step rate, round changes marked on it */
+                    "0.5",
                     DP,
                     "--steps",
                     "100000",
@@ -144,15 +199,18 @@ static void start_node(proc *p, int port, const char *host) {
     cr_assert_eq(proc_start(p, argv, NULL), 0);
 }
 
-Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause) {
+Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause, .timeout = 240) {
     proc srv, a, b, c;
-    int port;
-    cr_assert_eq(rdzv_start(&srv, &port, NULL), 0);
+    int port, hport = free_tcp_port();
+    char http[32];
+    snprintf(http, sizeof http, "127.0.0.1:%d", hport);
+    const char *extra[] = {"--http", http, NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0);
     start_node(&a, port, "story-a");
     start_node(&b, port, "story-b");
     cr_assert(proc_expect(&a, "round 1: node rank", 20000), "%s", a.out);
     cr_assert(proc_expect(&b, "round 1: node rank", 20000), "%s", b.out);
-    usleep(1500000);      /* training */
+    usleep(2000000);      /* training, its step rate reported */
     kill(b.pid, SIGKILL); /* its workers follow (PDEATHSIG) */
     proc_wait(&b, 5000);
     cr_assert(proc_expect(&a, "round 2 began: ", 20000), "%s", a.out);
@@ -164,18 +222,22 @@ Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause) {
     cr_expect(pause > 0 && pause < 2, "paused %.3f s: %s", pause, l);
     cr_expect_eq(redone, 0, "%s", l);
     double lost_pause = pause;
-    /* a new node joins the live job: its workers start before its round */
+    /* a new node joins the live job: the survivor re-forms in place again;
+     * the new node's workers either start before its round and take it (a
+     * warm join, said) or start for it (its first round: the round line) */
     start_node(&c, port, "story-c");
-    cr_assert(proc_expect(&c, "round 3 began: ", 30000), "%s", c.out);
-    cr_assert(proc_expect(&a, "round 3 began: ", 10000), "%s", a.out);
+    cr_assert(proc_expect(&a, "round 3 began: ", 30000), "%s", a.out);
+    cr_assert(proc_expect(&c, "round 3: node rank", 10000), "%s", c.out);
     cr_assert(proc_expect(&a, "done again", 5000), "%s", a.out);
     l = began(a.out, 3, &pause, &redone);
     cr_expect(strstr(l, "re-formed in place") != NULL && redone == 0 && pause > 0 && pause < 2,
               "%s", l);
-    cr_expect(strstr(c.out, "round 3 began: joined warm") != NULL, "%s", c.out);
+    usleep(500000); /* a warm joiner's first step */
     const char *cl = strstr(c.out, "round 3 began: ");
+    cr_expect(cl == NULL || strncmp(cl, "round 3 began: joined warm", 26) == 0, "%s", c.out);
     cr_log_info("%.*s", cl ? (int)strcspn(cl, "\n") : 0, cl ? cl : "");
     cr_log_info("%.*s", (int)strcspn(l, "\n"), l);
+    check_server(hport, lost_pause);
     for (proc *x = &a; x; x = x == &a ? &c : NULL) {
         proc_kill(x, SIGTERM);
         proc_wait(x, 10000);

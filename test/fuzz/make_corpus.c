@@ -41,6 +41,14 @@ int main(int argc, char **argv) {
             m.u.probe_ack.ok = 1;
             m.u.probe_ack.rtt_ms = 2;
             break;
+        case RDZV_STORY:
+            m.u.story.round = 3;
+            m.u.story.kind = RDZV_STORY_RESTART;
+            m.u.story.pause_ms = 120;
+            m.u.story.redone = 14;
+            m.u.story.nproc = 8;
+            memcpy(m.u.story.why, "rank 1 exited", 14);
+            break;
         case RDZV_KV_SET:
             m.u.kv_set.key = (rdzv_bytes){(const uint8_t *)"k", 1};
             m.u.kv_set.value = (rdzv_bytes){(const uint8_t *)"v", 1};

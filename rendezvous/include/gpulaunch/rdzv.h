@@ -189,6 +189,27 @@ typedef struct rdzv_rank_stats {
  * RDZV_MAX_STATS_RANKS is cut to it. */
 void rdzv_client_stats(rdzv_client *c, uint32_t window_ms, const rdzv_rank_stats *ranks,
                        uint32_t n);
+/* How this node's workers began a round (a launcher says it once they took
+ * their first step in it) and what it cost them; the server keeps it with
+ * the round (its job page, /status, /metrics). Dropped (no error) when the
+ * server predates it. */
+enum rdzv_story_kind {
+    RDZV_STORY_FIRST = 0,    /* started for the node's first round */
+    RDZV_STORY_IN_PLACE = 1, /* kept through the round's change (live re-formation) */
+    RDZV_STORY_RESTART = 2,  /* stopped and started again (why says why) */
+    RDZV_STORY_WARM = 3,     /* started before the round, then took it (a warm join) */
+    RDZV_STORY_KINDS = 4
+};
+#define RDZV_STORY_UNKNOWN UINT32_MAX /* pause_ms: no step was seen */
+typedef struct rdzv_story {
+    uint32_t round, kind;
+    uint32_t pause_ms; /* from the last round's end to the first step in this one
+                          (first round, warm join: from the round's start) */
+    uint32_t redone;   /* steps done again */
+    uint32_t nproc;    /* the node's workers (the pause costs each of them) */
+    const char *why;   /* a restart's reason, or NULL */
+} rdzv_story;
+void rdzv_client_story(rdzv_client *c, const rdzv_story *story);
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
  * hang of that rank (a server that predates hangs gets a plain FAIL). */
 void rdzv_client_hang(rdzv_client *c, uint32_t rank, const char *message);
