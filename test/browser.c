@@ -19,6 +19,10 @@ const char *browser_path(void) {
 }
 
 int browser_run_plain(const char *cmd, int timeout_ms) {
+    return browser_run_idle(cmd, timeout_ms, NULL);
+}
+
+int browser_run_idle(const char *cmd, int timeout_ms, void (*idle)(void)) {
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -32,7 +36,10 @@ int browser_run_plain(const char *cmd, int timeout_ms) {
             waitpid(pid, &st, 0);
             return -1;
         }
-        usleep(20000);
+        if (idle)
+            idle();
+        else
+            usleep(20000);
     }
     return st;
 }

@@ -18,7 +18,10 @@ typedef int (*browser_run_fn)(const char *cmd, int timeout_ms);
 
 /* Chromium's path, NULL when it is not installed. */
 const char *browser_path(void);
-/* Runs cmd with sh, at most timeout_ms: its wait status, -1 when killed. */
+/* Runs cmd with sh, at most timeout_ms, calling idle (NULL: sleeping) about
+ * every 20 ms meanwhile: its wait status, -1 when killed. */
+int browser_run_idle(const char *cmd, int timeout_ms, void (*idle)(void));
+/* browser_run_idle without an idle function. */
 int browser_run_plain(const char *cmd, int timeout_ms);
 /* The DOM of http://127.0.0.1:http_port/#job=JOB after its scripts ran
  * (malloc'd, "" on failure; *status: the browser's wait status). dir: a

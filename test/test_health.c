@@ -634,24 +634,12 @@ Test(health, status_of_one_job) {
     stop_server();
 }
 
-/* Runs a shell command while the loop keeps running (the nodes stay alive). */
+static void pump_20(void) { pump(20); }
+
+/* Runs cmd while this process's clients keep answering (the page's server
+ * needs their heartbeats meanwhile). */
 static int run_pumping(const char *cmd, int timeout_ms) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
-    int st = -1;
-    while (waitpid(pid, &st, WNOHANG) == 0) {
-        if (now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return -1;
-        }
-        pump(20);
-    }
-    return st;
+    return browser_run_idle(cmd, timeout_ms, pump_20);
 }
 
 static char *slurp(const char *path) {
