@@ -283,6 +283,16 @@ static double ms_since(const struct timespec *t0) {
 
 static double copy_ms; /* how long this rank's last state copy took */
 
+/* Where this rank's state came from, for its launcher (docs/health.md, the
+ * progress channel: "state peer|checkpoint STEP BYTES MS ROOT" on
+ * GPULAUNCH_PROGRESS_FD); nothing outside gpulaunch. */
+static void say_state(const char *source, long long step, size_t bytes, double ms, int root) {
+    const char *fd = getenv("GPULAUNCH_PROGRESS_FD");
+    if (fd == NULL || *fd == '\0')
+        return;
+    dprintf(atoi(fd), "state %s %lld %zu %.0f %d\n", source, step, bytes, ms, root);
+}
+
 /* The parameters and --state-mib's state from ri->root to the ranks that
  * lack them; the other ranks are not held up. A rank that lacks them says so
  * before the copy begins (the fault matrix fails the copy's root then). */
@@ -593,6 +603,7 @@ int main(int argc, char **argv) {
                rank, gpl_round(comm), ri.survivors, (long long)ri.step, ri.root, bytes, copy_ms,
                copy_ms > 0 ? (double)bytes / copy_ms / 1e3 : 0.0);
         fflush(stdout);
+        say_state("peer", ri.step, bytes, copy_ms, ri.root);
     }
     if (gpl_dp_create(comm, NULL, &dp) != GPL_OK) {
         fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
@@ -634,6 +645,8 @@ int main(int argc, char **argv) {
         if (rank == 0) /* rank 0 saves the replicated state */
             co.state_bytes = (m.n_w1 + m.n_b1 + m.n_w2 + m.n_b2 + m.n_extra) * sizeof(float);
         int64_t got = ri.copy ? ri.step : -1;
+        struct timespec t_read;
+        clock_gettime(CLOCK_MONOTONIC, &t_read);
         if (gpl_ckpt_setup(comm, &co, save_cb, load_cb, &m) != GPL_OK ||
             (!ri.copy && gpl_ckpt_restore(comm, &got) != GPL_OK)) {
             fprintf(stderr, "dp_train rank %d: %s\n", rank, gpl_last_error(comm));
@@ -648,6 +661,7 @@ int main(int argc, char **argv) {
             printf("rank %d: read %llu bytes from the checkpoint\n", rank,
                    (unsigned long long)ckpt_bytes_read);
             fflush(stdout);
+            say_state("checkpoint", got, (size_t)ckpt_bytes_read, ms_since(&t_read), -1);
         }
     }
     if (ri.copy && !ckpt_dir)

@@ -527,6 +527,7 @@ def main(argv: list[str]) -> int:
             nbytes = sum(x.numel() * x.element_size() for x in [*model.parameters(), *model.buffers()])
             nbytes += sum(x.numel() * x.element_size() for st in opt.state.values()
                           for x in st.values() if torch.is_tensor(x))
+            gle.state_source("peer", j.step, nbytes, j.copy_s or j.seconds, j.root)
             print(f"rank {rank}: joined in {1000.0 * j.seconds:.1f} ms, {nbytes} bytes of state copied "
                   f"(via {j.via}; the copy {1000.0 * j.copy_s:.1f} ms)", flush=True)
     else:

@@ -50,6 +50,7 @@ static struct {
     void *data;
     uint64_t win_start_ns;
     uint64_t *prev_steps, *prev_step_ns, *prev_coll_ns;
+    gl_state_report *state; /* per slot: the worker's last "state ..." line */
 } P = {.fd = -1};
 
 static void on_reader_closed(uv_handle_t *h) { free(h->data); }
@@ -104,6 +105,7 @@ int gl_progress_round(int nproc) {
         P.prev_steps = calloc((size_t)nproc, sizeof *P.prev_steps);
         P.prev_step_ns = calloc((size_t)nproc, sizeof *P.prev_step_ns);
         P.prev_coll_ns = calloc((size_t)nproc, sizeof *P.prev_coll_ns);
+        P.state = calloc((size_t)nproc, sizeof *P.state);
         for (int i = 0; i < nproc; i++)
             P.pipe_r[i] = P.pipe_w[i] = -1;
     }
@@ -119,6 +121,8 @@ int gl_progress_round(int nproc) {
     memset(P.prev_steps, 0, P.nslots * sizeof *P.prev_steps);
     memset(P.prev_step_ns, 0, P.nslots * sizeof *P.prev_step_ns);
     memset(P.prev_coll_ns, 0, P.nslots * sizeof *P.prev_coll_ns);
+    if (P.state)
+        memset(P.state, 0, P.nslots * sizeof *P.state);
     P.win_start_ns = gb_now_ns();
     for (uint32_t i = 0; i < P.nslots; i++) {
         int fds[2];
@@ -180,19 +184,45 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     buf->len = sizeof chunk;
 }
 
+/* "state peer|checkpoint STEP BYTES MS ROOT": where the worker's state came
+ * from (1), or not such a line (0); malformed: -1. */
+static int state_report(reader *r) {
+    if (strncmp(r->line, "state ", 6) != 0)
+        return 0;
+    char src[16];
+    long long step, bytes, ms;
+    int root;
+    if (sscanf(r->line + 6, "%15s %lld %lld %lld %d", src, &step, &bytes, &ms, &root) != 5 ||
+        bytes < 0 || ms < 0 || (strcmp(src, "peer") && strcmp(src, "checkpoint")))
+        return -1;
+    if (P.state == NULL)
+        return 1;
+    gl_state_report *st = &P.state[r->local_rank];
+    st->source = strcmp(src, "peer") == 0 ? GL_STATE_PEER : GL_STATE_CHECKPOINT;
+    st->step = step;
+    st->bytes = (uint64_t)bytes;
+    st->ms = ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms;
+    st->root = root;
+    st->at_ns = gb_now_ns();
+    return 1;
+}
+
 static void line_report(reader *r) {
     r->line[r->len] = '\0';
+    int st = state_report(r);
+    if (st > 0)
+        return;
     char *end;
     errno = 0;
     long long step = strtoll(r->line, &end, 10);
     while (*end == ' ' || *end == '\t' || *end == '\r')
         end++;
-    if (errno || end == r->line || *end) {
+    if (st < 0 || errno || end == r->line || *end) {
         if (!r->bad)
             fprintf(stderr,
                     "gpulaunch: local rank %d wrote '%.32s' to GPULAUNCH_PROGRESS_FD: expected "
-                    "one step number per line (e.g. echo $STEP >&$GPULAUNCH_PROGRESS_FD); "
-                    "ignored\n",
+                    "one step number per line (e.g. echo $STEP >&$GPULAUNCH_PROGRESS_FD) or "
+                    "'state peer|checkpoint STEP BYTES MS ROOT'; ignored\n",
                     r->local_rank, r->line);
         r->bad = 1;
         return;
@@ -379,4 +409,11 @@ void gl_progress_start_stats(uv_loop_t *loop, double interval_s, gl_progress_act
     uv_timer_init(loop, &P.stats_timer);
     uint64_t ms = (uint64_t)(interval_s * 1000);
     uv_timer_start(&P.stats_timer, on_stats_timer, ms, ms);
+}
+
+int gl_progress_state(int local_rank, gl_state_report *out) {
+    if (P.state == NULL || (uint32_t)local_rank >= P.nslots || P.state[local_rank].at_ns == 0)
+        return -1;
+    *out = P.state[local_rank];
+    return 0;
 }

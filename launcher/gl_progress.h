@@ -55,6 +55,19 @@ void gl_progress_set_go_on(int on);
  * chosen for it, "" or NULL: none), or they are to be restarted. */
 void gl_progress_publish(enum gb_round_state state, const rdzv_assignment *a, const char *ifname,
                          int restarts, const char *why);
+/* Where a local worker's state came from, as it said on its pipe ("state
+ * peer|checkpoint STEP BYTES MS ROOT": docs/health.md, the progress channel). */
+enum { GL_STATE_NONE = 0, GL_STATE_PEER = 1, GL_STATE_CHECKPOINT = 2 };
+typedef struct gl_state_report {
+    int source;     /* GL_STATE_* */
+    int64_t step;   /* the step of the state taken */
+    uint64_t bytes; /* copied or read */
+    uint32_t ms;    /* how long it took */
+    int32_t root;   /* the peer rank it came from (-1: a checkpoint) */
+    uint64_t at_ns; /* when it was said (0: never) */
+} gl_state_report;
+/* The last report of a local worker this round: 0, or -1 when it made none. */
+int gl_progress_state(int local_rank, gl_state_report *out);
 /* What the channel holds now, for --metrics: regions mapped (0 or 1: made
  * once) and their bytes, and pipe ends open (the workers' write ends until
  * they are started, the read ends until a worker's pipe closes). */

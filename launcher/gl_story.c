@@ -23,6 +23,9 @@ static struct {
     uint32_t round;  /* the round being watched */
     enum gl_story_kind kind;
     uint64_t began_ns;
+    int64_t pending_first; /* the first step seen, told at the next tick (its state line first) */
+    double pending_pause;
+    int pending;
     uint64_t base[GB_PROGRESS_MAX_SLOTS]; /* each slot's step count when it began */
     char why[GL_STORY_WHY_MAX];
     int fell_back; /* why is a re-formation's fallback */
@@ -48,9 +51,18 @@ void gl_story_init(uv_loop_t *loop, int nproc, gl_story_sink sink) {
     uv_unref((uv_handle_t *)&S.timer); /* never what keeps the launcher running */
 }
 
+static void tell(int64_t first, double pause_s);
+
 void gl_story_ended(uint32_t round) {
     if (S.ended_ns && S.ended_round == round)
-        return; /* said twice (the server's word after a local failure's) */
+        return;       /* said twice (the server's word after a local failure's) */
+    if (S.watching) { /* ended before its first step was told */
+        if (S.pending)
+            tell(S.pending_first, S.pending_pause);
+        S.pending = 0;
+        S.watching = 0;
+        uv_timer_stop(&S.timer);
+    }
     S.ended_ns = gb_now_ns();
     S.ended_round = round;
     S.reached = -1;
@@ -63,10 +75,6 @@ void gl_story_ended(uint32_t round) {
     }
     S.why[0] = '\0';
     S.fell_back = 0;
-    if (S.watching) { /* ended before its first step */
-        S.watching = 0;
-        uv_timer_stop(&S.timer);
-    }
 }
 
 void gl_story_restart_why(const char *why, int fell_back) {
@@ -76,8 +84,31 @@ void gl_story_restart_why(const char *why, int fell_back) {
     }
 }
 
+/* Where the local workers' state came from this round (their "state" lines
+ * since the round's change): the source, the step, bytes summed, the
+ * longest time, the first peer named; source GL_STATE_NONE when none said. */
+static gl_state_report state_now(void) {
+    gl_state_report all = {.source = GL_STATE_NONE, .step = -1, .root = -1};
+    uint64_t mark =
+        S.kind == GL_ROUND_IN_PLACE || S.kind == GL_ROUND_RESTART ? S.ended_ns : S.began_ns;
+    for (int i = 0; i < S.nproc; i++) {
+        gl_state_report r;
+        if (gl_progress_state(i, &r) != 0 || r.at_ns < mark)
+            continue;
+        if (all.source != GL_STATE_PEER) { /* a peer's copy is what the round is said by */
+            all.source = r.source;
+            all.step = r.step;
+            all.root = r.root;
+        }
+        all.bytes += r.bytes;
+        all.ms = r.ms > all.ms ? r.ms : all.ms;
+    }
+    return all;
+}
+
 /* The line and the figures; pause_s < 0: no step seen. */
 static void tell(int64_t first, double pause_s) {
+    gl_state_report st = state_now();
     int after_end = S.ended_ns != 0 && S.kind != GL_ROUND_FIRST && S.kind != GL_ROUND_WARM;
     int64_t redone =
         after_end && first >= 0 && S.reached >= 0 && first <= S.reached ? S.reached - first + 1 : 0;
@@ -93,17 +124,33 @@ static void tell(int64_t first, double pause_s) {
         S.pause_bucket[b]++;
     }
     if (S.sink) {
-        rdzv_story st = {.round = S.round,
-                         .kind = (uint32_t)S.kind,
-                         .pause_ms = pause_s < 0 ? RDZV_STORY_UNKNOWN : (uint32_t)(pause_s * 1000),
-                         .redone = (uint32_t)redone,
-                         .nproc = (uint32_t)S.nproc,
-                         .why = S.kind == GL_ROUND_RESTART ? S.why : NULL};
-        S.sink(&st);
+        rdzv_story story = {.round = S.round,
+                            .kind = (uint32_t)S.kind,
+                            .pause_ms =
+                                pause_s < 0 ? RDZV_STORY_UNKNOWN : (uint32_t)(pause_s * 1000),
+                            .redone = (uint32_t)redone,
+                            .nproc = (uint32_t)S.nproc,
+                            .why = S.kind == GL_ROUND_RESTART ? S.why : NULL,
+                            .source = st.source == GL_STATE_PEER         ? RDZV_STATE_PEER
+                                      : st.source == GL_STATE_CHECKPOINT ? RDZV_STATE_CHECKPOINT
+                                                                         : RDZV_STATE_NONE,
+                            .state_step = st.step,
+                            .state_bytes = st.bytes,
+                            .state_ms = st.ms};
+        S.sink(&story);
     }
     if (S.kind == GL_ROUND_FIRST)
         return; /* not a change: the launcher's round line says it */
-    char how[GL_STORY_WHY_MAX + 64], cost[160];
+    char how[GL_STORY_WHY_MAX + 64], cost[160], from[160] = "";
+    if (st.source == GL_STATE_PEER)
+        snprintf(from, sizeof from, "; state: step %lld copied from rank %d (%llu bytes in %u ms)",
+                 (long long)st.step, st.root, (unsigned long long)st.bytes, st.ms);
+    else if (st.source == GL_STATE_CHECKPOINT)
+        snprintf(from, sizeof from,
+                 "; state: the checkpoint of step %lld read (%llu bytes in %u ms)",
+                 (long long)st.step, (unsigned long long)st.bytes, st.ms);
+    else if (S.kind == GL_ROUND_IN_PLACE)
+        snprintf(from, sizeof from, "; state: kept in memory");
     switch (S.kind) {
     case GL_ROUND_IN_PLACE:
         snprintf(how, sizeof how, "re-formed in place (the workers kept)");
@@ -126,12 +173,19 @@ static void tell(int64_t first, double pause_s) {
     else
         snprintf(cost, sizeof cost, "first step (step %lld) %.3f s after it began",
                  (long long)first, (double)(gb_now_ns() - S.began_ns) / 1e9);
-    fprintf(stderr, "gpulaunch: round %u began: %s; %s\n", S.round, how, cost);
+    fprintf(stderr, "gpulaunch: round %u began: %s; %s%s\n", S.round, how, cost, from);
 }
 
 static void on_tick(uv_timer_t *t) {
     (void)t;
     uint64_t now = gb_now_ns();
+    if (S.pending) { /* a tick later: a state line written before the step has been read */
+        S.pending = 0;
+        S.watching = 0;
+        uv_timer_stop(&S.timer);
+        tell(S.pending_first, S.pending_pause);
+        return;
+    }
     for (int i = 0; i < S.nproc; i++) {
         gb_progress_slot *s = gl_progress_slot(i);
         if (s == NULL)
@@ -145,9 +199,9 @@ static void on_tick(uv_timer_t *t) {
         uint64_t from = S.ended_ns && S.kind != GL_ROUND_FIRST && S.kind != GL_ROUND_WARM
                             ? S.ended_ns
                             : S.began_ns;
-        S.watching = 0;
-        uv_timer_stop(&S.timer);
-        tell(first, at > from ? (double)(at - from) / 1e9 : 0.0);
+        S.pending = 1;
+        S.pending_first = first;
+        S.pending_pause = at > from ? (double)(at - from) / 1e9 : 0.0;
         return;
     }
     if (now - S.began_ns > (uint64_t)GL_STORY_WATCH_MS * 1000000ull) {
@@ -160,8 +214,9 @@ static void on_tick(uv_timer_t *t) {
 void gl_story_began(uint32_t round, enum gl_story_kind kind) {
     if (!S.inited)
         return;
-    if (S.watching) /* the last one never stepped: said without its pause */
-        tell(-1, -1);
+    if (S.watching) /* the last one never stepped (or its step is still to be told) */
+        tell(S.pending ? S.pending_first : -1, S.pending ? S.pending_pause : -1);
+    S.pending = 0;
     S.round = round;
     S.kind = kind == GL_ROUND_RESTART && S.ended_ns == 0 ? GL_ROUND_FIRST : kind;
     S.began_ns = gb_now_ns();

@@ -695,6 +695,10 @@ void rdzv_client_story(rdzv_client *c, const rdzv_story *story) {
     m.u.story.redone = story->redone;
     m.u.story.nproc = story->nproc;
     snprintf(m.u.story.why, sizeof m.u.story.why, "%s", story->why ? story->why : "");
+    m.u.story.source = story->source;
+    m.u.story.state_step = story->state_step;
+    m.u.story.state_bytes = story->state_bytes;
+    m.u.story.state_ms = story->state_ms;
     send_msg(c, &m);
 }
 

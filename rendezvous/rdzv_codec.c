@@ -396,6 +396,10 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         u32(c, &m->u.story.redone);
         u32(c, &m->u.story.nproc);
         str(c, m->u.story.why, RDZV_MAX_MSG);
+        u32(c, &m->u.story.source);
+        i64(c, &m->u.story.state_step);
+        u64(c, &m->u.story.state_bytes);
+        u32(c, &m->u.story.state_ms);
         break;
     case RDZV_OK:
     case RDZV_DONE:

@@ -242,6 +242,10 @@ typedef struct rdzv_msg {
                                            RDZV_STORY_UNKNOWN */
             uint32_t redone, nproc;     /* steps done again; the node's workers */
             char why[RDZV_MAX_MSG + 1]; /* a restart's reason ("": none) */
+            uint32_t source;            /* enum rdzv_state_source */
+            int64_t state_step;
+            uint64_t state_bytes;
+            uint32_t state_ms;
         } story;
         struct {
             uint32_t kind;

@@ -221,6 +221,17 @@ void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
         return; /* a round no longer remembered */
     rdzv_round_story *st = &r->story;
     uint32_t kind = m->u.story.kind, pause = m->u.story.pause_ms;
+    if (st->nodes[0] + st->nodes[1] + st->nodes[2] + st->nodes[3] == 0)
+        st->ckpt_step = -1;
+    if (m->u.story.source == RDZV_STATE_PEER) {
+        st->peer_bytes += m->u.story.state_bytes;
+        h->cost.peer_bytes += m->u.story.state_bytes;
+    } else if (m->u.story.source == RDZV_STATE_CHECKPOINT) {
+        st->ckpt_bytes += m->u.story.state_bytes;
+        h->cost.ckpt_bytes += m->u.story.state_bytes;
+        if (m->u.story.state_step > st->ckpt_step)
+            st->ckpt_step = m->u.story.state_step;
+    }
     st->nodes[kind]++;
     h->cost.nodes[kind]++;
     if (kind == RDZV_STORY_RESTART && st->why[0] == '\0')

@@ -53,6 +53,8 @@ typedef struct rdzv_round_story {
     uint64_t pause_rank_ms;           /* pauses x the nodes' workers, summed */
     uint32_t redone;                  /* steps done again (the most a node said) */
     char why[RDZV_HEALTH_TEXT];       /* the first restart's node and reason ("": none) */
+    uint64_t peer_bytes, ckpt_bytes;  /* state copied from peers, read from checkpoints */
+    int64_t ckpt_step;                /* the checkpoint's step read (-1: none) */
 } rdzv_round_story;
 
 typedef struct rdzv_round_rec {
@@ -67,6 +69,7 @@ typedef struct rdzv_health_cost {
     uint64_t nodes[RDZV_STORY_KINDS]; /* node rounds begun each way */
     uint64_t pause_rank_ms;           /* paused rank-milliseconds (GPU-ms with a GPU a rank) */
     uint64_t redone;                  /* steps done again, a round's most summed */
+    uint64_t peer_bytes, ckpt_bytes;  /* state copied from peers, read from checkpoints */
     uint64_t pauses, pause_bucket[RDZV_HEALTH_PAUSE_BUCKETS]; /* nodes' pauses, histogram */
     double pause_sum_s;
 } rdzv_health_cost;

@@ -86,10 +86,13 @@ static void render_story(sbuf *b, const rdzv_round_story *st) {
         return;
     sb_printf(b,
               ",\"story\":{\"first\":%u,\"in_place\":%u,\"restart\":%u,\"warm_join\":%u,"
-              "\"pause_max_s\":%.3f,\"rank_seconds_paused\":%.3f,\"steps_redone\":%u,\"why\":",
+              "\"pause_max_s\":%.3f,\"rank_seconds_paused\":%.3f,\"steps_redone\":%u,"
+              "\"bytes_from_peers\":%llu,\"bytes_from_checkpoint\":%llu,\"checkpoint_step\":%lld,"
+              "\"why\":",
               st->nodes[RDZV_STORY_FIRST], st->nodes[RDZV_STORY_IN_PLACE],
               st->nodes[RDZV_STORY_RESTART], st->nodes[RDZV_STORY_WARM], st->pause_max_ms / 1000.0,
-              st->pause_rank_ms / 1000.0, st->redone);
+              st->pause_rank_ms / 1000.0, st->redone, (unsigned long long)st->peer_bytes,
+              (unsigned long long)st->ckpt_bytes, (long long)st->ckpt_step);
     sb_json_str(b, st->why);
     sb_printf(b, "}");
 }
@@ -113,12 +116,14 @@ void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
     const rdzv_health_cost *c = &h->cost;
     sb_printf(b,
               "],\"membership_cost\":{\"first\":%llu,\"in_place\":%llu,\"restart\":%llu,"
-              "\"warm_join\":%llu,\"rank_seconds_paused\":%.3f,\"steps_redone\":%llu}",
+              "\"warm_join\":%llu,\"rank_seconds_paused\":%.3f,\"steps_redone\":%llu,"
+              "\"bytes_from_peers\":%llu,\"bytes_from_checkpoints\":%llu}",
               (unsigned long long)c->nodes[RDZV_STORY_FIRST],
               (unsigned long long)c->nodes[RDZV_STORY_IN_PLACE],
               (unsigned long long)c->nodes[RDZV_STORY_RESTART],
               (unsigned long long)c->nodes[RDZV_STORY_WARM], c->pause_rank_ms / 1000.0,
-              (unsigned long long)c->redone);
+              (unsigned long long)c->redone, (unsigned long long)c->peer_bytes,
+              (unsigned long long)c->ckpt_bytes);
     sb_printf(b, ",\"events_total\":%llu,\"events\":[", (unsigned long long)h->events_total);
     for (uint32_t i = 0; i < h->ev_n; i++) {
         sb_printf(b, "%s", i ? "," : "");
@@ -317,6 +322,20 @@ void rdzv_health_render_metrics(rdzv_server *s, sbuf *b) {
                 continue;
             const rdzv_health_cost *c = &j->health->cost;
             job_series(b, sm[k].name, j, k == 0 ? c->pause_rank_ms / 1000.0 : (double)c->redone);
+        }
+    }
+    sb_printf(b, "# HELP gpulaunch_job_state_bytes_total Bytes of state new ranks took after "
+                 "round changes, by source (peer: copied from a peer rank; checkpoint: read).\n"
+                 "# TYPE gpulaunch_job_state_bytes_total counter\n");
+    LIST_FOREACH(j, &s->jobs, link) {
+        if (j->health == NULL)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            sb_printf(b, "gpulaunch_job_state_bytes_total{job=");
+            sb_label(b, j->r.run_id);
+            sb_printf(
+                b, ",source=\"%s\"} %llu\n", k ? "checkpoint" : "peer",
+                (unsigned long long)(k ? j->health->cost.ckpt_bytes : j->health->cost.peer_bytes));
         }
     }
     /* Per-rank series: at most RDZV_METRICS_RANKS per job and metric, the

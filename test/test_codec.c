@@ -729,6 +729,10 @@ Test(codec, story_round_trip) {
     m.u.story.redone = 48;
     m.u.story.nproc = 8;
     snprintf(m.u.story.why, sizeof m.u.story.why, "re-forming in place failed: rank 3 exited");
+    m.u.story.source = RDZV_STATE_CHECKPOINT;
+    m.u.story.state_step = 200;
+    m.u.story.state_bytes = 5ull << 32;
+    m.u.story.state_ms = 830;
     rdzv_buf b;
     rdzv_buf_init(&b, 4096);
     cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
@@ -739,6 +743,10 @@ Test(codec, story_round_trip) {
     cr_expect_eq(d.u.story.redone, 48);
     cr_expect_eq(d.u.story.nproc, 8);
     cr_expect_str_eq(d.u.story.why, "re-forming in place failed: rank 3 exited");
+    cr_expect_eq(d.u.story.source, RDZV_STATE_CHECKPOINT);
+    cr_expect_eq(d.u.story.state_step, 200);
+    cr_expect_eq(d.u.story.state_bytes, 5ull << 32);
+    cr_expect_eq(d.u.story.state_ms, 830);
     cr_expect_eq(rdzv_decode(b.data, b.len - 1, &d, NULL, 0), GPL_ERR_PROTOCOL, "cut short");
     cr_expect_str_eq(rdzv_type_name(RDZV_STORY), "STORY");
     rdzv_buf_free(&b);

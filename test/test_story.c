@@ -89,6 +89,7 @@ Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
     cr_expect(strstr(l, "restarted the workers (rank 1 (local rank 1) killed by SIGKILL)") != NULL,
               "%s", l);
     cr_expect(pause > 0 && pause < 5, "paused %.3f s: %s", pause, l);
+    cr_expect(strstr(l, "; state: the checkpoint of step ") != NULL, "no state source: %.400s", l);
     cr_expect(redone >= 1 && redone <= 100, "%ld steps done again: %s", redone, l);
     /* the same on --metrics, under the job's run id */
     char job[96] = "", name[192];
@@ -127,6 +128,10 @@ static void check_server(int hport, double lost_pause) {
                         "\"warm_join\":%u",
                         &first, &in_place, &restart, &warm),
                  4, "%s", cost);
+    unsigned long long peers = 0;
+    const char *bp = strstr(cost, "\"bytes_from_peers\":");
+    cr_expect(bp && sscanf(bp, "\"bytes_from_peers\":%llu", &peers) == 1 && peers > 0,
+              "the newcomer's state copied from a peer: %.300s", cost);
     cr_expect(in_place == 2 && restart == 0 && first + warm == 3,
               "first %u in place %u restart %u warm %u: %.300s", first, in_place, restart, warm,
               cost);
@@ -137,6 +142,8 @@ static void check_server(int hport, double lost_pause) {
     cr_expect_eq(v, 2);
     v = metric(hport, "gpulaunch_job_round_pause_seconds_count{job=\"story\"}");
     cr_expect_eq(v, 2);
+    v = metric(hport, "gpulaunch_job_state_bytes_total{job=\"story\",source=\"peer\"}");
+    cr_expect_eq(v, (double)peers);
     v = metric(hport, "gpulaunch_job_paused_rank_seconds_total{job=\"story\"}");
     cr_expect(v >= 2 * lost_pause - 0.01 && v < 8, "rank-seconds paused %g", v);
     if (browser_path() == NULL) {
@@ -151,6 +158,7 @@ static void check_server(int hport, double lost_pause) {
               "the summary of round changes: %s", dom);
     cr_expect(strstr(dom, "round 2: in place") != NULL, "the chart's mark: %s", dom);
     cr_expect(strstr(dom, "<td>in place</td>") != NULL, "the rounds table's kind: %s", dom);
+    cr_expect(strstr(dom, "<td>peers (") != NULL, "the rounds table's state source: %s", dom);
     free(dom);
     unsigned sw = 0, cw = 0;
     int drawn = 0;
@@ -221,6 +229,7 @@ Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause, .timeo
     cr_expect(strstr(l, "re-formed in place (the workers kept)") != NULL, "%s", l);
     cr_expect(pause > 0 && pause < 2, "paused %.3f s: %s", pause, l);
     cr_expect_eq(redone, 0, "%s", l);
+    cr_expect(strstr(l, "; state: kept in memory") != NULL, "%.400s", l);
     double lost_pause = pause;
     /* a new node joins the live job: the survivor re-forms in place again;
      * the new node's workers either start before its round and take it (a

@@ -26,7 +26,7 @@ from ._native import Error
 from .checkpoint import Checkpointer, CheckpointReader, CheckpointStatus, CheckpointWriter
 from .comm import Comm
 from .elastic import Elastic, Reformed
-from .progress import _register_stack_dump, allreduce_hook, progress
+from .progress import _register_stack_dump, allreduce_hook, progress, state_source
 from .sharded import ShardedElastic
 
 __version__ = "0.1.0"
@@ -45,6 +45,7 @@ __all__ = [
     "CheckpointReader",
     "CheckpointStatus",
     "progress",
+    "state_source",
     "allreduce_hook",
     "await_round",
     "__version__",

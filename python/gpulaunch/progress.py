@@ -66,6 +66,21 @@ def progress(step: int) -> None:
     _report(step)
 
 
+def state_source(source: str, step: int, nbytes: int, seconds: float, root: int = -1) -> None:
+    """Tells the launcher where this rank's state came from after a round change: "peer" (copied
+    from rank `root`) or "checkpoint" (read), of which step, how many bytes, in how long. The
+    launcher says it in the round's line of its log, and the rendezvous on its job page and
+    /metrics (docs/health.md). Nothing outside gpulaunch."""
+    fd = os.environ.get("GPULAUNCH_PROGRESS_FD", "")
+    if not fd or source not in ("peer", "checkpoint"):
+        return
+    line = f"state {source} {int(step)} {max(0, int(nbytes))} {max(0, round(seconds * 1000))} {int(root)}\n"
+    try:
+        os.write(int(fd), line.encode())
+    except (OSError, ValueError):
+        pass  # no launcher reading (or a malformed variable): nothing to tell
+
+
 def _noop(step: int) -> None:
     return None
 

@@ -48,6 +48,10 @@ int main(int argc, char **argv) {
             m.u.story.redone = 14;
             m.u.story.nproc = 8;
             memcpy(m.u.story.why, "rank 1 exited", 14);
+            m.u.story.source = RDZV_STATE_PEER;
+            m.u.story.state_step = 106;
+            m.u.story.state_bytes = 2308;
+            m.u.story.state_ms = 14;
             break;
         case RDZV_KV_SET:
             m.u.kv_set.key = (rdzv_bytes){(const uint8_t *)"k", 1};

@@ -137,6 +137,30 @@ def test_collectives_on_four_ranks() -> None:
 
 
 @ONCE
+def test_state_source_is_one_line_the_launcher_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """state_source() writes the progress pipe's "state" line (launcher/gl_progress.c parses it);
+    outside gpulaunch, or with an unknown source, it writes nothing and raises nothing."""
+    import gpulaunch
+    r, w = os.pipe()
+    try:
+        monkeypatch.setenv("GPULAUNCH_PROGRESS_FD", str(w))
+        gpulaunch.state_source("peer", 106, 2308, 0.0136, 0)
+        gpulaunch.state_source("checkpoint", 200, 1 << 30, 1.5)
+        gpulaunch.state_source("disk", 1, 1, 1.0)  # not a source: nothing
+        os.close(w)
+        w = -1
+        got = os.read(r, 4096).decode()
+        assert got == "state peer 106 2308 14 0\nstate checkpoint 200 1073741824 1500 -1\n"
+        monkeypatch.delenv("GPULAUNCH_PROGRESS_FD")
+        gpulaunch.state_source("peer", 1, 1, 1.0)  # outside gpulaunch: nothing, no error
+        monkeypatch.setenv("GPULAUNCH_PROGRESS_FD", "not-a-number")
+        gpulaunch.state_source("peer", 1, 1, 1.0)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
 def test_master_port_is_below_the_ephemeral_range() -> None:
     """The round's MASTER_PORT is chosen below the kernel's ephemeral range,
     so no socket made before the workers bind it can be given it."""

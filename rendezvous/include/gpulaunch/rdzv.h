@@ -201,13 +201,22 @@ enum rdzv_story_kind {
     RDZV_STORY_KINDS = 4
 };
 #define RDZV_STORY_UNKNOWN UINT32_MAX /* pause_ms: no step was seen */
+enum rdzv_state_source {
+    RDZV_STATE_NONE = 0,      /* not said (kept in memory, or a program that does not say) */
+    RDZV_STATE_PEER = 1,      /* copied from a peer rank's memory */
+    RDZV_STATE_CHECKPOINT = 2 /* read from a checkpoint */
+};
 typedef struct rdzv_story {
     uint32_t round, kind;
-    uint32_t pause_ms; /* from the last round's end to the first step in this one
-                          (first round, warm join: from the round's start) */
-    uint32_t redone;   /* steps done again */
-    uint32_t nproc;    /* the node's workers (the pause costs each of them) */
-    const char *why;   /* a restart's reason, or NULL */
+    uint32_t pause_ms;    /* from the last round's end to the first step in this one
+                             (first round, warm join: from the round's start) */
+    uint32_t redone;      /* steps done again */
+    uint32_t nproc;       /* the node's workers (the pause costs each of them) */
+    const char *why;      /* a restart's reason, or NULL */
+    uint32_t source;      /* where its new ranks' state came from: enum rdzv_state_source */
+    int64_t state_step;   /* the step of that state (-1: none) */
+    uint64_t state_bytes; /* bytes copied or read, the node's workers summed */
+    uint32_t state_ms;    /* the longest a worker took */
 } rdzv_story;
 void rdzv_client_story(rdzv_client *c, const rdzv_story *story);
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
