@@ -360,6 +360,11 @@ again:
             unlist(m); /* its round ended meanwhile: the suspicion is moot */
             continue;
         }
+        if (m->p.suspected && m->c->last_rx_ms > m->p.sent_ms) {
+            /* it spoke since the ping (its PONG may be behind on a slow link): alive */
+            cleared(m, now, (uint32_t)(m->c->last_rx_ms - m->p.sent_ms), NULL);
+            continue;
+        }
         uint32_t d = deadline_ms(m);
         uint64_t age = now - m->p.sent_ms;
         if (m->p.suspected && !m->p.relayed && age >= d / 3 && m->p.peer_port)

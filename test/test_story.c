@@ -90,7 +90,9 @@ Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
               "%s", l);
     cr_expect(pause > 0 && pause < 5, "paused %.3f s: %s", pause, l);
     cr_expect(strstr(l, "; state: the checkpoint of step ") != NULL, "no state source: %.400s", l);
-    cr_expect(redone >= 1 && redone <= 100, "%ld steps done again: %s", redone, l);
+    /* from the newest complete checkpoint (every 50 steps; an asynchronous
+     * save may still be draining the last one, on a loaded machine more) */
+    cr_expect(redone >= 1 && redone <= 200, "%ld steps done again: %s", redone, l);
     /* the same on --metrics, under the job's run id */
     char job[96] = "", name[192];
     const char *j = strstr(p.out, "gpulaunch: job ");
