@@ -44,7 +44,7 @@ int browser_run_idle(const char *cmd, int timeout_ms, void (*idle)(void)) {
     return st;
 }
 
-static char *slurp(const char *path) {
+char *browser_slurp(const char *path) {
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return strdup("");
@@ -70,7 +70,7 @@ char *browser_dom(const char *dir, int http_port, const char *job, browser_run_f
     int st = run(cmd, 70000);
     if (status)
         *status = st;
-    return slurp(path);
+    return browser_slurp(path);
 }
 
 int browser_width_1280(const char *dir, int http_port, const char *job, const char *drawn_id,
@@ -110,7 +110,7 @@ int browser_width_1280(const char *dir, int http_port, const char *job, const ch
              b ? b : "false", dir, path, dir, dir);
     run(cmd, 70000);
     snprintf(path, sizeof path, "%s/frame.dom", dir);
-    char *dom = slurp(path);
+    char *dom = browser_slurp(path);
     const char *dw = strstr(dom, "data-width=\"");
     char word[16] = "";
     int rc = dw && sscanf(dw + 12, "%u %u %15[a-z]", scroll_w, client_w, word) == 3 ? 0 : -1;

@@ -16,6 +16,8 @@ typedef int (*browser_run_fn)(const char *cmd, int timeout_ms);
     "--headless --no-sandbox --disable-gpu --no-first-run --disable-dev-shm-usage "                \
     "--virtual-time-budget=4000"
 
+/* A file's bytes, NUL-terminated (malloc'd; "" when it cannot be read). */
+char *browser_slurp(const char *path);
 /* Chromium's path, NULL when it is not installed. */
 const char *browser_path(void);
 /* Runs cmd with sh, at most timeout_ms, calling idle (NULL: sleeping) about

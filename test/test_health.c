@@ -642,20 +642,6 @@ static int run_pumping(const char *cmd, int timeout_ms) {
     return browser_run_idle(cmd, timeout_ms, pump_20);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = calloc(1, (size_t)n + 1);
-    if (fread(p, 1, (size_t)n, f) != (size_t)n)
-        p[0] = 0;
-    fclose(f);
-    return p;
-}
-
 static int count_of(const char *hay, const char *needle) {
     int n = 0;
     for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle))
@@ -700,7 +686,7 @@ Test(health, job_page_in_chromium, .timeout = 90) {
     int st = run_pumping(cmd, 70000);
     char path[512];
     snprintf(path, sizeof path, "%s/train.html", dir);
-    char *dom = slurp(path);
+    char *dom = browser_slurp(path);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strlen(dom) > 1000,
               "chromium failed (status %d); its DOM: %.2000s", st, dom);
     /* every job listed, the selected one shown with its members */
@@ -740,7 +726,7 @@ Test(health, job_page_in_chromium, .timeout = 90) {
              browser, flags, dir, hport, dir, dir);
     st = run_pumping(cmd, 70000);
     snprintf(path, sizeof path, "%s/eval.html", dir);
-    dom = slurp(path);
+    dom = browser_slurp(path);
     cr_expect(strstr(dom, "id=\"hang\"") != NULL &&
                   strstr(dom, "Hung: rank 1 on eval-node-0 in round 1") != NULL,
               "%s", dom);
