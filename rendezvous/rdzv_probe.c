@@ -44,6 +44,9 @@ static void ping(member *m, uint64_t now, int suspected) {
 
 /* The deadline of a probe of m now (ms). */
 static uint32_t deadline_ms(const member *m) {
+    if (m->p.rtt_ms == 0)
+        return RDZV_PROBE_MAX_MS; /* its round trip unknown (the join's ping unanswered yet):
+                                     a slow link is not condemned by the LAN's deadline */
     uint64_t d = (uint64_t)m->p.rtt_ms * RDZV_PROBE_RTT_FACTOR;
     if (d < RDZV_PROBE_MIN_MS)
         d = RDZV_PROBE_MIN_MS;
