@@ -10,6 +10,7 @@
  * those of the CPU run.
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <stdint.h>
@@ -290,7 +291,11 @@ static void say_state(const char *source, long long step, size_t bytes, double m
     const char *fd = getenv("GPULAUNCH_PROGRESS_FD");
     if (fd == NULL || *fd == '\0')
         return;
-    dprintf(atoi(fd), "state %s %lld %zu %.0f %d\n", source, step, bytes, ms, root);
+    char *end;
+    long n = strtol(fd, &end, 10);
+    if (*end != '\0' || n < 0 || n > INT_MAX)
+        return;
+    dprintf((int)n, "state %s %lld %zu %.0f %d\n", source, step, bytes, ms, root);
 }
 
 /* The parameters and --state-mib's state from ri->root to the ranks that
