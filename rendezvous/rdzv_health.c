@@ -181,6 +181,7 @@ void rdzv_health_round_start(rdzv_health *h, uint32_t round, uint32_t nnodes, ui
         r->nnodes = nnodes;
         r->world = world;
         r->start_unix_ms = unix_ms();
+        r->story.ckpt_step = -1; /* no checkpoint read (yet) */
     }
     rdzv_health_note(h, RDZV_TL_ROUND, round, NULL, -1, "round %u: %u node(s), world size %u",
                      round, nnodes, world);
@@ -221,8 +222,6 @@ void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
         return; /* a round no longer remembered */
     rdzv_round_story *st = &r->story;
     uint32_t kind = m->u.story.kind, pause = m->u.story.pause_ms;
-    if (st->nodes[0] + st->nodes[1] + st->nodes[2] + st->nodes[3] == 0)
-        st->ckpt_step = -1;
     if (m->u.story.source == RDZV_STATE_PEER) {
         st->peer_bytes += m->u.story.state_bytes;
         h->cost.peer_bytes += m->u.story.state_bytes;
