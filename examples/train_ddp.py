@@ -113,8 +113,8 @@ SHA-256), as dp_train's DP_TRAIN_TRACE does: which world each step ran in.
 Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
 per process, saying `rank R holding before step S` (every rank says `rank R
-reached step S` when its steps before S are done), until it is killed or its
-round ends (the other ranks wait for it in the step's all-reduce, so a fault
+reached step S` when its steps before S are done), until it is killed, its
+round ends or the file of --release-file exists (the other ranks wait for it in the step's all-reduce, so a fault
 injected then comes at a known step); --reform-fail-rank R makes rank R exit
 (code 3) instead of re-forming the first time, so that its launcher falls back
 to a restart; --stall R:S makes rank R's first all-reduce of step S one that
@@ -297,6 +297,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="survive a lost or added node in place (gpulaunch.Elastic)")
     ap.add_argument("--hold", action="append", default=[], metavar="R:S", help=argparse.SUPPRESS)
     ap.add_argument("--reform-fail-rank", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--release-file", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--stall", default=None, metavar="R:S", help=argparse.SUPPRESS)
     ap.add_argument("--local-rank", "--local_rank", type=int, default=None,
                     help=argparse.SUPPRESS)  # torch.distributed.launch passes it
@@ -573,7 +574,8 @@ def main(argv: list[str]) -> int:
                 if (rank, step) in a.hold and (rank, step) not in held:
                     held.add((rank, step))
                     print(f"rank {rank} holding before step {step}", flush=True)
-                    while el is None or not el.round_over:
+                    while (el is None or not el.round_over) and not (
+                            a.release_file and os.path.exists(a.release_file)):
                         time.sleep(0.01)
                 t_step = time.monotonic()
                 x = batch_of(a.seed, step, rank, size, batch, succ).to(device)

@@ -189,7 +189,7 @@ static void reform_fall_back(const char *why) {
     GB_WARN("re-formation failed: %s; restarting the local workers", why);
     char told[GL_STORY_WHY_MAX];
     snprintf(told, sizeof told, "re-forming in place failed: %s", why);
-    gl_story_restart_why(told, 1);
+    gl_story_restart_why(told, RDZV_CAUSE_REFORM_FAILED);
     gl_reform_abort(&R, why);
     L.group_failed = 1;
     L.round_over = 0;
@@ -275,7 +275,7 @@ static void on_worker_exit(gl_group *g, worker *w, int64_t status, int sig) {
         GB_ERROR("%s: stopping the local workers", msg);
         if (L.assigned)
             gl_story_ended(L.a.round);
-        gl_story_restart_why(msg, 0);
+        gl_story_restart_why(msg, RDZV_CAUSE_WORKER_FAILED);
         gl_group_stop(g, GL_DISCARD_GRACE_MS);
         rdzv_client_fail(L.cli, msg);
     }
@@ -323,6 +323,11 @@ static void on_hang(gl_watchdog *wd, const worker *cw, const char *detail) {
         gl_output_tail(cw, f->tail, sizeof f->tail);
     }
     L.group_failed = 1;
+    if (L.assigned)
+        gl_story_ended(L.a.round);
+    char why[GL_STORY_WHY_MAX];
+    snprintf(why, sizeof why, "rank %d (local rank %d) hung: %s", cw->rank, cw->local_rank, detail);
+    gl_story_restart_why(why, RDZV_CAUSE_HANG);
     rdzv_client_hang(L.cli, (uint32_t)cw->rank, detail);
     gl_watchdog_kill_hung(wd); /* the others stop as after a failure */
     gl_group_stop(&G, 0);
@@ -432,10 +437,12 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
         rdzv_client_rejoin(L.cli);
         return;
     }
-    gl_story_restart_why(!gl_reform_possible(&R)    ? "not every local worker re-forms in place"
-                         : G.nrunning < L.cfg.nproc ? "a local worker had exited"
-                                                    : "the local workers were stopping",
-                         0);
+    if (!gl_reform_possible(&R))
+        gl_story_restart_why("not every local worker re-forms in place", RDZV_CAUSE_NOT_LIVE);
+    else
+        gl_story_restart_why(G.nrunning < L.cfg.nproc ? "a local worker had exited"
+                                                      : "the local workers were stopping",
+                             RDZV_CAUSE_STOPPING);
     if (gl_reform_state(&R) != GL_REFORM_NONE)
         gl_reform_abort(&R, msg);
     if (G.nrunning)

@@ -28,9 +28,9 @@ static struct {
     int pending;
     uint64_t base[GB_PROGRESS_MAX_SLOTS]; /* each slot's step count when it began */
     char why[GL_STORY_WHY_MAX];
-    int fell_back; /* why is a re-formation's fallback */
+    uint32_t cause; /* why's enum rdzv_restart_cause */
     /* --metrics */
-    uint64_t rounds[GL_ROUND_KINDS], redone, fallbacks;
+    uint64_t rounds[GL_ROUND_KINDS], redone, fallbacks[RDZV_CAUSES];
     uint64_t pause_count, pause_bucket[GL_STORY_PAUSE_BUCKETS];
     double pause_sum;
 } S;
@@ -74,13 +74,13 @@ void gl_story_ended(uint32_t round) {
         }
     }
     S.why[0] = '\0';
-    S.fell_back = 0;
+    S.cause = RDZV_CAUSE_NONE;
 }
 
-void gl_story_restart_why(const char *why, int fell_back) {
+void gl_story_restart_why(const char *why, enum rdzv_restart_cause cause) {
     if (S.why[0] == '\0' && why) {
         snprintf(S.why, sizeof S.why, "%s", why);
-        S.fell_back = fell_back;
+        S.cause = (uint32_t)cause < RDZV_CAUSES ? (uint32_t)cause : RDZV_CAUSE_NONE;
     }
 }
 
@@ -91,18 +91,22 @@ static gl_state_report state_now(void) {
     gl_state_report all = {.source = GL_STATE_NONE, .step = -1, .root = -1};
     uint64_t mark =
         S.kind == GL_ROUND_IN_PLACE || S.kind == GL_ROUND_RESTART ? S.ended_ns : S.began_ns;
-    for (int i = 0; i < S.nproc; i++) {
-        gl_state_report r;
-        if (gl_progress_state(i, &r) != 0 || r.at_ns < mark)
-            continue;
-        if (all.source != GL_STATE_PEER) { /* a peer's copy is what the round is said by */
-            all.source = r.source;
-            all.step = r.step;
-            all.root = r.root;
+    /* a peer's copy is what the round is said by: a worker that read a
+     * checkpoint first and was then given its peers' newer state took that */
+    for (int pass = 0; pass < 2 && all.source == GL_STATE_NONE; pass++)
+        for (int i = 0; i < S.nproc; i++) {
+            gl_state_report r;
+            if (gl_progress_state(i, &r) != 0 || r.at_ns < mark ||
+                (pass == 0 && r.source != GL_STATE_PEER))
+                continue;
+            if (all.source == GL_STATE_NONE) {
+                all.source = r.source;
+                all.step = r.step;
+                all.root = r.root;
+            }
+            all.bytes += r.bytes;
+            all.ms = r.ms > all.ms ? r.ms : all.ms;
         }
-        all.bytes += r.bytes;
-        all.ms = r.ms > all.ms ? r.ms : all.ms;
-    }
     return all;
 }
 
@@ -114,7 +118,12 @@ static void tell(int64_t first, double pause_s) {
         after_end && first >= 0 && S.reached >= 0 && first <= S.reached ? S.reached - first + 1 : 0;
     S.rounds[S.kind]++;
     S.redone += (uint64_t)redone;
-    S.fallbacks += S.kind == GL_ROUND_RESTART && S.fell_back;
+    /* a restart with no reason said is a program that does not re-form */
+    uint32_t cause = S.kind != GL_ROUND_RESTART   ? RDZV_CAUSE_NONE
+                     : S.cause != RDZV_CAUSE_NONE ? S.cause
+                                                  : RDZV_CAUSE_NOT_LIVE;
+    if (after_end && cause != RDZV_CAUSE_NONE)
+        S.fallbacks[cause]++;
     if (pause_s >= 0 && after_end) {
         S.pause_count++;
         S.pause_sum += pause_s;
@@ -136,7 +145,8 @@ static void tell(int64_t first, double pause_s) {
                                                                          : RDZV_STATE_NONE,
                             .state_step = st.step,
                             .state_bytes = st.bytes,
-                            .state_ms = st.ms};
+                            .state_ms = st.ms,
+                            .cause = after_end ? cause : RDZV_CAUSE_NONE};
         S.sink(&story);
     }
     if (S.kind == GL_ROUND_FIRST)
@@ -268,11 +278,12 @@ size_t gl_story_metrics(char *p, size_t cap, const char *job) {
         "# TYPE gpulaunch_steps_redone_total counter\n"
         "gpulaunch_steps_redone_total{job=\"%s\"} %llu\n",
         job, (unsigned long long)S.redone);
-    PUT("# HELP gpulaunch_reform_fallbacks_total Re-formations in place that fell back to "
-        "restarting the workers.\n"
-        "# TYPE gpulaunch_reform_fallbacks_total counter\n"
-        "gpulaunch_reform_fallbacks_total{job=\"%s\"} %llu\n",
-        job, (unsigned long long)S.fallbacks);
+    PUT("# HELP gpulaunch_reform_fallbacks_total Round changes this node's workers took by a "
+        "restart instead of in place, by reason.\n"
+        "# TYPE gpulaunch_reform_fallbacks_total counter\n");
+    for (uint32_t c = 1; c < RDZV_CAUSES; c++)
+        PUT("gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"%s\"} %llu\n", job,
+            rdzv_restart_cause_name(c), (unsigned long long)S.fallbacks[c]);
 #undef PUT
     return len;
 }

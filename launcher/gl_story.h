@@ -37,10 +37,10 @@ typedef void (*gl_story_sink)(const rdzv_story *story);
 void gl_story_init(uv_loop_t *loop, int nproc, gl_story_sink sink);
 /* The round this node ran ended: the newest step its workers reached is kept. */
 void gl_story_ended(uint32_t round);
-/* Why the next round restarts the workers (a local failure; fell_back: a
- * re-formation in place that could not finish); the first reason said since
- * the round's end is kept. */
-void gl_story_restart_why(const char *why, int fell_back);
+/* Why the next round restarts the workers, and its category (the metrics'
+ * and the rendezvous's reason label); the first reason said since the
+ * round's end is kept. */
+void gl_story_restart_why(const char *why, enum rdzv_restart_cause cause);
 /* The local workers run in `round` now, begun as kind (GL_ROUND_RESTART for
  * workers started for it is said GL_ROUND_FIRST when no round ended before):
  * its first step is watched for, then the line is said. Call after the

@@ -36,6 +36,12 @@ const char *rdzv_reason_name(uint32_t reason) {
     return "unknown";
 }
 
+const char *rdzv_restart_cause_name(uint32_t cause) {
+    static const char *const names[RDZV_CAUSES] = {"none",          "worker_failed", "hang",
+                                                   "reform_failed", "not_live",      "stopping"};
+    return cause < RDZV_CAUSES ? names[cause] : "unknown";
+}
+
 void rdzv_buf_init(rdzv_buf *b, size_t max) {
     memset(b, 0, sizeof *b);
     b->max = max;
@@ -400,6 +406,8 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         i64(c, &m->u.story.state_step);
         u64(c, &m->u.story.state_bytes);
         u32(c, &m->u.story.state_ms);
+        if (m->flags & RDZV_STORY_CAUSE)
+            u32(c, &m->u.story.cause);
         break;
     case RDZV_OK:
     case RDZV_DONE:

@@ -102,6 +102,7 @@ typedef struct rdzv_bytes {
     4u /* HEARTBEAT with RDZV_HEARTBEAT_WAIT, PONG, JOIN with RDZV_JOIN_PROBE */
 #define RDZV_CHALLENGE_PEER 8u   /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
 #define RDZV_CHALLENGE_STORY 16u /* STORY */
+#define RDZV_CHALLENGE_CAUSE 32u /* STORY with RDZV_STORY_CAUSE */
 
 /* A node silent to the server but reached by its peers' probes is kept up
  * to this many heartbeat timeouts of silence (rdzv_probe.h); a client's
@@ -112,6 +113,9 @@ typedef struct rdzv_bytes {
 /* RDZV_STORY (node to server, unanswered): how the node's workers began a
  * round and what it cost them (enum rdzv_story_kind, rdzv_client_story in
  * gpulaunch/rdzv.h; docs/protocol.md, "How a round began"). */
+#define RDZV_STORY_CAUSE                                                                           \
+    1u /* a u32 follows the fields: why a restart was one (enum rdzv_restart_cause); only to a     \
+        * server with RDZV_CHALLENGE_CAUSE */
 
 /* Flags on RDZV_NODE (a request without a body; answered OK): what a node's
  * workers can do now. */
@@ -246,6 +250,7 @@ typedef struct rdzv_msg {
             int64_t state_step;
             uint64_t state_bytes;
             uint32_t state_ms;
+            uint32_t cause; /* with RDZV_STORY_CAUSE: enum rdzv_restart_cause */
         } story;
         struct {
             uint32_t kind;

@@ -42,6 +42,8 @@ const char *rdzv_tl_kind_name(uint32_t kind) {
         return "done";
     case RDZV_TL_GPU:
         return "gpu";
+    case RDZV_TL_BEGAN:
+        return "began";
     }
     return "unknown";
 }
@@ -209,6 +211,78 @@ const char *rdzv_story_kind_name(uint32_t kind) {
     return kind < RDZV_STORY_KINDS ? names[kind] : "unknown";
 }
 
+/* A node's pause in the round's record and the job's histogram. */
+static void count_pause(rdzv_health *h, rdzv_round_story *st, uint32_t pause, uint32_t nproc) {
+    if (pause > st->pause_max_ms)
+        st->pause_max_ms = pause;
+    st->pause_rank_ms += (uint64_t)pause * nproc;
+    h->cost.pause_rank_ms += (uint64_t)pause * nproc;
+    double s = pause / 1000.0;
+    h->cost.pauses++;
+    h->cost.pause_sum_s += s;
+    int b = 0;
+    while (b < RDZV_HEALTH_PAUSE_BUCKETS - 1 && s > rdzv_health_pause_le[b])
+        b++;
+    h->cost.pause_bucket[b]++;
+}
+
+/* The round's line on the timeline, from what its nodes said so far: one
+ * entry a round (each node's STORY updates it while it is the newest), so a
+ * 1,000-node round change does not push everything else out. */
+static void note_began(rdzv_health *h, const rdzv_round_rec *r, const char *node) {
+    const rdzv_round_story *st = &r->story;
+    char t[RDZV_HEALTH_TEXT];
+    size_t n = 0;
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        if (n < sizeof t) {                                                                        \
+            int w_ = snprintf(t + n, sizeof t - n, __VA_ARGS__);                                   \
+            n += w_ > 0 ? (size_t)w_ : 0;                                                          \
+        }                                                                                          \
+    } while (0)
+    ADD("round %u began:", r->round);
+    const char *sep = " ";
+    if (st->nodes[RDZV_STORY_IN_PLACE]) {
+        ADD("%s%u node(s) in place", sep, st->nodes[RDZV_STORY_IN_PLACE]);
+        sep = ", ";
+    }
+    if (st->nodes[RDZV_STORY_RESTART]) {
+        ADD("%s%u restarted (", sep, st->nodes[RDZV_STORY_RESTART]);
+        const char *rs = "";
+        for (uint32_t c = 0; c < RDZV_CAUSES; c++)
+            if (st->restarts[c]) {
+                ADD("%s%s", rs, c ? rdzv_restart_cause_name(c) : "reason not said");
+                rs = ", ";
+            }
+        ADD(")");
+        sep = ", ";
+    }
+    if (st->nodes[RDZV_STORY_WARM]) {
+        ADD("%s%u joined warm", sep, st->nodes[RDZV_STORY_WARM]);
+        sep = ", ";
+    }
+    if (st->nodes[RDZV_STORY_FIRST])
+        ADD("%s%u started", sep, st->nodes[RDZV_STORY_FIRST]);
+    if (st->pause_max_ms)
+        ADD("; paused up to %.3f s", st->pause_max_ms / 1000.0);
+    ADD("; %u step(s) done again", st->redone);
+    if (st->peer_bytes)
+        ADD("; %llu bytes of state from peers", (unsigned long long)st->peer_bytes);
+    if (st->ckpt_bytes)
+        ADD("; %llu bytes read from the checkpoint of step %lld",
+            (unsigned long long)st->ckpt_bytes, (long long)st->ckpt_step);
+#undef ADD
+    rdzv_tl_event *last = h->ev_n ? &h->events[(h->ev_head + h->ev_n - 1) % h->ev_cap] : NULL;
+    if (last && last->kind == RDZV_TL_BEGAN && last->round == r->round) {
+        last->count++;
+        last->unix_ms = unix_ms();
+        snprintf(last->node, sizeof last->node, "%s", node ? node : "");
+        snprintf(last->text, sizeof last->text, "%s", t);
+        return;
+    }
+    rdzv_health_note(h, RDZV_TL_BEGAN, r->round, node, -1, "%s", t);
+}
+
 void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
     if (h == NULL || m->u.story.kind >= RDZV_STORY_KINDS)
         return;
@@ -233,6 +307,11 @@ void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
     }
     st->nodes[kind]++;
     h->cost.nodes[kind]++;
+    if (kind == RDZV_STORY_RESTART) {
+        uint32_t cause = m->u.story.cause < RDZV_CAUSES ? m->u.story.cause : RDZV_CAUSE_NONE;
+        st->restarts[cause]++;
+        h->cost.restarts[cause]++;
+    }
     if (kind == RDZV_STORY_RESTART && st->why[0] == '\0')
         snprintf(st->why, sizeof st->why, "%s: %s", node,
                  m->u.story.why[0] ? m->u.story.why : "restarted");
@@ -241,19 +320,10 @@ void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
         st->redone = m->u.story.redone;
     }
     /* a first round's or warm join's time is a start, not a pause */
-    if (pause == RDZV_STORY_UNKNOWN || kind == RDZV_STORY_FIRST || kind == RDZV_STORY_WARM)
-        return;
-    if (pause > st->pause_max_ms)
-        st->pause_max_ms = pause;
-    st->pause_rank_ms += (uint64_t)pause * m->u.story.nproc;
-    h->cost.pause_rank_ms += (uint64_t)pause * m->u.story.nproc;
-    double s = pause / 1000.0;
-    h->cost.pauses++;
-    h->cost.pause_sum_s += s;
-    int b = 0;
-    while (b < RDZV_HEALTH_PAUSE_BUCKETS - 1 && s > rdzv_health_pause_le[b])
-        b++;
-    h->cost.pause_bucket[b]++;
+    if (pause != RDZV_STORY_UNKNOWN && kind != RDZV_STORY_FIRST && kind != RDZV_STORY_WARM)
+        count_pause(h, st, pause, m->u.story.nproc);
+    if (kind != RDZV_STORY_FIRST)
+        note_began(h, r, node);
 }
 
 void rdzv_health_hang(rdzv_health *h, uint32_t round, const char *node, uint32_t rank,

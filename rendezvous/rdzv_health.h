@@ -34,6 +34,7 @@ enum rdzv_tl_kind {
     RDZV_TL_RECOVERED = 8, /* a named straggler is back under the threshold */
     RDZV_TL_DONE = 9,      /* every node finished */
     RDZV_TL_GPU = 10,      /* a launcher's GPU notice: idle alert, XID, lost GPU */
+    RDZV_TL_BEGAN = 11,    /* how a round's nodes began it (their STORY; one entry a round) */
 };
 const char *rdzv_tl_kind_name(uint32_t kind);
 
@@ -55,6 +56,7 @@ typedef struct rdzv_round_story {
     char why[RDZV_HEALTH_TEXT];       /* the first restart's node and reason ("": none) */
     uint64_t peer_bytes, ckpt_bytes;  /* state copied from peers, read from checkpoints */
     int64_t ckpt_step;                /* the checkpoint's step read (-1: none) */
+    uint32_t restarts[RDZV_CAUSES];   /* nodes that restarted, by reason (0: not said) */
 } rdzv_round_story;
 
 typedef struct rdzv_round_rec {
@@ -72,6 +74,7 @@ typedef struct rdzv_health_cost {
     uint64_t peer_bytes, ckpt_bytes;  /* state copied from peers, read from checkpoints */
     uint64_t pauses, pause_bucket[RDZV_HEALTH_PAUSE_BUCKETS]; /* nodes' pauses, histogram */
     double pause_sum_s;
+    uint64_t restarts[RDZV_CAUSES]; /* node rounds begun by a restart, by reason (0: not said) */
 } rdzv_health_cost;
 
 typedef struct rdzv_rank_health {

@@ -75,6 +75,21 @@ static void render_event(sbuf *b, const rdzv_tl_event *e) {
     sb_printf(b, "}");
 }
 
+/* ,"restart_reasons":{"worker_failed":1,...}: the reasons restarts were said
+ * for ("unknown": an older launcher's), those with a count only. */
+static void render_reasons(sbuf *b, const uint64_t counts[RDZV_CAUSES]) {
+    sb_printf(b, ",\"restart_reasons\":{");
+    const char *sep = "";
+    for (uint32_t c = 0; c < RDZV_CAUSES; c++) {
+        if (counts[c] == 0)
+            continue;
+        sb_printf(b, "%s\"%s\":%llu", sep, c ? rdzv_restart_cause_name(c) : "unknown",
+                  (unsigned long long)counts[c]);
+        sep = ",";
+    }
+    sb_printf(b, "}");
+}
+
 /* How a round began: ,"story":{...} (nodes by kind, the longest pause, the
  * rank-seconds paused, steps done again, the first restart's reason), or
  * nothing when no node said. */
@@ -94,6 +109,10 @@ static void render_story(sbuf *b, const rdzv_round_story *st) {
               st->pause_rank_ms / 1000.0, st->redone, (unsigned long long)st->peer_bytes,
               (unsigned long long)st->ckpt_bytes, (long long)st->ckpt_step);
     sb_json_str(b, st->why);
+    uint64_t reasons[RDZV_CAUSES];
+    for (uint32_t c = 0; c < RDZV_CAUSES; c++)
+        reasons[c] = st->restarts[c];
+    render_reasons(b, reasons);
     sb_printf(b, "}");
 }
 
@@ -117,13 +136,15 @@ void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {
     sb_printf(b,
               "],\"membership_cost\":{\"first\":%llu,\"in_place\":%llu,\"restart\":%llu,"
               "\"warm_join\":%llu,\"rank_seconds_paused\":%.3f,\"steps_redone\":%llu,"
-              "\"bytes_from_peers\":%llu,\"bytes_from_checkpoints\":%llu}",
+              "\"bytes_from_peers\":%llu,\"bytes_from_checkpoints\":%llu",
               (unsigned long long)c->nodes[RDZV_STORY_FIRST],
               (unsigned long long)c->nodes[RDZV_STORY_IN_PLACE],
               (unsigned long long)c->nodes[RDZV_STORY_RESTART],
               (unsigned long long)c->nodes[RDZV_STORY_WARM], c->pause_rank_ms / 1000.0,
               (unsigned long long)c->redone, (unsigned long long)c->peer_bytes,
               (unsigned long long)c->ckpt_bytes);
+    render_reasons(b, c->restarts);
+    sb_printf(b, "}");
     sb_printf(b, ",\"events_total\":%llu,\"events\":[", (unsigned long long)h->events_total);
     for (uint32_t i = 0; i < h->ev_n; i++) {
         sb_printf(b, "%s", i ? "," : "");
@@ -322,6 +343,19 @@ void rdzv_health_render_metrics(rdzv_server *s, sbuf *b) {
                 continue;
             const rdzv_health_cost *c = &j->health->cost;
             job_series(b, sm[k].name, j, k == 0 ? c->pause_rank_ms / 1000.0 : (double)c->redone);
+        }
+    }
+    sb_printf(b, "# HELP gpulaunch_job_reform_fallbacks_total Round changes the job's nodes took "
+                 "by a restart instead of in place, by reason (unknown: not said).\n"
+                 "# TYPE gpulaunch_job_reform_fallbacks_total counter\n");
+    LIST_FOREACH(j, &s->jobs, link) {
+        if (j->health == NULL)
+            continue;
+        for (uint32_t c = 0; c < RDZV_CAUSES; c++) {
+            sb_printf(b, "gpulaunch_job_reform_fallbacks_total{job=");
+            sb_label(b, j->r.run_id);
+            sb_printf(b, ",reason=\"%s\"} %llu\n", c ? rdzv_restart_cause_name(c) : "unknown",
+                      (unsigned long long)j->health->cost.restarts[c]);
         }
     }
     sb_printf(b, "# HELP gpulaunch_job_state_bytes_total Bytes of state new ranks took after "

@@ -103,6 +103,12 @@ Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
     cr_expect_eq(metric(mport, name), 1, "%s", name);
     snprintf(name, sizeof name, "gpulaunch_steps_redone_total{job=\"%s\"}", job);
     cr_expect_eq(metric(mport, name), (double)redone, "%s", name);
+    snprintf(name, sizeof name,
+             "gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"worker_failed\"}", job);
+    cr_expect_eq(metric(mport, name), 1, "%s", name);
+    snprintf(name, sizeof name,
+             "gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"reform_failed\"}", job);
+    cr_expect_eq(metric(mport, name), 0, "%s", name);
     snprintf(name, sizeof name, "gpulaunch_round_pause_seconds_count{job=\"%s\"}", job);
     cr_expect_eq(metric(mport, name), 1, "%s", name);
     snprintf(name, sizeof name, "gpulaunch_round_pause_seconds_sum{job=\"%s\"}", job);
@@ -134,6 +140,10 @@ static void check_server(int hport, double lost_pause) {
     const char *bp = strstr(cost, "\"bytes_from_peers\":");
     cr_expect(bp && sscanf(bp, "\"bytes_from_peers\":%llu", &peers) == 1 && peers > 0,
               "the newcomer's state copied from a peer: %.300s", cost);
+    cr_expect(strstr(cost, "\"restart_reasons\":{}") != NULL, "no restart: %.400s", cost);
+    cr_expect(strstr(body, "\"kind\":\"began\"") &&
+                  strstr(body, "round 2 began: 1 node(s) in place"),
+              "the timeline's entry for round 2: %s", body);
     cr_expect(in_place == 2 && restart == 0 && first + warm == 3,
               "first %u in place %u restart %u warm %u: %.300s", first, in_place, restart, warm,
               cost);
@@ -142,6 +152,8 @@ static void check_server(int hport, double lost_pause) {
               "round 2's story: %s", body);
     double v = metric(hport, "gpulaunch_job_node_rounds_total{job=\"story\",kind=\"in_place\"}");
     cr_expect_eq(v, 2);
+    v = metric(hport, "gpulaunch_job_reform_fallbacks_total{job=\"story\",reason=\"not_live\"}");
+    cr_expect_eq(v, 0);
     v = metric(hport, "gpulaunch_job_round_pause_seconds_count{job=\"story\"}");
     cr_expect_eq(v, 2);
     v = metric(hport, "gpulaunch_job_state_bytes_total{job=\"story\",source=\"peer\"}");
@@ -258,4 +270,69 @@ Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause, .timeo
     cr_log_info("a node lost: the survivor paused %.3f s, re-formed in place; a node joined: "
                 "paused %.3f s",
                 lost_pause, pause);
+}
+
+/* The server's count of restarts by reason, from raw protocol peers: a
+ * STORY with its cause (RDZV_STORY_CAUSE) is counted under it, one without
+ * (an older launcher's) as unknown; the round's timeline entry is one,
+ * updated by each node's story; /status, /metrics (promtool-clean) agree. */
+Test(story, the_server_counts_restarts_by_reason_and_keeps_one_timeline_entry_a_round) {
+    proc srv;
+    int port, hport = free_tcp_port();
+    char http[32];
+    snprintf(http, sizeof http, "127.0.0.1:%d", hport);
+    const char *extra[] = {"--http", http, NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0);
+    static peer pe[3];
+    static const uint32_t causes[3] = {RDZV_CAUSE_WORKER_FAILED, RDZV_CAUSE_HANG, RDZV_CAUSE_NONE};
+    for (int i = 0; i < 3; i++) {
+        char host[16];
+        snprintf(host, sizeof host, "reasons-%d", i);
+        cr_assert_eq(peer_open(&pe[i], port, NULL), 0);
+        cr_assert_eq(peer_join(&pe[i], "reasons", host, -1, 2, 3, 3, 0), 0);
+    }
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(peer_recv_type(&pe[i], RDZV_ASSIGNED, 10000), 0, "node %d not assigned", i);
+    for (int i = 0; i < 3; i++) {
+        rdzv_msg m = {.type = RDZV_STORY};
+        m.u.story.round = 1;
+        m.u.story.kind = RDZV_STORY_RESTART;
+        m.u.story.pause_ms = 100 * (uint32_t)(i + 1);
+        m.u.story.nproc = 2;
+        m.u.story.state_step = -1;
+        snprintf(m.u.story.why, sizeof m.u.story.why, "reason %d", i);
+        if (causes[i] != RDZV_CAUSE_NONE) {
+            m.flags = RDZV_STORY_CAUSE;
+            m.u.story.cause = causes[i];
+        }
+        cr_assert_eq(peer_send(&pe[i], &m), 0);
+    }
+    static char body[1 << 18];
+    const char *want = "\"restart_reasons\":{\"unknown\":1,\"worker_failed\":1,\"hang\":1}}";
+    uint64_t until = now_ms() + 5000;
+    do {
+        usleep(50000);
+        cr_assert_eq(http_get_local(hport, "/status?job=reasons", body, sizeof body), 200);
+    } while (strstr(body, want) == NULL && now_ms() < until);
+    const char *cost = strstr(body, "\"membership_cost\":");
+    cr_expect(cost && strstr(cost, want), "%s", body);
+    const char *ev = strstr(body, "\"kind\":\"began\"");
+    cr_expect(ev && strstr(ev + 1, "\"kind\":\"began\"") == NULL, "one entry for round 1: %s",
+              body);
+    cr_expect(ev && strstr(ev, "\"count\":3") &&
+                  strstr(ev, "round 1 began: 3 restarted (reason not said, worker_failed, hang); "
+                             "paused up to 0.300 s"),
+              "%s", ev ? ev : body);
+    static const char *const reasons[] = {"unknown",       "worker_failed", "hang",
+                                          "reform_failed", "not_live",      "stopping"};
+    for (size_t r = 0; r < sizeof reasons / sizeof reasons[0]; r++) {
+        char name[160];
+        snprintf(name, sizeof name,
+                 "gpulaunch_job_reform_fallbacks_total{job=\"reasons\",reason=\"%s\"}", reasons[r]);
+        cr_expect_eq(metric(hport, name), r < 3 ? 1 : 0, "%s", name);
+    }
+    for (int i = 0; i < 3; i++)
+        peer_close(&pe[i]);
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
 }

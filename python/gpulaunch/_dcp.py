@@ -196,11 +196,12 @@ def _reader_class() -> Any:
 
         def path(self, rank: int) -> str:
             if rank not in self.paths:  # checked (SHA-256) once, fetched when missing
-                self.paths[rank] = self.r.rank_path(rank, self.name)
+                self.paths[rank] = self.r._rank_path(rank, self.name)
             return self.paths[rank]
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with open(self.r.rank_path(0, self.name + METADATA), "rb") as f:
+            with open(self.r._rank_path(0, self.name + METADATA), "rb") as f:
+                self.r.bytes_read += os.fstat(f.fileno()).st_size
                 return _MetadataUnpickler(f).load()
 
         def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -217,6 +218,7 @@ def _reader_class() -> Any:
                             # private and writable, so torch.frombuffer takes it without a copy
                             maps[loc.rank] = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else None  # type: ignore[assignment]
                     m = maps[loc.rank]
+                    self.r.bytes_read += loc.length  # the piece this rank takes, not the whole file
                     if loc.offset + loc.length > (len(m) if m is not None else 0):
                         raise RuntimeError(
                             f"gpulaunch: {self.name}: rank {loc.rank}'s file is shorter than its plan says "

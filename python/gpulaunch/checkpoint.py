@@ -11,10 +11,11 @@ import math
 import os
 import signal
 import sys
+import time
 from typing import Any, Callable, Optional, Union
 
 from . import _native as N
-from . import _statefile
+from . import _statefile, progress
 from ._native import Error
 from .comm import Comm
 
@@ -143,9 +144,25 @@ class CheckpointReader(_Files):
     """Handed to load_fn: this rank's files of the checkpoint of step, or
     rank 0's when this rank has none of that name (replicated state)."""
 
+    def __init__(self, comm: Comm, ck: int, step: int) -> None:
+        super().__init__(comm, ck, step)
+        self._opened: set[str] = set()
+        self.bytes_read = 0
+        """Bytes of the checkpoint this rank read: the files handed out by
+        path() and rank_path(), once each, and the pieces load_sharded took."""
+
+    def _count_file(self, p: str) -> str:
+        if p not in self._opened:
+            self._opened.add(p)
+            try:
+                self.bytes_read += os.path.getsize(p)
+            except OSError:
+                pass  # the program's own open() says what is wrong
+        return p
+
     def path(self, name: str) -> str:
         """The path of file `name` (Error GPL_ERR_NOT_FOUND when there is none)."""
-        return self._path_call("gpl_ckpt_path", name)
+        return self._count_file(self._path_call("gpl_ckpt_path", name))
 
     @property
     def saved_world(self) -> int:
@@ -158,6 +175,9 @@ class CheckpointReader(_Files):
         (sharded state read into another world), checked against that rank's
         manifest (size, SHA-256) and fetched from the durable tier when this
         node's disk lacks it."""
+        return self._count_file(self._rank_path(rank, name))
+
+    def _rank_path(self, rank: int, name: str) -> str:
         ck, raw = self._live("rank_path", name)
         out = ctypes.create_string_buffer(N.CKPT_PATH_MAX)
         rc = N.fn("gpl_ckpt_rank_path")(ck, int(rank), raw, out, N.CKPT_PATH_MAX)
@@ -302,6 +322,7 @@ class Checkpointer:
         self.comm = comm
         self._save_fn: Optional[SaveFn] = None
         self._load_fn: Optional[LoadFn] = None
+        self._read_bytes = 0  # what the load callbacks of the restore under way read
         self._save_c = N.SAVE_FN(self._on_save)
         self._load_c = N.LOAD_FN(self._on_load)
         self._pins = _statefile.StagePins()
@@ -349,6 +370,7 @@ class Checkpointer:
                 self._load_fn(r)
             finally:
                 r._ck = None
+                self._read_bytes += r.bytes_read
             return N.GPL_OK
         except BaseException as e:  # noqa: B902
             self.comm._pending = e
@@ -371,12 +393,18 @@ class Checkpointer:
         h = self._start()
         step = ctypes.c_int64(-1)
         self._load_fn = load_fn
+        self._read_bytes = 0
+        t0 = time.monotonic()
         try:
             rc = N.lib().gpl_ckpt_restore(h, ctypes.byref(step))
         finally:
             self._load_fn = None
         self.comm._check(rc)
-        return step.value if step.value >= 0 else None
+        if step.value < 0:
+            return None
+        # the launcher's line for the round and the job page say where the state came from
+        progress.state_source("checkpoint", step.value, self._read_bytes, time.monotonic() - t0)
+        return step.value
 
     def step_end(self, step: int, save_fn: SaveFn) -> bool:
         """Call once per step after the update (step: steps completed). True

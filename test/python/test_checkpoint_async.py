@@ -411,6 +411,42 @@ def test_durable_directory_tier_restores_a_lost_local_disk(tmp_path: Path) -> No
         assert sha256_file(local / "step-000000000006" / f"r{r}-state") == digests[r]
 
 
+def test_restore_tells_the_launcher_the_bytes_it_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """restore() says on the progress pipe where the state came from: the
+    checkpoint's step and the bytes load_fn read (the files it opened, once
+    each; not the ones it left), as the launcher's round line and the job
+    page show them; nothing when there was no checkpoint."""
+    r, w = os.pipe()
+    monkeypatch.setenv("GPULAUNCH_PROGRESS_FD", str(w))
+    ck = one_rank(tmp_path / "ck", every_steps=1)
+    try:
+        assert ck.restore(lambda rd: None) is None
+        state = {"w": torch.arange(1000, dtype=torch.float32)}
+
+        def save(wr: gpulaunch.CheckpointWriter) -> None:
+            wr.save_state("train", state)
+            wr.write("unread", b"x" * 5000)
+            wr.write("raw", b"y" * 777)
+
+        assert not ck.step_end(3, save)
+        ck.wait()
+
+        def load(rd: gpulaunch.CheckpointReader) -> None:
+            rd.load_state("train")
+            rd.load_state("train")  # the same file again: counted once
+            assert rd.read("raw") == b"y" * 777
+
+        assert ck.restore(load) == 3
+    finally:
+        ck.close()
+        os.close(w)
+    got = os.read(r, 4096).decode()
+    os.close(r)
+    size = (tmp_path / "ck" / "step-000000000003" / "r0-train").stat().st_size
+    m = re.fullmatch(r"state checkpoint 3 (\d+) (\d+) -1\n", got)
+    assert m and int(m[1]) == size + 777, f"{got!r}: want {size} + 777 bytes"
+
+
 # ---- (e) status() ----
 
 

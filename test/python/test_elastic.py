@@ -35,6 +35,9 @@ LAUNCHER = BUILD / "launcher" / "gpulaunch"
 RDZV = BUILD / "rendezvous" / "gpulaunch-rdzv"
 TRAIN = REPO / "examples" / "train_ddp.py"
 PY = sys.executable
+sys.path.insert(0, str(HERE))
+import jobpage  # noqa: E402
+
 HOLD = 10  # rank 4 holds before this step: the fault comes there
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
@@ -119,9 +122,10 @@ class Job:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.port = free_port()
+        self.port, self.http = free_port(), free_port()
         self.procs: list[Proc] = []
-        self.rdzv = self.start("rdzv", [str(RDZV), "--listen", f"127.0.0.1:{self.port}"])
+        self.rdzv = self.start("rdzv", [str(RDZV), "--listen", f"127.0.0.1:{self.port}",
+                                        "--http", f"127.0.0.1:{self.http}"])
         until = time.monotonic() + 10
         while True:  # listening?
             try:
@@ -348,18 +352,29 @@ def test_node_vanishes_then_a_new_node_copies_the_state(job: Job) -> None:
 
 
 @once
-def test_rank_that_cannot_reform_is_restarted(job: Job) -> None:
+def test_rank_that_cannot_reform_is_restarted(job: Job, tmp_path: Path) -> None:
     """(e) rank 0 exits instead of re-forming: its launcher falls back to a
     restart of its workers, the other surviving node's workers go on in place
     (they were making the next round's group with rank 0: freed, they join
-    the round after), and the restarted ones copy the state from them."""
-    nodes, held = three_nodes(job, "--steps", "40", "--reform-fail-rank", "0")
+    the round after), and the restarted ones copy the state from them. The
+    job tells it (rank 0 holds before step 3 x HOLD meanwhile): the
+    launcher's line, /status, /metrics and the job page in Chromium say one
+    node restarted because re-forming in place failed, the other re-formed
+    in place, the state came from peers, and the page fits 1280 px."""
+    release = tmp_path / "release"
+    nodes, held = three_nodes(job, "--steps", "40", "--reform-fail-rank", "0", "--hold", f"0:{3 * HOLD}",
+                              "--release-file", str(release))
     survivors = [p for p in nodes if p is not held]
     failing: Optional[Proc] = next((p for p in survivors if p.find(r"^rank 0 pid \d+ round")), None)
     assert failing is not None, job.dump()
     other = next(p for p in survivors if p is not failing)
     before = pids(other)
     held.signal(signal.SIGKILL)
+    wait_for(job, survivors, rf"^rank 0 holding before step {3 * HOLD}$", 1, 120)
+    try:
+        job_tells_a_fallback(job, tmp_path, failing, other)
+    finally:
+        release.touch()
     for p in survivors:
         assert p.wait(120) == 0, job.dump()
     held.wait(10)
@@ -372,6 +387,35 @@ def test_rank_that_cannot_reform_is_restarted(job: Job) -> None:
     assert len(joined) == 2, job.dump()
     sha = shas(survivors)
     assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+
+
+def job_tells_a_fallback(job: Job, tmp: Path, failing: Proc, other: Proc) -> None:
+    """The story of test_rank_that_cannot_reform_is_restarted while it holds."""
+    (_, m), = failing.find(r"round \d+ began: restarted the workers \((re-forming in place failed: [^)]*)")
+    assert m, job.dump()
+    assert other.find(r"round \d+ began: re-formed in place \(the workers kept\); paused [\d.]+ s"), job.dump()
+    time.sleep(0.3)  # the last STORY on its way
+    st = jobpage.status(job.http, "elastic")
+    cost = st["membership_cost"]
+    assert cost["restart"] == 1 and cost["restart_reasons"] == {"reform_failed": 1}, cost
+    assert cost["in_place"] >= 1 and cost["bytes_from_peers"] > 0, cost
+    began = [e["text"] for e in st["events"] if e["kind"] == "began"]
+    assert any("1 restarted (reform_failed)" in t for t in began), st["events"]
+    text = jobpage.get(job.http, "/metrics")
+    assert jobpage.metric(text, 'gpulaunch_job_reform_fallbacks_total{job="elastic",reason="reform_failed"}') == 1
+    assert jobpage.metric(text, 'gpulaunch_job_reform_fallbacks_total{job="elastic",reason="worker_failed"}') == 0
+    assert jobpage.metric(text, 'gpulaunch_job_node_rounds_total{job="elastic",kind="restart"}') == 1
+    if jobpage.chromium() is None:
+        report("chromium is not installed (scripts/deps.sh): the job page is not checked")
+        return
+    dom = jobpage.dom(tmp, job.http, "elastic")
+    assert '<b id="cost-restart">1</b>' in dom and "1 × re-forming in place failed" in dom, dom
+    assert "<td>restart, in place</td>" in dom or "<td>in place, restart</td>" in dom or \
+        re.search(r"<td>restart[^<]*</td>", dom), dom
+    assert "<td>peers (" in dom, dom
+    sw, cw, drawn = jobpage.width_1280(tmp, job.http, "elastic", "cost-restart")
+    assert cw > 1200 and sw <= cw and drawn, f"the page scrolls sideways at 1280 px ({sw} px in {cw}, drawn {drawn})"
+    report(f"a fallback told: {m[1][:120]}; on the page and /metrics as reform_failed")
 
 
 @once

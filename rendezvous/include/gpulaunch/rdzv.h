@@ -206,6 +206,19 @@ enum rdzv_state_source {
     RDZV_STATE_PEER = 1,      /* copied from a peer rank's memory */
     RDZV_STATE_CHECKPOINT = 2 /* read from a checkpoint */
 };
+/* Why a round began with a restart instead of in place (a fallback). */
+enum rdzv_restart_cause {
+    RDZV_CAUSE_NONE = 0,          /* not a restart, or not said (an older launcher) */
+    RDZV_CAUSE_WORKER_FAILED = 1, /* a local worker exited with an error or was killed */
+    RDZV_CAUSE_HANG = 2,          /* the watchdog found a local rank hung */
+    RDZV_CAUSE_REFORM_FAILED = 3, /* a re-formation in place began and could not finish */
+    RDZV_CAUSE_NOT_LIVE = 4,      /* the workers do not re-form in place (the program) */
+    RDZV_CAUSE_STOPPING = 5,      /* the round ended while the workers were stopping or one had
+                                     exited (a stop, a preemption, a failure just before) */
+    RDZV_CAUSES = 6
+};
+/* "worker_failed", "hang", "reform_failed", "not_live", "stopping"; "none". */
+const char *rdzv_restart_cause_name(uint32_t cause);
 typedef struct rdzv_story {
     uint32_t round, kind;
     uint32_t pause_ms;    /* from the last round's end to the first step in this one
@@ -217,6 +230,7 @@ typedef struct rdzv_story {
     int64_t state_step;   /* the step of that state (-1: none) */
     uint64_t state_bytes; /* bytes copied or read, the node's workers summed */
     uint32_t state_ms;    /* the longest a worker took */
+    uint32_t cause;       /* a restart's enum rdzv_restart_cause (sent to servers that take it) */
 } rdzv_story;
 void rdzv_client_story(rdzv_client *c, const rdzv_story *story);
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
