@@ -146,7 +146,8 @@ static void tell(int64_t first, double pause_s) {
                             .state_step = st.step,
                             .state_bytes = st.bytes,
                             .state_ms = st.ms,
-                            .cause = after_end ? cause : RDZV_CAUSE_NONE};
+                            .cause = after_end ? cause : RDZV_CAUSE_NONE,
+                            .state_root = st.source == GL_STATE_PEER ? st.root : -1};
         S.sink(&story);
     }
     if (S.kind == GL_ROUND_FIRST)

@@ -60,8 +60,8 @@ struct rdzv_client {
     int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
     int server_probe;  /* the server takes waits in heartbeats and probes (RDZV_CHALLENGE_PROBE) */
     int server_story;  /* the server takes how rounds began (RDZV_CHALLENGE_STORY) */
-    int server_cause;  /* ... and why a restart was one (RDZV_CHALLENGE_CAUSE) */
-    uint32_t wait_ms;  /* rdzv_client_waiting's last: said in every heartbeat */
+    int server_story_more; /* ... and its cause and root (RDZV_CHALLENGE_STORY_MORE) */
+    uint32_t wait_ms;      /* rdzv_client_waiting's last: said in every heartbeat */
     uint64_t wait_said_ms; /* when a heartbeat last said a wait */
     int stats_warned;
     uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
@@ -277,7 +277,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         c->server_warm = (m->flags & RDZV_CHALLENGE_WARM) != 0;
         c->server_probe = (m->flags & RDZV_CHALLENGE_PROBE) != 0;
         c->server_story = (m->flags & RDZV_CHALLENGE_STORY) != 0;
-        c->server_cause = (m->flags & RDZV_CHALLENGE_CAUSE) != 0;
+        c->server_story_more = (m->flags & RDZV_CHALLENGE_STORY_MORE) != 0;
         if ((m->flags & RDZV_CHALLENGE_PEER) && c->peer == NULL && !c->peer_failed)
             open_peer(c);
         rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
@@ -701,9 +701,10 @@ void rdzv_client_story(rdzv_client *c, const rdzv_story *story) {
     m.u.story.state_step = story->state_step;
     m.u.story.state_bytes = story->state_bytes;
     m.u.story.state_ms = story->state_ms;
-    if (c->server_cause && story->cause != RDZV_CAUSE_NONE) {
-        m.flags |= RDZV_STORY_CAUSE;
+    if (c->server_story_more) {
+        m.flags |= RDZV_STORY_MORE;
         m.u.story.cause = story->cause;
+        m.u.story.state_root = story->state_root;
     }
     send_msg(c, &m);
 }

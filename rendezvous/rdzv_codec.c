@@ -406,8 +406,12 @@ static void msg_fields(codec *c, rdzv_msg *m) {
         i64(c, &m->u.story.state_step);
         u64(c, &m->u.story.state_bytes);
         u32(c, &m->u.story.state_ms);
-        if (m->flags & RDZV_STORY_CAUSE)
+        if (m->flags & RDZV_STORY_MORE) {
             u32(c, &m->u.story.cause);
+            i32(c, &m->u.story.state_root);
+        } else if (!c->enc) {
+            m->u.story.state_root = -1; /* not said */
+        }
         break;
     case RDZV_OK:
     case RDZV_DONE:

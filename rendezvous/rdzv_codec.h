@@ -100,9 +100,9 @@ typedef struct rdzv_bytes {
 #define RDZV_CHALLENGE_WARM 2u   /* NODE and JOIN with RDZV_JOIN_WARM */
 #define RDZV_CHALLENGE_PROBE                                                                       \
     4u /* HEARTBEAT with RDZV_HEARTBEAT_WAIT, PONG, JOIN with RDZV_JOIN_PROBE */
-#define RDZV_CHALLENGE_PEER 8u   /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
-#define RDZV_CHALLENGE_STORY 16u /* STORY */
-#define RDZV_CHALLENGE_CAUSE 32u /* STORY with RDZV_STORY_CAUSE */
+#define RDZV_CHALLENGE_PEER 8u        /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
+#define RDZV_CHALLENGE_STORY 16u      /* STORY */
+#define RDZV_CHALLENGE_STORY_MORE 32u /* STORY with RDZV_STORY_MORE */
 
 /* A node silent to the server but reached by its peers' probes is kept up
  * to this many heartbeat timeouts of silence (rdzv_probe.h); a client's
@@ -113,9 +113,10 @@ typedef struct rdzv_bytes {
 /* RDZV_STORY (node to server, unanswered): how the node's workers began a
  * round and what it cost them (enum rdzv_story_kind, rdzv_client_story in
  * gpulaunch/rdzv.h; docs/protocol.md, "How a round began"). */
-#define RDZV_STORY_CAUSE                                                                           \
-    1u /* a u32 follows the fields: why a restart was one (enum rdzv_restart_cause); only to a     \
-        * server with RDZV_CHALLENGE_CAUSE */
+#define RDZV_STORY_MORE                                                                            \
+    1u /* a u32 and an i32 follow the fields: why a restart was one (enum rdzv_restart_cause)      \
+        * and the rank the state was copied from (-1: none); only to a server with                 \
+        * RDZV_CHALLENGE_STORY_MORE */
 
 /* Flags on RDZV_NODE (a request without a body; answered OK): what a node's
  * workers can do now. */
@@ -250,7 +251,8 @@ typedef struct rdzv_msg {
             int64_t state_step;
             uint64_t state_bytes;
             uint32_t state_ms;
-            uint32_t cause; /* with RDZV_STORY_CAUSE: enum rdzv_restart_cause */
+            uint32_t cause;     /* with RDZV_STORY_MORE: enum rdzv_restart_cause */
+            int32_t state_root; /* with RDZV_STORY_MORE: the peer rank copied (-1: none) */
         } story;
         struct {
             uint32_t kind;

@@ -226,6 +226,32 @@ static void count_pause(rdzv_health *h, rdzv_round_story *st, uint32_t pause, ui
     h->cost.pause_bucket[b]++;
 }
 
+/* A node's own story with the round's: those of its changes (not first
+ * starts), the first RDZV_HEALTH_ROUND_NODES of them. */
+static void keep_node_story(rdzv_round_story *st, const char *node, const rdzv_msg *m) {
+    if (m->u.story.kind == RDZV_STORY_FIRST)
+        return;
+    if (st->each_n == RDZV_HEALTH_ROUND_NODES) {
+        st->each_more++;
+        return;
+    }
+    rdzv_node_story *n = &st->each[st->each_n++];
+    snprintf(n->node, sizeof n->node, "%s", node ? node : "");
+    n->kind = (uint8_t)m->u.story.kind;
+    n->cause = (uint8_t)(m->u.story.kind == RDZV_STORY_RESTART && m->u.story.cause < RDZV_CAUSES
+                             ? m->u.story.cause
+                             : RDZV_CAUSE_NONE);
+    n->source =
+        (uint8_t)(m->u.story.source <= RDZV_STATE_CHECKPOINT ? m->u.story.source : RDZV_STATE_NONE);
+    n->pause_ms = m->u.story.pause_ms;
+    n->redone = m->u.story.redone;
+    n->nproc = m->u.story.nproc;
+    n->state_ms = m->u.story.state_ms;
+    n->state_root = n->source == RDZV_STATE_PEER ? m->u.story.state_root : -1;
+    n->state_bytes = n->source != RDZV_STATE_NONE ? m->u.story.state_bytes : 0;
+    n->state_step = n->source != RDZV_STATE_NONE ? m->u.story.state_step : -1;
+}
+
 /* The round's line on the timeline, from what its nodes said so far: one
  * entry a round (each node's STORY updates it while it is the newest), so a
  * 1,000-node round change does not push everything else out. */
@@ -307,6 +333,7 @@ void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
     }
     st->nodes[kind]++;
     h->cost.nodes[kind]++;
+    keep_node_story(st, node, m);
     if (kind == RDZV_STORY_RESTART) {
         uint32_t cause = m->u.story.cause < RDZV_CAUSES ? m->u.story.cause : RDZV_CAUSE_NONE;
         st->restarts[cause]++;

@@ -48,6 +48,19 @@ typedef struct rdzv_tl_event {
 
 /* How a round began, from its nodes' STORY messages (enum rdzv_story_kind). */
 #define RDZV_HEALTH_PAUSE_BUCKETS 11 /* the pause histogram's buckets, +Inf included */
+#define RDZV_HEALTH_ROUND_NODES 8    /* nodes' own stories kept per round (the rest counted) */
+#define RDZV_HEALTH_NODE_NAME 64     /* bytes of a node's name kept with its story */
+/* One node's story of a round, as it told it (the first RDZV_HEALTH_ROUND_NODES
+ * to tell that were not a first start: the changes are what is looked for). */
+typedef struct rdzv_node_story {
+    char node[RDZV_HEALTH_NODE_NAME];
+    uint8_t kind, cause, source; /* enum rdzv_story_kind, rdzv_restart_cause, rdzv_state_source */
+    uint32_t pause_ms;           /* RDZV_STORY_UNKNOWN: no step seen */
+    uint32_t redone, nproc, state_ms;
+    int32_t state_root; /* the peer rank copied (-1: not said) */
+    int64_t state_step; /* the step of the state taken (-1: none) */
+    uint64_t state_bytes;
+} rdzv_node_story;
 typedef struct rdzv_round_story {
     uint32_t nodes[RDZV_STORY_KINDS]; /* nodes that began it each way */
     uint32_t pause_max_ms;            /* the longest pause a node said (0: none said) */
@@ -57,6 +70,8 @@ typedef struct rdzv_round_story {
     uint64_t peer_bytes, ckpt_bytes;  /* state copied from peers, read from checkpoints */
     int64_t ckpt_step;                /* the checkpoint's step read (-1: none) */
     uint32_t restarts[RDZV_CAUSES];   /* nodes that restarted, by reason (0: not said) */
+    rdzv_node_story each[RDZV_HEALTH_ROUND_NODES]; /* nodes' own stories */
+    uint32_t each_n, each_more; /* kept, and told beyond those (first starts not counted) */
 } rdzv_round_story;
 
 typedef struct rdzv_round_rec {

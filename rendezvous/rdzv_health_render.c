@@ -113,7 +113,31 @@ static void render_story(sbuf *b, const rdzv_round_story *st) {
     for (uint32_t c = 0; c < RDZV_CAUSES; c++)
         reasons[c] = st->restarts[c];
     render_reasons(b, reasons);
-    sb_printf(b, "}");
+    sb_printf(b, ",\"nodes\":[");
+    for (uint32_t i = 0; i < st->each_n; i++) {
+        const rdzv_node_story *n = &st->each[i];
+        sb_printf(b, "%s{\"node\":", i ? "," : "");
+        sb_json_str(b, n->node);
+        sb_printf(b, ",\"kind\":\"%s\",\"pause_s\":", rdzv_story_kind_name(n->kind));
+        if (n->pause_ms == RDZV_STORY_UNKNOWN)
+            sb_printf(b, "null");
+        else
+            sb_printf(b, "%.3f", n->pause_ms / 1000.0);
+        sb_printf(b, ",\"steps_redone\":%u,\"ranks\":%u", n->redone, n->nproc);
+        if (n->kind == RDZV_STORY_RESTART)
+            sb_printf(b, ",\"reason\":\"%s\"",
+                      n->cause ? rdzv_restart_cause_name(n->cause) : "unknown");
+        if (n->source != RDZV_STATE_NONE)
+            sb_printf(b,
+                      ",\"state\":\"%s\",\"state_step\":%lld,\"state_bytes\":%llu,"
+                      "\"state_ms\":%u",
+                      n->source == RDZV_STATE_PEER ? "peer" : "checkpoint",
+                      (long long)n->state_step, (unsigned long long)n->state_bytes, n->state_ms);
+        if (n->source == RDZV_STATE_PEER && n->state_root >= 0)
+            sb_printf(b, ",\"state_root\":%d", n->state_root);
+        sb_printf(b, "}");
+    }
+    sb_printf(b, "],\"nodes_more\":%u}", st->each_more);
 }
 
 void rdzv_health_render_job(job *j, sbuf *b, uint64_t now_ms) {

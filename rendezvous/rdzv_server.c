@@ -478,7 +478,7 @@ static void accept_one(uv_stream_t *ls, int status) {
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
     ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | RDZV_CHALLENGE_STORY |
-               RDZV_CHALLENGE_CAUSE |
+               RDZV_CHALLENGE_STORY_MORE |
                (s->o.probes ? RDZV_CHALLENGE_PROBE | RDZV_CHALLENGE_PEER : 0);
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);

@@ -749,20 +749,25 @@ Test(codec, story_round_trip) {
     cr_expect_eq(d.u.story.state_ms, 830);
     cr_expect_eq(rdzv_decode(b.data, b.len - 1, &d, NULL, 0), GPL_ERR_PROTOCOL, "cut short");
     cr_expect_str_eq(rdzv_type_name(RDZV_STORY), "STORY");
-    cr_expect_eq(d.u.story.cause, RDZV_CAUSE_NONE, "no cause without RDZV_STORY_CAUSE");
-    /* with the cause: 4 bytes more, read back; the flag without them is short */
+    cr_expect_eq(d.u.story.cause, RDZV_CAUSE_NONE, "no cause without RDZV_STORY_MORE");
+    cr_expect_eq(d.u.story.state_root, -1, "no root without RDZV_STORY_MORE");
+    /* with the cause and the root: 8 bytes more, read back; without the flag
+     * they are bytes no field claims */
     size_t plain = b.len;
-    m.flags = RDZV_STORY_CAUSE;
+    m.flags = RDZV_STORY_MORE;
     m.u.story.cause = RDZV_CAUSE_REFORM_FAILED;
+    m.u.story.state_root = 13;
     rdzv_buf_free(&b);
     rdzv_buf_init(&b, 4096);
     cr_assert_eq(rdzv_encode(&m, &b), GPL_OK);
-    cr_expect_eq(b.len, plain + 4);
+    cr_expect_eq(b.len, plain + 8);
     cr_assert_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_OK);
     cr_expect_eq(d.u.story.cause, RDZV_CAUSE_REFORM_FAILED);
+    cr_expect_eq(d.u.story.state_root, 13);
     cr_expect_str_eq(rdzv_restart_cause_name(d.u.story.cause), "reform_failed");
     cr_expect_str_eq(rdzv_restart_cause_name(RDZV_CAUSES), "unknown");
-    b.data[7] = 0; /* the flag cleared: 4 bytes no field claims */
+    cr_expect_eq(rdzv_decode(b.data, b.len - 4, &d, NULL, 0), GPL_ERR_PROTOCOL, "the root cut");
+    b.data[7] = 0; /* the flag cleared: 8 bytes no field claims */
     cr_expect_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_ERR_PROTOCOL, "trailing bytes");
     rdzv_buf_free(&b);
 }

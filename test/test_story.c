@@ -147,6 +147,8 @@ static void check_server(int hport, double lost_pause) {
     cr_expect(in_place == 2 && restart == 0 && first + warm == 3,
               "first %u in place %u restart %u warm %u: %.300s", first, in_place, restart, warm,
               cost);
+    cr_expect(strstr(body, "\"nodes\":[{\"node\":\"story-a\",\"kind\":\"in_place\","),
+              "round 2's node story: %s", body);
     cr_expect(strstr(body, "\"round\":2,") &&
                   strstr(body, "\"story\":{\"first\":0,\"in_place\":1,"),
               "round 2's story: %s", body);
@@ -173,6 +175,10 @@ static void check_server(int hport, double lost_pause) {
     cr_expect(strstr(dom, "round 2: in place") != NULL, "the chart's mark: %s", dom);
     cr_expect(strstr(dom, "<td>in place</td>") != NULL, "the rounds table's kind: %s", dom);
     cr_expect(strstr(dom, "<td>peers (") != NULL, "the rounds table's state source: %s", dom);
+    cr_expect(strstr(dom, "<td>story-a</td><td>in place</td>") != NULL &&
+                  strstr(dom, "<td>kept in memory</td>") != NULL &&
+                  strstr(dom, " from rank ") != NULL,
+              "the nodes' table (the survivor kept its state, the newcomer copied it): %s", dom);
     free(dom);
     unsigned sw = 0, cw = 0;
     int drawn = 0;
@@ -273,7 +279,7 @@ Test(story, a_live_re_formation_and_a_warm_join_say_their_kind_and_pause, .timeo
 }
 
 /* The server's count of restarts by reason, from raw protocol peers: a
- * STORY with its cause (RDZV_STORY_CAUSE) is counted under it, one without
+ * STORY with its cause (RDZV_STORY_MORE) is counted under it, one without
  * (an older launcher's) as unknown; the round's timeline entry is one,
  * updated by each node's story; /status, /metrics (promtool-clean) agree. */
 Test(story, the_server_counts_restarts_by_reason_and_keeps_one_timeline_entry_a_round) {
@@ -300,9 +306,16 @@ Test(story, the_server_counts_restarts_by_reason_and_keeps_one_timeline_entry_a_
         m.u.story.pause_ms = 100 * (uint32_t)(i + 1);
         m.u.story.nproc = 2;
         m.u.story.state_step = -1;
+        if (i == 1) { /* its state copied from rank 4 */
+            m.u.story.source = RDZV_STATE_PEER;
+            m.u.story.state_step = 77;
+            m.u.story.state_bytes = 4616;
+            m.u.story.state_ms = 10;
+            m.u.story.state_root = 4;
+        }
         snprintf(m.u.story.why, sizeof m.u.story.why, "reason %d", i);
         if (causes[i] != RDZV_CAUSE_NONE) {
-            m.flags = RDZV_STORY_CAUSE;
+            m.flags = RDZV_STORY_MORE;
             m.u.story.cause = causes[i];
         }
         cr_assert_eq(peer_send(&pe[i], &m), 0);
@@ -323,6 +336,15 @@ Test(story, the_server_counts_restarts_by_reason_and_keeps_one_timeline_entry_a_
                   strstr(ev, "round 1 began: 3 restarted (reason not said, worker_failed, hang); "
                              "paused up to 0.300 s"),
               "%s", ev ? ev : body);
+    /* each node's own story, as told */
+    cr_expect(strstr(body, "{\"node\":\"reasons-0\",\"kind\":\"restart\",\"pause_s\":0.100,"
+                           "\"steps_redone\":0,\"ranks\":2,\"reason\":\"worker_failed\"}") &&
+                  strstr(body, "{\"node\":\"reasons-1\",\"kind\":\"restart\",\"pause_s\":0.200,"
+                               "\"steps_redone\":0,\"ranks\":2,\"reason\":\"hang\",\"state\":"
+                               "\"peer\",\"state_step\":77,\"state_bytes\":4616,\"state_ms\":10,"
+                               "\"state_root\":4}") &&
+                  strstr(body, "\"reason\":\"unknown\"}],\"nodes_more\":0"),
+              "the nodes' own stories: %s", body);
     static const char *const reasons[] = {"unknown",       "worker_failed", "hang",
                                           "reform_failed", "not_live",      "stopping"};
     for (size_t r = 0; r < sizeof reasons / sizeof reasons[0]; r++) {

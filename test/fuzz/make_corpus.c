@@ -52,8 +52,9 @@ int main(int argc, char **argv) {
             m.u.story.state_step = 106;
             m.u.story.state_bytes = 2308;
             m.u.story.state_ms = 14;
-            m.flags = RDZV_STORY_CAUSE;
+            m.flags = RDZV_STORY_MORE;
             m.u.story.cause = RDZV_CAUSE_WORKER_FAILED;
+            m.u.story.state_root = 0;
             break;
         case RDZV_KV_SET:
             m.u.kv_set.key = (rdzv_bytes){(const uint8_t *)"k", 1};

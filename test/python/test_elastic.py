@@ -399,6 +399,12 @@ def job_tells_a_fallback(job: Job, tmp: Path, failing: Proc, other: Proc) -> Non
     cost = st["membership_cost"]
     assert cost["restart"] == 1 and cost["restart_reasons"] == {"reform_failed": 1}, cost
     assert cost["in_place"] >= 1 and cost["bytes_from_peers"] > 0, cost
+    told = [n for r in st["rounds"] for n in r.get("story", {}).get("nodes", [])]
+    restarted = [n for n in told if n["kind"] == "restart"]
+    assert len(restarted) == 1 and restarted[0]["reason"] == "reform_failed", told
+    assert restarted[0]["state"] == "peer" and restarted[0]["state_bytes"] > 0 and \
+        restarted[0]["state_root"] >= 0 and restarted[0]["ranks"] == 2, told
+    assert any(n["kind"] == "in_place" and "state" not in n for n in told), told
     began = [e["text"] for e in st["events"] if e["kind"] == "began"]
     assert any("1 restarted (reform_failed)" in t for t in began), st["events"]
     text = jobpage.get(job.http, "/metrics")
@@ -413,6 +419,7 @@ def job_tells_a_fallback(job: Job, tmp: Path, failing: Proc, other: Proc) -> Non
     assert "<td>restart, in place</td>" in dom or "<td>in place, restart</td>" in dom or \
         re.search(r"<td>restart[^<]*</td>", dom), dom
     assert "<td>peers (" in dom, dom
+    assert "<td>restart (re-forming in place failed)</td>" in dom and " from rank " in dom, dom
     sw, cw, drawn = jobpage.width_1280(tmp, job.http, "elastic", "cost-restart")
     assert cw > 1200 and sw <= cw and drawn, f"the page scrolls sideways at 1280 px ({sw} px in {cw}, drawn {drawn})"
     report(f"a fallback told: {m[1][:120]}; on the page and /metrics as reform_failed")

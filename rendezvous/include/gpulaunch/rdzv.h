@@ -231,6 +231,7 @@ typedef struct rdzv_story {
     uint64_t state_bytes; /* bytes copied or read, the node's workers summed */
     uint32_t state_ms;    /* the longest a worker took */
     uint32_t cause;       /* a restart's enum rdzv_restart_cause (sent to servers that take it) */
+    int32_t state_root;   /* source RDZV_STATE_PEER: the rank it was copied from (-1: not said) */
 } rdzv_story;
 void rdzv_client_story(rdzv_client *c, const rdzv_story *story);
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
