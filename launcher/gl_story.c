@@ -31,6 +31,8 @@ static struct {
     uint32_t cause; /* why's enum rdzv_restart_cause */
     /* --metrics */
     uint64_t rounds[GL_ROUND_KINDS], redone, fallbacks[RDZV_CAUSES];
+    uint64_t peer_bytes,
+        ckpt_bytes; /* state the workers copied from peers, read from checkpoints */
     uint64_t pause_count, pause_bucket[GL_STORY_PAUSE_BUCKETS];
     double pause_sum;
 } S;
@@ -118,6 +120,10 @@ static void tell(int64_t first, double pause_s) {
         after_end && first >= 0 && S.reached >= 0 && first <= S.reached ? S.reached - first + 1 : 0;
     S.rounds[S.kind]++;
     S.redone += (uint64_t)redone;
+    if (st.source == GL_STATE_PEER)
+        S.peer_bytes += st.bytes;
+    else if (st.source == GL_STATE_CHECKPOINT)
+        S.ckpt_bytes += st.bytes;
     /* a restart with no reason said is a program that does not re-form */
     uint32_t cause = S.kind != GL_ROUND_RESTART   ? RDZV_CAUSE_NONE
                      : S.cause != RDZV_CAUSE_NONE ? S.cause
@@ -279,6 +285,12 @@ size_t gl_story_metrics(char *p, size_t cap, const char *job) {
         "# TYPE gpulaunch_steps_redone_total counter\n"
         "gpulaunch_steps_redone_total{job=\"%s\"} %llu\n",
         job, (unsigned long long)S.redone);
+    PUT("# HELP gpulaunch_state_bytes_total Bytes of state this node's workers took when a round "
+        "began, by source (peer: copied from a peer rank; checkpoint: read).\n"
+        "# TYPE gpulaunch_state_bytes_total counter\n"
+        "gpulaunch_state_bytes_total{job=\"%s\",source=\"peer\"} %llu\n"
+        "gpulaunch_state_bytes_total{job=\"%s\",source=\"checkpoint\"} %llu\n",
+        job, (unsigned long long)S.peer_bytes, job, (unsigned long long)S.ckpt_bytes);
     PUT("# HELP gpulaunch_reform_fallbacks_total Round changes this node's workers took by a "
         "restart instead of in place, by reason.\n"
         "# TYPE gpulaunch_reform_fallbacks_total counter\n");

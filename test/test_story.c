@@ -103,6 +103,13 @@ Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
     cr_expect_eq(metric(mport, name), 1, "%s", name);
     snprintf(name, sizeof name, "gpulaunch_steps_redone_total{job=\"%s\"}", job);
     cr_expect_eq(metric(mport, name), (double)redone, "%s", name);
+    const char *said = strstr(l, "; state: the checkpoint of step ");
+    const char *rd = said ? strstr(said, " read (") : NULL;
+    unsigned long long read_bytes = 0;
+    cr_expect(rd && sscanf(rd, " read (%llu", &read_bytes) == 1 && read_bytes > 0, "%.400s", l);
+    snprintf(name, sizeof name, "gpulaunch_state_bytes_total{job=\"%s\",source=\"checkpoint\"}",
+             job);
+    cr_expect_eq(metric(mport, name), (double)read_bytes, "%s", name);
     snprintf(name, sizeof name,
              "gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"worker_failed\"}", job);
     cr_expect_eq(metric(mport, name), 1, "%s", name);
