@@ -44,6 +44,7 @@ void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct) {
 }
 
 const char *server_probes;
+const char *server_http;
 
 void start_server(int verbose) {
     char listen[64];
@@ -55,7 +56,14 @@ void start_server(int verbose) {
                     token_file,
                     server_probes ? "--probes" : NULL,
                     (char *)server_probes,
+                    NULL,
+                    NULL,
                     NULL};
+    if (server_http) { /* after --probes, or in its place */
+        int k = server_probes ? 7 : 5;
+        argv[k] = "--http";
+        argv[k + 1] = (char *)server_http;
+    }
     if (verbose) /* the server's log then names every join and resume */
         setenv("GPULAUNCH_LOG_LEVEL", "info", 1);
     cr_assert_eq(netbed_spawn(&bed, RDZV_HOST, &server, argv), 0);
@@ -95,6 +103,10 @@ void start_node(int host, const job_args *ja) {
     argv[n++] = "3";
     argv[n++] = "--shutdown-timeout";
     argv[n++] = "5";
+    if (ja->metrics) {
+        argv[n++] = "--metrics";
+        argv[n++] = (char *)ja->metrics;
+    }
     if (ja->progress) {
         argv[n++] = "--progress-timeout";
         argv[n++] = (char *)ja->progress;

@@ -47,6 +47,7 @@ typedef struct job_args {
     const char *state_mib;   /* dp_train's --state-mib, or NULL */
     const char *mirror;      /* shard_train --mirror-every K instead of dp_train, or NULL */
     const char *print_every; /* the example's --print-every, or NULL for 100000 */
+    const char *metrics;     /* --metrics ADDR:PORT on each node, or NULL */
 } job_args;
 
 /* A bed of nhosts for scenario name (skips the test without namespaces). */
@@ -54,6 +55,8 @@ void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct);
 void start_server(int verbose);
 /* --probes for the next start_server ("on", "off"; NULL: the default). */
 extern const char *server_probes;
+/* --http ADDR:PORT for the next start_server (NULL: none). */
+extern const char *server_http;
 /* The suite's fini: the bed down, the directory removed. */
 void teardown(void);
 void start_node(int host, const job_args *ja);

@@ -48,6 +48,11 @@ int netbed_kill_host(netbed *b, int host);
 /* Sends sig to every process in host's namespace (SIGSTOP: the host
  * freezes, its sockets open); returns how many. */
 int netbed_signal_host(netbed *b, int host, int sig);
+/* GET path from 127.0.0.1:port inside host's namespace (a launcher's
+ * --metrics there): the HTTP status, 0 when nothing answered; the body in
+ * out, as http_get_local (harness.h). The calling thread enters the
+ * namespace for the request and comes back. */
+int netbed_http_get(netbed *b, int host, int port, const char *path, char *out, size_t len);
 /* Writes a process's captured output to <dir>/<name>.log. */
 void netbed_save_log(netbed *b, const char *name, const proc *p);
 #endif

@@ -43,7 +43,6 @@
  * than --rss-growth-kib (512) after the warm-up, a worker outlived its
  * launcher, or a round could not be driven (the launcher's last lines are
  * shown). --ci: 40 fast and 4 slow rounds of each kind (the ctest test). */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -63,6 +62,7 @@
 #include "gb_procstat.h"
 #include "gb_progress.h"
 #include "harness.h"
+#include "proc_count.h"
 
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
@@ -775,104 +775,6 @@ static int run_kind(int k, long n) {
 
 /* ---- counting ---- */
 
-enum count {
-    C_FDS,
-    C_FD_SOCKET,
-    C_FD_PIPE,
-    C_FD_MEMFD,
-    C_FD_ANON,
-    C_FD_FILE,
-    C_THREADS,
-    C_CHILDREN,
-    C_SHM,
-    C_TMPFILES,
-    C_HANDLES,
-    C_H_TIMER,
-    C_H_TCP,
-    C_H_PIPE,
-    C_H_SIGNAL,
-    C_H_ASYNC,
-    C_H_OTHER,
-    C_M_FDS,
-    C_M_THREADS,
-    C_M_CHILDREN,
-    C_M_WORKERS,
-    C_M_REGIONS,
-    C_M_PIPES,
-    C_M_HEAP,
-    C_N
-};
-
-static const char *const count_name[C_N] = {
-    [C_FDS] = "descriptors (/proc/PID/fd)",
-    [C_FD_SOCKET] = "  sockets",
-    [C_FD_PIPE] = "  pipes",
-    [C_FD_MEMFD] = "  memfds (progress regions)",
-    [C_FD_ANON] = "  epoll, eventfd, signalfd, timerfd",
-    [C_FD_FILE] = "  files and devices",
-    [C_THREADS] = "threads (/proc/PID/task)",
-    [C_CHILDREN] = "child processes",
-    [C_SHM] = "/dev/shm/gpulaunch-* entries",
-    [C_TMPFILES] = "files in the launchers' TMPDIR",
-    [C_HANDLES] = "libuv handles (uv_walk)",
-    [C_H_TIMER] = "  timers",
-    [C_H_TCP] = "  tcp (the scrape's own included)",
-    [C_H_PIPE] = "  pipes",
-    [C_H_SIGNAL] = "  signals",
-    [C_H_ASYNC] = "  async",
-    [C_H_OTHER] = "  others",
-    [C_M_FDS] = "process_open_fds (scraping)",
-    [C_M_THREADS] = "gpulaunch_threads",
-    [C_M_CHILDREN] = "gpulaunch_child_processes",
-    [C_M_WORKERS] = "gpulaunch_workers",
-    [C_M_REGIONS] = "gpulaunch_progress_regions",
-    [C_M_PIPES] = "gpulaunch_progress_pipes",
-    [C_M_HEAP] = "gpulaunch_heap_bytes",
-};
-
-static long count_dir(const char *path, const char *prefix) {
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return -1;
-    long n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.' && strncmp(e->d_name, prefix, strlen(prefix)) == 0)
-            n++;
-    closedir(d);
-    return n;
-}
-
-static void count_fds(pid_t pid, long *c) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char lp[PATH_MAX], to[PATH_MAX];
-        snprintf(lp, sizeof lp, "%s/%s", path, e->d_name);
-        ssize_t n = readlink(lp, to, sizeof to - 1);
-        if (n < 0)
-            continue;
-        to[n] = '\0';
-        c[C_FDS]++;
-        if (strncmp(to, "socket:", 7) == 0)
-            c[C_FD_SOCKET]++;
-        else if (strncmp(to, "pipe:", 5) == 0)
-            c[C_FD_PIPE]++;
-        else if (strncmp(to, "/memfd:", 7) == 0)
-            c[C_FD_MEMFD]++;
-        else if (strncmp(to, "anon_inode:", 11) == 0)
-            c[C_FD_ANON]++;
-        else
-            c[C_FD_FILE]++;
-    }
-    if (d)
-        closedir(d);
-}
-
 /* GET /metrics from the launcher into buf. */
 static int scrape(char *buf, size_t len) {
     int fd = raw_connect(S.mport);
@@ -892,60 +794,15 @@ static int scrape(char *buf, size_t len) {
     return strncmp(buf, "HTTP/1.1 200", 12) == 0 ? 0 : fail("/metrics answered: %.60s", buf);
 }
 
-/* The value of the sample `name` (labels included, e.g. x{a="b"}), -1 if none. */
-static long metric(const char *body, const char *name) {
-    size_t l = strlen(name);
-    for (const char *p = body; (p = strstr(p, name)) != NULL; p += l)
-        if ((p == body || p[-1] == '\n') && p[l] == ' ')
-            return strtol(p + l + 1, NULL, 10);
-    return -1;
-}
-
 static int snapshot(long *c, long *rss_kib) {
     static char body[SOAK_METRICS_MAX];
-    memset(c, 0, C_N * sizeof *c);
-    count_fds(S.a.pid, c);
-    gb_procstat ps;
-    if (gb_procstat_read(S.a.pid, &ps) != 0)
+    if (proc_count(S.a.pid, c, rss_kib) != 0)
         return fail("the launcher (pid %d) is gone", (int)S.a.pid);
-    char task[64];
-    snprintf(task, sizeof task, "/proc/%d/task", (int)S.a.pid);
-    c[C_THREADS] = count_dir(task, "");
-    c[C_CHILDREN] = gb_procstat_children(S.a.pid);
-    c[C_SHM] = count_dir("/dev/shm", "gpulaunch");
-    c[C_TMPFILES] = count_dir(S.tmp, "");
-    *rss_kib = ps.rss_bytes / 1024;
+    c[PC_SHM] = proc_count_dir("/dev/shm", "gpulaunch");
+    c[PC_TMPFILES] = proc_count_dir(S.tmp, "");
     if (scrape(body, sizeof body) != 0)
         return -1;
-    static const struct {
-        int c;
-        const char *type;
-    } h[] = {{C_H_TIMER, "timer"},
-             {C_H_TCP, "tcp"},
-             {C_H_PIPE, "pipe"},
-             {C_H_SIGNAL, "signal"},
-             {C_H_ASYNC, "async"}};
-    for (const char *p = body; (p = strstr(p, "\ngpulaunch_loop_handles{type=\"")) != NULL;) {
-        p += strlen("\ngpulaunch_loop_handles{type=\"");
-        const char *q = strstr(p, "\"} ");
-        if (q == NULL)
-            break;
-        long v = strtol(q + 3, NULL, 10);
-        int slot = C_H_OTHER;
-        for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
-            if ((size_t)(q - p) == strlen(h[i].type) && strncmp(p, h[i].type, (size_t)(q - p)) == 0)
-                slot = h[i].c;
-        c[slot] += v;
-        c[C_HANDLES] += v;
-    }
-    c[C_M_FDS] = metric(body, "process_open_fds");
-    c[C_M_THREADS] = metric(body, "gpulaunch_threads");
-    c[C_M_CHILDREN] = metric(body, "gpulaunch_child_processes");
-    c[C_M_WORKERS] = metric(body, "gpulaunch_workers");
-    c[C_M_REGIONS] = metric(body, "gpulaunch_progress_regions");
-    c[C_M_PIPES] = metric(body, "gpulaunch_progress_pipes");
-    c[C_M_HEAP] = metric(body, "gpulaunch_heap_bytes");
-    if (c[C_HANDLES] == 0 || c[C_M_FDS] < 0)
+    if (proc_count_metrics(body, c) != 0)
         return fail("the launcher's /metrics has no process figures: %.200s", body);
     return 0;
 }
@@ -1121,8 +978,8 @@ int main(int argc, char **argv) {
     mkdir(S.ctl, 0755);
     mkdir(S.tmp, 0755);
     setenv("TMPDIR", S.tmp, 1); /* the launchers' temporary files, counted */
-    long c0[C_N], cw[C_N], ce[C_N], rss0, rssw, rsse, rss_max;
-    long children0 = gb_procstat_children(0), shm0 = count_dir("/dev/shm", "gpulaunch");
+    long c0[PC_N], cw[PC_N], ce[PC_N], rss0, rssw, rsse, rss_max;
+    long children0 = gb_procstat_children(0), shm0 = proc_count_dir("/dev/shm", "gpulaunch");
     uint64_t t0 = now_ms();
     if (start_server() != 0 || start_launcher(timeout_s) != 0 || settle() != 0 ||
         snapshot(c0, &rss0) != 0)
@@ -1146,7 +1003,7 @@ int main(int argc, char **argv) {
         long n = rounds / blocks + (b < rounds % blocks);
         long s = slow / blocks + (b < slow % blocks);
         uint64_t tb = now_ms();
-        long bc[C_N], r;
+        long bc[PC_N], r;
         double before[K_N];
         for (int k = 0; k < K_N; k++)
             before[k] = ks[k].seconds;
@@ -1157,8 +1014,8 @@ int main(int argc, char **argv) {
         printf("launcher_soak block %ld/%ld: %ld fast + %ld slow rounds of each kind in %.1f s, "
                "rss %ld KiB, heap %ld B, descriptors %ld, handles %ld, threads %ld, children %ld; "
                "seconds",
-               b + 1, blocks, n, s, (double)(now_ms() - tb) / 1000.0, r, bc[C_M_HEAP], bc[C_FDS],
-               bc[C_HANDLES], bc[C_THREADS], bc[C_CHILDREN]);
+               b + 1, blocks, n, s, (double)(now_ms() - tb) / 1000.0, r, bc[PC_M_HEAP], bc[PC_FDS],
+               bc[PC_HANDLES], bc[PC_THREADS], bc[PC_CHILDREN]);
         for (int k = 0; k < K_N; k++) /* a kind that slows down block after block holds more */
             if (kind_on[k])
                 printf(" %s %.2f", ks[k].name, ks[k].seconds - before[k]);
@@ -1184,9 +1041,9 @@ int main(int argc, char **argv) {
            S.a.n[M_ROUND], S.a.n[M_RESTART], S.a.n[M_REFORMED], scrapes, total);
     printf("launcher_soak %-40s %8s %8s %8s %6s\n", "count", "start", "warm-up", "end", "diff");
     int differ = 0;
-    for (int i = 0; i < C_N; i++) {
-        printf("launcher_soak %-40s %8ld %8ld %8ld %6ld%s\n", count_name[i], c0[i], cw[i], ce[i],
-               ce[i] - cw[i], ce[i] != cw[i] ? "  DIFFERS" : "");
+    for (int i = 0; i < PC_N; i++) {
+        printf("launcher_soak %-40s %8ld %8ld %8ld %6ld%s\n", proc_count_name[i], c0[i], cw[i],
+               ce[i], ce[i] - cw[i], ce[i] != cw[i] ? "  DIFFERS" : "");
         differ += ce[i] != cw[i];
     }
     long grew = rsse - rssw;
@@ -1214,7 +1071,7 @@ out:
     b_leave();
     if (S.srv.pid > 0)
         finish(&S.srv, SIGTERM, 5000);
-    long children1 = gb_procstat_children(0), shm1 = count_dir("/dev/shm", "gpulaunch");
+    long children1 = gb_procstat_children(0), shm1 = proc_count_dir("/dev/shm", "gpulaunch");
     if (rc == 0 && (children1 != children0 || shm1 != shm0)) {
         fail("left behind: %ld child process(es) (before %ld), %ld /dev/shm/gpulaunch-* "
              "(before %ld)",
