@@ -114,10 +114,10 @@ Rank 0 prints `first step in a world of W: step N` after every re-formation
 too. For the tests: --hold R:S (repeatable) stops rank R before step S, once
 per process, saying `rank R holding before step S` (every rank says `rank R
 reached step S` when its steps before S are done), until it is killed, its
-round ends or the file of --release-file exists (the other ranks wait for it in the step's all-reduce, so a fault
-injected then comes at a known step); --reform-fail-rank R makes rank R exit
-(code 3) instead of re-forming the first time, so that its launcher falls back
-to a restart; --stall R:S makes rank R's first all-reduce of step S one that
+round ends or the file --release-file names exists (the other ranks wait for
+it in the step's all-reduce, so a fault injected then comes at a known step);
+--reform-fail-rank R makes rank R exit (code 3) instead of re-forming the
+first time, so that its launcher falls back to a restart; --stall R:S makes rank R's first all-reduce of step S one that
 never returns, once per process, saying `rank R stalling an all-reduce of step
 S` (as a Gloo one cut off mid-way can: gpulaunch.Elastic frees the step when
 the round ends).

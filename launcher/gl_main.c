@@ -187,6 +187,10 @@ static void reform_fall_back(const char *why) {
     fprintf(stderr, "gpulaunch: re-forming in place failed: %s; restarting the local workers\n",
             why);
     GB_WARN("re-formation failed: %s; restarting the local workers", why);
+    /* the round it was taking ends; unless its workers began one since the
+     * last end, the change is still that end's (gl_story_ended) */
+    if (L.assigned)
+        gl_story_ended(L.a.round);
     char told[GL_STORY_WHY_MAX];
     snprintf(told, sizeof told, "re-forming in place failed: %s", why);
     gl_story_restart_why(told, RDZV_CAUSE_REFORM_FAILED);

@@ -28,9 +28,10 @@ static struct {
     int pending;
     uint64_t base[GB_PROGRESS_MAX_SLOTS]; /* each slot's step count when it began */
     char why[GL_STORY_WHY_MAX];
-    uint32_t cause; /* why's enum rdzv_restart_cause */
+    uint32_t cause;  /* why's enum rdzv_restart_cause */
+    int began_since; /* a round began here since the last end */
     /* --metrics */
-    uint64_t rounds[GL_ROUND_KINDS], redone, fallbacks[RDZV_CAUSES];
+    uint64_t rounds[GL_ROUND_KINDS], redone, restarts[RDZV_CAUSES];
     uint64_t peer_bytes,
         ckpt_bytes; /* state the workers copied from peers, read from checkpoints */
     uint64_t pause_count, pause_bucket[GL_STORY_PAUSE_BUCKETS];
@@ -65,6 +66,14 @@ void gl_story_ended(uint32_t round) {
         S.watching = 0;
         uv_timer_stop(&S.timer);
     }
+    if (S.ended_ns && !S.began_since) {
+        /* a round this node never began in (its workers were still stopping
+         * or re-forming for it): the change is still the one that began at
+         * the last end, with its reason and its newest step */
+        S.ended_round = round;
+        return;
+    }
+    S.began_since = 0;
     S.ended_ns = gb_now_ns();
     S.ended_round = round;
     S.reached = -1;
@@ -124,12 +133,9 @@ static void tell(int64_t first, double pause_s) {
         S.peer_bytes += st.bytes;
     else if (st.source == GL_STATE_CHECKPOINT)
         S.ckpt_bytes += st.bytes;
-    /* a restart with no reason said is a program that does not re-form */
-    uint32_t cause = S.kind != GL_ROUND_RESTART   ? RDZV_CAUSE_NONE
-                     : S.cause != RDZV_CAUSE_NONE ? S.cause
-                                                  : RDZV_CAUSE_NOT_LIVE;
-    if (after_end && cause != RDZV_CAUSE_NONE)
-        S.fallbacks[cause]++;
+    uint32_t cause = S.kind == GL_ROUND_RESTART ? S.cause : RDZV_CAUSE_NONE;
+    if (after_end && S.kind == GL_ROUND_RESTART)
+        S.restarts[cause]++; /* RDZV_CAUSE_NONE: not said ("unknown") */
     if (pause_s >= 0 && after_end) {
         S.pause_count++;
         S.pause_sum += pause_s;
@@ -139,21 +145,21 @@ static void tell(int64_t first, double pause_s) {
         S.pause_bucket[b]++;
     }
     if (S.sink) {
-        rdzv_story story = {.round = S.round,
-                            .kind = (uint32_t)S.kind,
-                            .pause_ms =
-                                pause_s < 0 ? RDZV_STORY_UNKNOWN : (uint32_t)(pause_s * 1000),
-                            .redone = (uint32_t)redone,
-                            .nproc = (uint32_t)S.nproc,
-                            .why = S.kind == GL_ROUND_RESTART ? S.why : NULL,
-                            .source = st.source == GL_STATE_PEER         ? RDZV_STATE_PEER
-                                      : st.source == GL_STATE_CHECKPOINT ? RDZV_STATE_CHECKPOINT
-                                                                         : RDZV_STATE_NONE,
-                            .state_step = st.step,
-                            .state_bytes = st.bytes,
-                            .state_ms = st.ms,
-                            .cause = after_end ? cause : RDZV_CAUSE_NONE,
-                            .state_root = st.source == GL_STATE_PEER ? st.root : -1};
+        rdzv_story story = RDZV_STORY_INIT;
+        story.round = S.round;
+        story.kind = (uint32_t)S.kind;
+        story.pause_ms = pause_s < 0 ? RDZV_STORY_UNKNOWN : (uint32_t)(pause_s * 1000);
+        story.redone = (uint32_t)redone;
+        story.nproc = (uint32_t)S.nproc;
+        story.why = S.kind == GL_ROUND_RESTART ? S.why : NULL;
+        story.source = st.source == GL_STATE_PEER         ? RDZV_STATE_PEER
+                       : st.source == GL_STATE_CHECKPOINT ? RDZV_STATE_CHECKPOINT
+                                                          : RDZV_STATE_NONE;
+        story.state_step = st.step;
+        story.state_bytes = st.bytes;
+        story.state_ms = st.ms;
+        story.cause = after_end ? cause : RDZV_CAUSE_NONE;
+        story.state_root = st.source == GL_STATE_PEER ? st.root : -1;
         S.sink(&story);
     }
     if (S.kind == GL_ROUND_FIRST)
@@ -234,6 +240,7 @@ void gl_story_began(uint32_t round, enum gl_story_kind kind) {
     if (S.watching) /* the last one never stepped (or its step is still to be told) */
         tell(S.pending ? S.pending_first : -1, S.pending ? S.pending_pause : -1);
     S.pending = 0;
+    S.began_since = 1;
     S.round = round;
     S.kind = kind == GL_ROUND_RESTART && S.ended_ns == 0 ? GL_ROUND_FIRST : kind;
     S.began_ns = gb_now_ns();
@@ -291,12 +298,17 @@ size_t gl_story_metrics(char *p, size_t cap, const char *job) {
         "gpulaunch_state_bytes_total{job=\"%s\",source=\"peer\"} %llu\n"
         "gpulaunch_state_bytes_total{job=\"%s\",source=\"checkpoint\"} %llu\n",
         job, (unsigned long long)S.peer_bytes, job, (unsigned long long)S.ckpt_bytes);
-    PUT("# HELP gpulaunch_reform_fallbacks_total Round changes this node's workers took by a "
-        "restart instead of in place, by reason.\n"
-        "# TYPE gpulaunch_reform_fallbacks_total counter\n");
-    for (uint32_t c = 1; c < RDZV_CAUSES; c++)
-        PUT("gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"%s\"} %llu\n", job,
-            rdzv_restart_cause_name(c), (unsigned long long)S.fallbacks[c]);
+    PUT("# HELP gpulaunch_restarts_total Round changes this node's workers took by a restart "
+        "instead of in place, by reason.\n"
+        "# TYPE gpulaunch_restarts_total counter\n");
+    for (uint32_t c = 0; c < RDZV_CAUSES; c++)
+        PUT("gpulaunch_restarts_total{job=\"%s\",reason=\"%s\"} %llu\n", job,
+            rdzv_restart_cause_name(c), (unsigned long long)S.restarts[c]);
+    PUT("# HELP gpulaunch_reform_fallbacks_total Re-formations in place that fell back to "
+        "restarting the workers.\n"
+        "# TYPE gpulaunch_reform_fallbacks_total counter\n"
+        "gpulaunch_reform_fallbacks_total{job=\"%s\"} %llu\n",
+        job, (unsigned long long)S.restarts[RDZV_CAUSE_REFORM_FAILED]);
 #undef PUT
     return len;
 }

@@ -37,7 +37,7 @@ const char *rdzv_reason_name(uint32_t reason) {
 }
 
 const char *rdzv_restart_cause_name(uint32_t cause) {
-    static const char *const names[RDZV_CAUSES] = {"none",          "worker_failed", "hang",
+    static const char *const names[RDZV_CAUSES] = {"unknown",       "worker_failed", "hang",
                                                    "reform_failed", "not_live",      "stopping"};
     return cause < RDZV_CAUSES ? names[cause] : "unknown";
 }

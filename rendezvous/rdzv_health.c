@@ -227,9 +227,10 @@ static void count_pause(rdzv_health *h, rdzv_round_story *st, uint32_t pause, ui
 }
 
 /* A node's own story with the round's: those of its changes (not first
- * starts), the first RDZV_HEALTH_ROUND_NODES of them. */
+ * starts, unless the node took its state from somewhere: a newcomer), the
+ * first RDZV_HEALTH_ROUND_NODES of them. */
 static void keep_node_story(rdzv_round_story *st, const char *node, const rdzv_msg *m) {
-    if (m->u.story.kind == RDZV_STORY_FIRST)
+    if (m->u.story.kind == RDZV_STORY_FIRST && m->u.story.source == RDZV_STATE_NONE)
         return;
     if (st->each_n == RDZV_HEALTH_ROUND_NODES) {
         st->each_more++;
@@ -253,9 +254,10 @@ static void keep_node_story(rdzv_round_story *st, const char *node, const rdzv_m
 }
 
 /* The round's line on the timeline, from what its nodes said so far: one
- * entry a round (each node's STORY updates it while it is the newest), so a
- * 1,000-node round change does not push everything else out. */
-static void note_began(rdzv_health *h, const rdzv_round_rec *r, const char *node) {
+ * entry a round, made by its first change's story and updated by every
+ * later one while it is in the timeline, so a 1,000-node round change does
+ * not push everything else out. A round of first starts alone has none. */
+static void note_began(rdzv_health *h, rdzv_round_rec *r, const char *node, int make) {
     const rdzv_round_story *st = &r->story;
     char t[RDZV_HEALTH_TEXT];
     size_t n = 0;
@@ -277,7 +279,7 @@ static void note_began(rdzv_health *h, const rdzv_round_rec *r, const char *node
         const char *rs = "";
         for (uint32_t c = 0; c < RDZV_CAUSES; c++)
             if (st->restarts[c]) {
-                ADD("%s%s", rs, c ? rdzv_restart_cause_name(c) : "reason not said");
+                ADD("%s%u %s", rs, st->restarts[c], rdzv_restart_cause_name(c));
                 rs = ", ";
             }
         ADD(")");
@@ -298,15 +300,22 @@ static void note_began(rdzv_health *h, const rdzv_round_rec *r, const char *node
         ADD("; %llu bytes read from the checkpoint of step %lld",
             (unsigned long long)st->ckpt_bytes, (long long)st->ckpt_step);
 #undef ADD
-    rdzv_tl_event *last = h->ev_n ? &h->events[(h->ev_head + h->ev_n - 1) % h->ev_cap] : NULL;
-    if (last && last->kind == RDZV_TL_BEGAN && last->round == r->round) {
-        last->count++;
-        last->unix_ms = unix_ms();
-        snprintf(last->node, sizeof last->node, "%s", node ? node : "");
-        snprintf(last->text, sizeof last->text, "%s", t);
+    /* the round's entry, where it is in the ring (events_total numbers them) */
+    uint64_t age = h->events_total - r->began_event;
+    rdzv_tl_event *e = r->began_event && age < h->ev_n
+                           ? &h->events[(h->ev_head + h->ev_n - 1 - (uint32_t)age) % h->ev_cap]
+                           : NULL;
+    if (e && e->kind == RDZV_TL_BEGAN && e->round == r->round) {
+        e->count++;
+        e->unix_ms = unix_ms();
+        snprintf(e->node, sizeof e->node, "%s", node ? node : "");
+        snprintf(e->text, sizeof e->text, "%s", t);
         return;
     }
+    if (!make || (r->began_event && age >= h->ev_n))
+        return; /* no change yet, or its entry is gone from the timeline */
     rdzv_health_note(h, RDZV_TL_BEGAN, r->round, node, -1, "%s", t);
+    r->began_event = h->events_total;
 }
 
 void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
@@ -349,8 +358,7 @@ void rdzv_health_story(rdzv_health *h, const char *node, const rdzv_msg *m) {
     /* a first round's or warm join's time is a start, not a pause */
     if (pause != RDZV_STORY_UNKNOWN && kind != RDZV_STORY_FIRST && kind != RDZV_STORY_WARM)
         count_pause(h, st, pause, m->u.story.nproc);
-    if (kind != RDZV_STORY_FIRST)
-        note_began(h, r, node);
+    note_began(h, r, node, kind != RDZV_STORY_FIRST);
 }
 
 void rdzv_health_hang(rdzv_health *h, uint32_t round, const char *node, uint32_t rank,

@@ -49,7 +49,7 @@ typedef struct rdzv_tl_event {
 /* How a round began, from its nodes' STORY messages (enum rdzv_story_kind). */
 #define RDZV_HEALTH_PAUSE_BUCKETS 11 /* the pause histogram's buckets, +Inf included */
 #define RDZV_HEALTH_ROUND_NODES 8    /* nodes' own stories kept per round (the rest counted) */
-#define RDZV_HEALTH_NODE_NAME 64     /* bytes of a node's name kept with its story */
+#define RDZV_HEALTH_NODE_NAME 65     /* a node's name kept with its story (HOST_NAME_MAX + 1) */
 /* One node's story of a round, as it told it (the first RDZV_HEALTH_ROUND_NODES
  * to tell that were not a first start: the changes are what is looked for). */
 typedef struct rdzv_node_story {
@@ -79,6 +79,7 @@ typedef struct rdzv_round_rec {
     uint64_t start_unix_ms, end_unix_ms; /* end 0: running */
     char end[RDZV_HEALTH_TEXT];          /* why it ended */
     rdzv_round_story story;
+    uint64_t began_event; /* its "began" timeline entry's number (events_total); 0: none */
 } rdzv_round_rec;
 
 /* What the job's membership changes cost so far (every node's STORY). */

@@ -83,7 +83,7 @@ static void render_reasons(sbuf *b, const uint64_t counts[RDZV_CAUSES]) {
     for (uint32_t c = 0; c < RDZV_CAUSES; c++) {
         if (counts[c] == 0)
             continue;
-        sb_printf(b, "%s\"%s\":%llu", sep, c ? rdzv_restart_cause_name(c) : "unknown",
+        sb_printf(b, "%s\"%s\":%llu", sep, rdzv_restart_cause_name(c),
                   (unsigned long long)counts[c]);
         sep = ",";
     }
@@ -118,15 +118,18 @@ static void render_story(sbuf *b, const rdzv_round_story *st) {
         const rdzv_node_story *n = &st->each[i];
         sb_printf(b, "%s{\"node\":", i ? "," : "");
         sb_json_str(b, n->node);
-        sb_printf(b, ",\"kind\":\"%s\",\"pause_s\":", rdzv_story_kind_name(n->kind));
+        /* a first start's or warm join's time is from the round's start to
+         * its first step, not a pause */
+        int start = n->kind == RDZV_STORY_FIRST || n->kind == RDZV_STORY_WARM;
+        sb_printf(b, ",\"kind\":\"%s\",\"%s\":", rdzv_story_kind_name(n->kind),
+                  start ? "first_step_s" : "pause_s");
         if (n->pause_ms == RDZV_STORY_UNKNOWN)
             sb_printf(b, "null");
         else
             sb_printf(b, "%.3f", n->pause_ms / 1000.0);
         sb_printf(b, ",\"steps_redone\":%u,\"ranks\":%u", n->redone, n->nproc);
         if (n->kind == RDZV_STORY_RESTART)
-            sb_printf(b, ",\"reason\":\"%s\"",
-                      n->cause ? rdzv_restart_cause_name(n->cause) : "unknown");
+            sb_printf(b, ",\"reason\":\"%s\"", rdzv_restart_cause_name(n->cause));
         if (n->source != RDZV_STATE_NONE)
             sb_printf(b,
                       ",\"state\":\"%s\",\"state_step\":%lld,\"state_bytes\":%llu,"
@@ -369,16 +372,16 @@ void rdzv_health_render_metrics(rdzv_server *s, sbuf *b) {
             job_series(b, sm[k].name, j, k == 0 ? c->pause_rank_ms / 1000.0 : (double)c->redone);
         }
     }
-    sb_printf(b, "# HELP gpulaunch_job_reform_fallbacks_total Round changes the job's nodes took "
-                 "by a restart instead of in place, by reason (unknown: not said).\n"
-                 "# TYPE gpulaunch_job_reform_fallbacks_total counter\n");
+    sb_printf(b, "# HELP gpulaunch_job_restarts_total Round changes the job's nodes took by a "
+                 "restart instead of in place, by reason (unknown: not said).\n"
+                 "# TYPE gpulaunch_job_restarts_total counter\n");
     LIST_FOREACH(j, &s->jobs, link) {
         if (j->health == NULL)
             continue;
         for (uint32_t c = 0; c < RDZV_CAUSES; c++) {
-            sb_printf(b, "gpulaunch_job_reform_fallbacks_total{job=");
+            sb_printf(b, "gpulaunch_job_restarts_total{job=");
             sb_label(b, j->r.run_id);
-            sb_printf(b, ",reason=\"%s\"} %llu\n", c ? rdzv_restart_cause_name(c) : "unknown",
+            sb_printf(b, ",reason=\"%s\"} %llu\n", rdzv_restart_cause_name(c),
                       (unsigned long long)j->health->cost.restarts[c]);
         }
     }

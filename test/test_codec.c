@@ -766,7 +766,20 @@ Test(codec, story_round_trip) {
     cr_expect_eq(d.u.story.state_root, 13);
     cr_expect_str_eq(rdzv_restart_cause_name(d.u.story.cause), "reform_failed");
     cr_expect_str_eq(rdzv_restart_cause_name(RDZV_CAUSES), "unknown");
-    cr_expect_eq(rdzv_decode(b.data, b.len - 4, &d, NULL, 0), GPL_ERR_PROTOCOL, "the root cut");
+    /* the frame re-framed 4 bytes shorter: the root is missing, not the frame */
+    uint32_t body = ((uint32_t)b.data[0] << 24) | ((uint32_t)b.data[1] << 16) |
+                    ((uint32_t)b.data[2] << 8) | b.data[3];
+    uint8_t cut[4096];
+    memcpy(cut, b.data, b.len - 4);
+    cut[0] = (uint8_t)((body - 4) >> 24);
+    cut[1] = (uint8_t)((body - 4) >> 16);
+    cut[2] = (uint8_t)((body - 4) >> 8);
+    cut[3] = (uint8_t)(body - 4);
+    char why[128] = "";
+    cr_expect_eq(rdzv_decode(cut, b.len - 4, &d, why, sizeof why), GPL_ERR_PROTOCOL,
+                 "the root cut");
+    cr_expect(strstr(why, "bad frame length") == NULL, "refused as a short field, not a frame: %s",
+              why);
     b.data[7] = 0; /* the flag cleared: 8 bytes no field claims */
     cr_expect_eq(rdzv_decode(b.data, b.len, &d, NULL, 0), GPL_ERR_PROTOCOL, "trailing bytes");
     rdzv_buf_free(&b);

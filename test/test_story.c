@@ -111,10 +111,12 @@ Test(story, a_restart_says_why_its_pause_and_the_steps_done_again) {
              job);
     cr_expect_eq(metric(mport, name), (double)read_bytes, "%s", name);
     snprintf(name, sizeof name,
-             "gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"worker_failed\"}", job);
+             "gpulaunch_restarts_total{job=\"%s\",reason=\"worker_failed\"}", job);
     cr_expect_eq(metric(mport, name), 1, "%s", name);
     snprintf(name, sizeof name,
-             "gpulaunch_reform_fallbacks_total{job=\"%s\",reason=\"reform_failed\"}", job);
+             "gpulaunch_restarts_total{job=\"%s\",reason=\"reform_failed\"}", job);
+    cr_expect_eq(metric(mport, name), 0, "%s", name);
+    snprintf(name, sizeof name, "gpulaunch_reform_fallbacks_total{job=\"%s\"}", job);
     cr_expect_eq(metric(mport, name), 0, "%s", name);
     snprintf(name, sizeof name, "gpulaunch_round_pause_seconds_count{job=\"%s\"}", job);
     cr_expect_eq(metric(mport, name), 1, "%s", name);
@@ -161,7 +163,7 @@ static void check_server(int hport, double lost_pause) {
               "round 2's story: %s", body);
     double v = metric(hport, "gpulaunch_job_node_rounds_total{job=\"story\",kind=\"in_place\"}");
     cr_expect_eq(v, 2);
-    v = metric(hport, "gpulaunch_job_reform_fallbacks_total{job=\"story\",reason=\"not_live\"}");
+    v = metric(hport, "gpulaunch_job_restarts_total{job=\"story\",reason=\"not_live\"}");
     cr_expect_eq(v, 0);
     v = metric(hport, "gpulaunch_job_round_pause_seconds_count{job=\"story\"}");
     cr_expect_eq(v, 2);
@@ -340,7 +342,7 @@ Test(story, the_server_counts_restarts_by_reason_and_keeps_one_timeline_entry_a_
     cr_expect(ev && strstr(ev + 1, "\"kind\":\"began\"") == NULL, "one entry for round 1: %s",
               body);
     cr_expect(ev && strstr(ev, "\"count\":3") &&
-                  strstr(ev, "round 1 began: 3 restarted (reason not said, worker_failed, hang); "
+                  strstr(ev, "round 1 began: 3 restarted (1 unknown, 1 worker_failed, 1 hang); "
                              "paused up to 0.300 s"),
               "%s", ev ? ev : body);
     /* each node's own story, as told */
@@ -357,7 +359,7 @@ Test(story, the_server_counts_restarts_by_reason_and_keeps_one_timeline_entry_a_
     for (size_t r = 0; r < sizeof reasons / sizeof reasons[0]; r++) {
         char name[160];
         snprintf(name, sizeof name,
-                 "gpulaunch_job_reform_fallbacks_total{job=\"reasons\",reason=\"%s\"}", reasons[r]);
+                 "gpulaunch_job_restarts_total{job=\"reasons\",reason=\"%s\"}", reasons[r]);
         cr_expect_eq(metric(hport, name), r < 3 ? 1 : 0, "%s", name);
     }
     for (int i = 0; i < 3; i++)

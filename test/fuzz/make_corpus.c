@@ -94,18 +94,24 @@ int main(int argc, char **argv) {
         default:
             break;
         }
-        rdzv_buf b;
-        rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
-        if (rdzv_encode(&m, &b) == GPL_OK) {
-            char path[512];
-            snprintf(path, sizeof path, "%s/%s.bin", dir, rdzv_type_name(t));
-            FILE *f = fopen(path, "wb");
-            if (f) {
-                fwrite(b.data, 1, b.len, f);
-                fclose(f);
+        /* with its flags' fields, and (NAME-plain.bin) as an older peer sends it */
+        for (int plain = 0; plain < 2 && (plain == 0 || m.flags != 0); plain++) {
+            if (plain)
+                m.flags = 0;
+            rdzv_buf b;
+            rdzv_buf_init(&b, RDZV_MAX_FRAME + 4);
+            if (rdzv_encode(&m, &b) == GPL_OK) {
+                char path[512];
+                snprintf(path, sizeof path, "%s/%s%s.bin", dir, rdzv_type_name(t),
+                         plain ? "-plain" : "");
+                FILE *f = fopen(path, "wb");
+                if (f) {
+                    fwrite(b.data, 1, b.len, f);
+                    fclose(f);
+                }
             }
+            rdzv_buf_free(&b);
         }
-        rdzv_buf_free(&b);
         rdzv_buf_free(&keys);
     }
     return 0;

@@ -49,7 +49,8 @@ def metric(text: str, series: str) -> Optional[float]:
 
 def _run(args: list[str], tmp: Path) -> str:
     p = subprocess.run(args + [f"--user-data-dir={tmp / 'profile'}"], capture_output=True, text=True,
-                       timeout=90)
+                       encoding="utf-8", errors="replace", timeout=90)
+    assert p.returncode == 0, f"chromium exited {p.returncode}: {p.stderr[-2000:]}"
     return p.stdout
 
 

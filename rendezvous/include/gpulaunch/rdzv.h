@@ -217,7 +217,8 @@ enum rdzv_restart_cause {
                                      exited (a stop, a preemption, a failure just before) */
     RDZV_CAUSES = 6
 };
-/* "worker_failed", "hang", "reform_failed", "not_live", "stopping"; "none". */
+/* "worker_failed", "hang", "reform_failed", "not_live", "stopping";
+ * "unknown" for RDZV_CAUSE_NONE (not said) and anything else. */
 const char *rdzv_restart_cause_name(uint32_t cause);
 typedef struct rdzv_story {
     uint32_t round, kind;
@@ -233,6 +234,9 @@ typedef struct rdzv_story {
     uint32_t cause;       /* a restart's enum rdzv_restart_cause (sent to servers that take it) */
     int32_t state_root;   /* source RDZV_STATE_PEER: the rank it was copied from (-1: not said) */
 } rdzv_story;
+/* Nothing said: no step seen, no state, no cause, no peer. */
+#define RDZV_STORY_INIT                                                                            \
+    { .pause_ms = RDZV_STORY_UNKNOWN, .state_step = -1, .state_root = -1 }
 void rdzv_client_story(rdzv_client *c, const rdzv_story *story);
 /* A local rank hung: ends the round as rdzv_client_fail does, recorded as a
  * hang of that rank (a server that predates hangs gets a plain FAIL). */
