@@ -11,8 +11,10 @@
  * nodes training), the kept launchers are counted from outside and from
  * their --metrics (proc_count.h: descriptors by kind, threads, children,
  * libuv handles by type, progress regions and pipes, workers, heap in use),
- * and the rendezvous from outside: every count must be equal, the
- * launchers' RSS within NS_RSS_GROWTH_KIB. GPL_NETSOAK_CHANGES changes
+ * and the rendezvous from outside: every count must be equal (the heap in
+ * use within NS_HEAP_NOISE above: what is in flight when it is counted, a
+ * send or a scrape, differs by a few KiB on this bed), the launchers' RSS
+ * within NS_RSS_GROWTH_KIB. GPL_NETSOAK_CHANGES changes
  * (NS_CHANGES in CI) after the warm-up. */
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
@@ -32,6 +34,7 @@
 #define NS_STEP_MS 20000         /* a change's rounds are trained in by then */
 #define NS_SETTLE_MS 1500        /* quiet before counting: the last round's timers */
 #define NS_RSS_GROWTH_KIB 512    /* a kept launcher's RSS from the warm-up to the end */
+#define NS_HEAP_NOISE 8192       /* its heap in use may differ by what is in flight at a count */
 #define NS_METRICS_MAX (1 << 18) /* a launcher's /metrics text */
 
 ReportHook(POST_ALL)(struct criterion_global_stats *stats) {
@@ -127,7 +130,7 @@ static long change(int kind, int h, long round, const job_args *ja) {
 static int differ(const char *who, const long *a, const long *b) {
     int n = 0;
     for (int i = 0; i < PC_N; i++)
-        if (a[i] != b[i]) {
+        if (i == PC_M_HEAP ? b[i] > a[i] + NS_HEAP_NOISE : a[i] != b[i]) {
             cr_log_error("%s: %s %ld after the warm-up, %ld at the end", who, proc_count_name[i],
                          a[i], b[i]);
             n++;
@@ -146,13 +149,13 @@ Test(netsoak, kept_launchers_and_the_rendezvous_hold_nothing_more_after_many_cha
     char mport[32];
     snprintf(mport, sizeof mport, "127.0.0.1:%d", NS_MPORT);
     job_args ja = {.nnodes = "2:4",
-                   .steps = "1000000000",
+                   .steps = "10000000",
                    .sleep_ms = "5",
                    .ck_every = "100000000",
                    .reform = 1,
                    .metrics = mport};
     start_job(&ja);
-    long round = kept_began_after(0, "the first step");
+    long round = 1; /* formed (start_job); a first round has no "began" line */
     uint64_t t0 = now_ms();
     /* the warm-up: one change of each kind on each churned host */
     for (int k = 0; k < K_KINDS; k++)
