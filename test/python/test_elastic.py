@@ -417,7 +417,7 @@ def job_tells_a_fallback(job: Job, tmp: Path, failing: Proc, other: Proc) -> Non
         return
     dom = jobpage.dom(tmp, job.http, "elastic")
     assert '<b id="cost-restart">1</b>' in dom and "1 × re-forming in place failed" in dom, dom
-    assert re.search(r"<td>restart(, in place)?</td>", dom), dom  # the rounds table's kind
+    assert re.search(r"<td>restart(, in place)? \([^<]*re-forming in place failed", dom), dom  # the rounds table
     assert "<td>peers (" in dom, dom
     assert "<td>restart (re-forming in place failed)</td>" in dom and " from rank " in dom, dom
     sw, cw, drawn = jobpage.width_1280(tmp, job.http, "elastic", "cost-restart")
