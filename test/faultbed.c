@@ -283,8 +283,10 @@ void start_job(const job_args *ja) {
     for (int i = 1; i <= NODES; i++)
         start_node(i, ja);
     uint64_t ms[NODES];
-    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", now_ms(), 30000, ms), NODES,
-                 "round 1 did not form: %s", nodes[1].out);
+    int formed = expect_all(all_nodes, NODES, "round 1: node rank", now_ms(), 30000, ms);
+    if (formed != NODES)
+        save_logs("round-1-not-formed"); /* every node's side, the server's too */
+    cr_assert_eq(formed, NODES, "round 1 did not form: %s", nodes[1].out);
 }
 
 /* A node vanishes: its link goes first (nothing it held says goodbye), then
