@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "gb_log.h"
-#include "gb_sock.h"
 #include "gb_time.h"
 #include "gpulaunch/rdzv.h"
 #include "rdzv_auth.h"
@@ -465,10 +464,8 @@ static void on_connect(uv_connect_t *req, int status) {
     unsigned ut =
         RDZV_KEEP_FACTOR * (c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms
                                                        : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS);
-    if (uv_fileno((uv_handle_t *)c->tcp, &fd) == 0) {
+    if (uv_fileno((uv_handle_t *)c->tcp, &fd) == 0)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
-        gb_sock_thin_stream(fd);
-    }
     c->state = CS_HANDSHAKE;
     uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read); /* the server speaks first */
 }

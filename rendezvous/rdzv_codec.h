@@ -108,7 +108,7 @@ typedef struct rdzv_bytes {
  * to this many heartbeat timeouts of silence (rdzv_probe.h); a client's
  * connection bears unacknowledged data as long (TCP_USER_TIMEOUT) before it
  * gives up on the path, so that neither side drops what the other keeps. */
-#define RDZV_KEEP_FACTOR 3
+#define RDZV_KEEP_FACTOR 2
 
 /* RDZV_STORY (node to server, unanswered): how the node's workers began a
  * round and what it cost them (enum rdzv_story_kind, rdzv_client_story in

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "gb_log.h"
-#include "gb_sock.h"
 #include "gb_time.h"
 #include "rdzv_auth.h"
 #include "rdzv_server_int.h"
@@ -468,9 +467,6 @@ static void accept_one(uv_stream_t *ls, int status) {
         return;
     }
     /* TCP_NODELAY is inherited from the listener (set at start) */
-    uv_os_fd_t fd;
-    if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
-        gb_sock_thin_stream(fd); /* its pings and decisions, as the client's heartbeats */
     if (rdzv_auth_nonce(c->nonce) != 0) {
         conn_close(c, "no random bytes for the challenge");
         return;

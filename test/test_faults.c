@@ -294,10 +294,10 @@ static void link_cut_case(const char *name, const char *nnodes) {
                       nodes[surv[i]].out);
     }
     /* the cut node finds out by itself, before the link comes back: its
-     * unacknowledged heartbeats fail the connection (TCP_USER_TIMEOUT,
-     * RDZV_KEEP_FACTOR x the heartbeat timeout: as long as the server keeps a
-     * node its peers reach) however soon the others were told (~0.5 s) */
-    int notice_s = RDZV_KEEP_FACTOR * HB_TIMEOUT_S + 3;
+     * unacknowledged heartbeats fail the connection (TCP_USER_TIMEOUT, twice
+     * the heartbeat timeout: as long as the server keeps a node its peers
+     * reach) however soon the others were told (a probe: ~0.5 s) */
+    int notice_s = 2 * HB_TIMEOUT_S + 3;
     uint64_t by = t_fault + (uint64_t)notice_s * 1000ull, now = now_ms();
     cr_expect(proc_expect(&nodes[4], "reconnecting", now < by ? (int)(by - now) : 1000),
               "host 4 did not notice the cut within %d s: %s", notice_s, nodes[4].out);
