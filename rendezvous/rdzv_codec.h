@@ -103,6 +103,10 @@ typedef struct rdzv_bytes {
 #define RDZV_CHALLENGE_PEER 8u        /* JOIN with RDZV_JOIN_PEER, PROBE_ACK; it sends PROBE_REQ */
 #define RDZV_CHALLENGE_STORY 16u      /* STORY */
 #define RDZV_CHALLENGE_STORY_MORE 32u /* STORY with RDZV_STORY_MORE */
+#define RDZV_CHALLENGE_MOVE                                                                        \
+    64u /* a node may re-register its running round (JOIN with RDZV_JOIN_RESUME) on a second       \
+         * connection while its first still stands: it moves to the new one, the round goes on     \
+         * (docs/protocol.md, "Moving to a new connection") */
 
 /* A node silent to the server but reached by its peers' probes is kept up
  * to this many heartbeat timeouts of silence (rdzv_probe.h); a client's

@@ -103,6 +103,11 @@ char *rdzv_render_metrics(rdzv_server *s) {
               "gpulaunch_rdzv_probe_relays_total{result=\"no_answer\"} %llu\n",
               (unsigned long long)s->m.relays_reached, (unsigned long long)s->m.relays_unreached,
               (unsigned long long)(s->m.relays_sent - s->m.relays_reached - s->m.relays_unreached));
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_moves_total Nodes that moved their running round to a new "
+              "connection because the old one stalled.\n"
+              "# TYPE gpulaunch_rdzv_moves_total counter\ngpulaunch_rdzv_moves_total %llu\n",
+              (unsigned long long)s->m.moves);
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     /* what the server holds from malloc, not what the allocator keeps free:
      * back where it started once every job is gone (test/bench/rdzv_soak) */

@@ -234,6 +234,47 @@ static void apply(job *j, rdzv_round_out *out) {
 
 /* ---- requests ---- */
 
+/* A node re-registers the round it runs on a second connection while its
+ * first still stands (RDZV_CHALLENGE_MOVE): the first stalled, a TCP stream
+ * backing off on a lossy link. The node moves to the new connection and
+ * nothing else changes: its rank, its round, what is known of its probes;
+ * the old connection stays the node's until the client has drained and
+ * closed it. Only the same launcher (its instance) moves a node. */
+static int try_move(conn *c, job *j, const rdzv_msg *msg) {
+    const __typeof__(msg->u.join) *jn = &msg->u.join;
+    rdzv_round *r = &j->r;
+    if (!(msg->flags & RDZV_JOIN_RESUME) || c->m || r->state != RDZV_R_RUNNING ||
+        r->round != jn->round || jn->node_rank >= r->nranks || jn->instance[0] == '\0')
+        return 0;
+    rdzv_rmember *rm = r->ranks[jn->node_rank];
+    if (rm == NULL || !rm->active || rm->done || strcmp(rm->instance, jn->instance) != 0)
+        return 0;
+    member *m = member_of(rm);
+    conn *old = m->c;
+    uint64_t now = gb_now_ms();
+    if (m->was) { /* moved twice before it closed the first: that one is nobody's now */
+        m->was->m = NULL;
+        rdzv__conn_drop(m->was, "its node moved again");
+    }
+    m->was = old;
+    m->c = c;
+    c->m = m;
+    rm->join_req = msg->req_id;
+    c->s->m.moves++;
+    GB_INFO("job %s: %s (node rank %u) moved to a new connection, %.1f s after its old one last "
+            "carried anything (a stalled stream): round %u goes on",
+            r->run_id, rm->hostname, rm->node_rank, (double)(now - old->last_rx_ms) / 1000.0,
+            r->round);
+    rdzv_msg a = {.type = RDZV_ASSIGNED, .req_id = msg->req_id};
+    a.u.assigned.round = r->round;
+    a.u.assigned.node_rank = rm->node_rank;
+    a.u.assigned.nnodes = r->nranks;
+    a.u.assigned.base_rank = rm->base_rank;
+    a.u.assigned.world_size = jn->world_size;
+    rdzv__send_msg(c, &a);
+    return 1;
+}
+
 static void handle_join(conn *c, const rdzv_msg *msg) {
     rdzv_server *s = c->s;
     const __typeof__(msg->u.join) *jn = &msg->u.join;
@@ -244,6 +285,8 @@ static void handle_join(conn *c, const rdzv_msg *msg) {
         return;
     }
     job *j = job_find(s, jn->run_id);
+    if (j && try_move(c, j, msg))
+        return;
     if (j == NULL) {
         if (s->njobs >= s->o.max_jobs) {
             rdzv__send_error(c, msg->req_id, GPL_ERR_LIMIT,
@@ -529,9 +572,19 @@ void rdzv__job_conn_gone(conn *c, const char *why) {
         c->aj = NULL;
     }
     member *m = c->m;
+    if (m && m->c != c) { /* the connection a node moved from: the node stays */
+        c->m = NULL;
+        if (m->was == c)
+            m->was = NULL;
+        m = NULL;
+    }
     job *j = m && m->rm.r ? job_of(m->rm.r) : NULL;
     if (m) {
         c->m = NULL;
+        if (m->was) { /* nothing on it is anybody's now */
+            m->was->m = NULL;
+            rdzv__conn_drop(m->was, "the node it carried left");
+        }
         rdzv__probe_gone(m);
         if (j) {
             rdzv_round_out out = {0};
@@ -633,11 +686,20 @@ void rdzv__jobs_sweep(rdzv_server *s, uint64_t now, int hb) {
 /* A survivor of a failed round is in no round while the next one re-forms, so
  * the running rounds' heartbeat check does not see it: one whose heartbeats
  * stop (its host went down too, or its client moved to a new connection) is
- * closed, and the round stops waiting for it. Launchers beat between rounds. */
+ * closed, and the round stops waiting for it. Launchers beat between rounds.
+ * A connection a node moved from goes once it is silent as long as a node
+ * kept by its peers may be (its client drains and closes it sooner). */
 void rdzv__jobs_sweep_survivors(rdzv_server *s, uint64_t now) {
     conn *c;
     LIST_FOREACH(c, &s->conns, link) {
         member *m = c->m;
+        if (m && m->c != c) {
+            /* the connection a node moved from: drained by the client, or a dead path */
+            uint64_t hb = m->rm.r ? m->rm.r->hb_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+            if (now - c->last_rx_ms > (uint64_t)RDZV_KEEP_FACTOR * hb)
+                rdzv__conn_drop(c, "the connection its node moved from stayed silent");
+            continue;
+        }
         if (m == NULL || !rdzv_round_awaits(&m->rm) ||
             now - c->last_rx_ms <= m->rm.r->hb_timeout_ms)
             continue;

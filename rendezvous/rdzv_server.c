@@ -202,7 +202,8 @@ void rdzv__push_send(rdzv_server *s, rdzv_push *p) {
 static void handle_ready(conn *c, const rdzv_msg *msg) {
     switch (msg->type) {
     case RDZV_HEARTBEAT:
-        if (msg->flags & RDZV_HEARTBEAT_WAIT)
+        /* on the connection a node moved from, older than what its new one says: traffic only */
+        if ((msg->flags & RDZV_HEARTBEAT_WAIT) && (c->m == NULL || c->m->c == c))
             rdzv__probe_heartbeat(c, msg);
         return;
     case RDZV_PONG:
@@ -404,8 +405,10 @@ static void read_frames(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     if (nread == 0 || c->closing)
         return;
     uint64_t now = gb_now_ms();
-    if (c->m)
-        rdzv__probe_rx(c->m, now - c->last_rx_ms);
+    if (c->m) { /* the node's, on its connection or on the one it moved from */
+        rdzv__probe_rx(c->m, now - c->m->c->last_rx_ms);
+        c->m->c->last_rx_ms = now;
+    }
     c->last_rx_ms = now;
     const uint8_t *p = (const uint8_t *)buf->base;
     size_t n = (size_t)nread;
@@ -478,7 +481,7 @@ static void accept_one(uv_stream_t *ls, int status) {
     ch.u.challenge.auth_required = s->token != NULL;
     ch.u.challenge.version = RDZV_VERSION;
     ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | RDZV_CHALLENGE_STORY |
-               RDZV_CHALLENGE_STORY_MORE |
+               RDZV_CHALLENGE_STORY_MORE | RDZV_CHALLENGE_MOVE |
                (s->o.probes ? RDZV_CHALLENGE_PROBE | RDZV_CHALLENGE_PEER : 0);
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);

@@ -24,6 +24,9 @@ typedef struct member member;
 
 enum conn_state { C_HELLO = 0, C_AUTH = 1, C_READY = 2 };
 
+/* A connection; m is the node it carries (m->c == c), or a node that moved
+ * from it to a newer connection (m->was == c: frames on it still count as
+ * the node's, requests on it are the node's). */
 struct conn {
     uv_tcp_t tcp;
     rdzv_server *s;
@@ -46,7 +49,9 @@ struct conn {
 /* A node of a job: its round membership and its connection. */
 struct member {
     rdzv_rmember rm; /* first: a round's rdzv_rmember pointer is its member */
-    conn *c;
+    conn *c;         /* its connection */
+    conn *was;    /* the connection it moved from (RDZV_CHALLENGE_MOVE), open while the node drains
+                     it: what still comes on it is the node's (its c->m is this member); NULL none */
     rdzv_probe p; /* suspicion and probes (rdzv_probe.c) */
     LIST_ENTRY(member) plink;
 };
@@ -73,6 +78,7 @@ typedef struct rdzv_metrics {
     /* peers asked to probe a suspect (PROBE_REQ), and what they said */
     uint64_t relays_sent, relays_reached, relays_unreached;
     uint64_t frames_in, frames_out; /* every frame decoded and every frame sent */
+    uint64_t moves;                 /* nodes that moved to a new connection in a running round */
     uint64_t failures[7];           /* by rdzv_reason */
 } rdzv_metrics;
 

@@ -262,6 +262,28 @@ int netbed_http_get(netbed *b, int host, int port, const char *path, char *out, 
 /* On the TUN fabric the host's own device goes down: its packets go
  * nowhere (a process on it that sends between the cut and its kill sees an
  * error; netbed_cut is followed by the kill at once). */
+int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port) {
+    char ns[40], to[40], cmd[768];
+    ns_name(b, host, ns, sizeof ns);
+    ns_name(b, to_host, to, sizeof to);
+    /* "ss -p" names the owner as users:(("comm",pid=..)); the local port is the third column.
+     * Dropped where they arrive, not as they leave: a packet dropped on its own host's output
+     * is never in flight, and TCP does not back off for it. */
+    snprintf(cmd, sizeof cmd,
+             "ip netns exec %s ss -Htnp state established '( dport = :%d )' | "
+             "grep -F '((\"%s\",' | awk '{ n = split($3, a, \":\"); print a[n] }' | "
+             "while read p; do ip netns exec %s iptables -I INPUT -p tcp --sport \"$p\" "
+             "--dport %d -j DROP && echo \"$p\"; done",
+             ns, port, comm, to, port);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL)
+        return -1;
+    int n = 0, p;
+    while (fscanf(f, "%d", &p) == 1)
+        n++;
+    return pclose(f) == 0 ? n : -1;
+}
+
 int netbed_cut(netbed *b, int host) {
     char ns[40];
     ns_name(b, b->link_pid ? host : -1, ns, sizeof ns);

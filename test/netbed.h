@@ -53,6 +53,12 @@ int netbed_signal_host(netbed *b, int host, int sig);
  * out, as http_get_local (harness.h). The calling thread enters the
  * namespace for the request and comes back. */
 int netbed_http_get(netbed *b, int host, int port, const char *path, char *out, size_t len);
+/* Stalls the TCP connections that process comm on host holds to port on
+ * to_host: from now on what host sends on them is lost on the way (dropped
+ * as it reaches to_host, iptables in that namespace), as a stream stalled in
+ * TCP's backoff is; a new connection is not touched. Returns how many
+ * connections it stalled, -1 on error. */
+int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port);
 /* Writes a process's captured output to <dir>/<name>.log. */
 void netbed_save_log(netbed *b, const char *name, const proc *p);
 #endif

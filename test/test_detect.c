@@ -169,6 +169,45 @@ Test(detect, a_slow_node_and_a_stopped_launcher_are_not_lost, .timeout = 200) {
               "the straggler was never probed: %s", server.out);
 }
 
+/* D6. A stream stalled in TCP's backoff (host 4's launcher's packets on its
+ * connection to the rendezvous lost on the way from then on, its peers and
+ * any new connection untouched): the launcher moves its round to a new connection
+ * (RDZV_CHALLENGE_MOVE) within half the heartbeat timeout and a round trip,
+ * and no round ends; without the move the server would end the round at
+ * twice the timeout (its peers reach it), the old connection never
+ * recovering. */
+Test(detect, a_stalled_connection_moves_and_the_round_goes_on, .timeout = 150) {
+    setup_bed("D6-stalled-stream", NODES + 1, 0, 0);
+    start_server(1);
+    job_args ja = {.nnodes = "4", .steps = "500", .sleep_ms = "50", .reform = 1};
+    for (int i = 1; i <= NODES; i++)
+        start_node(i, &ja);
+    uint64_t ms[NODES];
+    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", now_ms(), 30000, ms), NODES,
+                 "round 1 did not form: %s", nodes[1].out);
+    usleep(2000000);
+    uint64_t t_stall = now_ms();
+    int n = netbed_stall_tcp(&bed, 4, "gpulaunch", RDZV_HOST, (int)strtol(RDZV_PORT, NULL, 10));
+    cr_assert_eq(n, 1, "host4's launcher's connection to the rendezvous not stalled (%d)", n);
+    int host4[1] = {4};
+    uint64_t moved[1];
+    cr_assert_eq(expect_all(host4, 1, "moved to a new connection", t_stall, 15000, moved), 1,
+                 "host4 did not move: %s", nodes[4].out);
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    for (int i = 1; i <= NODES; i++)
+        cr_expect(strstr(nodes[i].out, "is over") == NULL, "host%d: a round ended: %s", i,
+                  strstr(nodes[i].out, "is over"));
+    proc_expect(&server, "\x01", 10);
+    cr_expect(strstr(server.out, "host4 (node rank ") && strstr(server.out, ") moved to a new"),
+              "the server did not say the move: %s", server.out);
+    cr_log_info("D6: host4 moved %llu ms after its stream stalled (the heartbeat timeout %d s); "
+                "no round ended",
+                (unsigned long long)moved[0], HB_TIMEOUT_S);
+    cr_expect_lt(moved[0], (uint64_t)HB_TIMEOUT_S * 1000, "the move took %llu ms",
+                 (unsigned long long)moved[0]);
+}
+
 /* ---- D5: the adverse bed ---- */
 
 #define ADVERSE_DEFAULT_S 60 /* CI; GPL_ADVERSE_S=3600 for the hour (docs/reliability.md) */

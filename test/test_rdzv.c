@@ -366,6 +366,113 @@ Test(rdzv, heartbeat_timeout_ends_the_round) {
               (unsigned long long)took);
 }
 
+static void join_as(peer *p, const char *host, const char *instance, int rank, int resume) {
+    rdzv_msg m = {.type = RDZV_JOIN, .req_id = resume ? 77u : 9u};
+    snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "mv");
+    snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s", host);
+    snprintf(m.u.join.instance, sizeof m.u.join.instance, "%s", instance);
+    m.u.join.nproc = 1;
+    m.u.join.static_rank = rank;
+    m.u.join.min_nodes = m.u.join.max_nodes = 2;
+    m.u.join.heartbeat_timeout_ms = 600;
+    if (resume) {
+        m.flags = RDZV_JOIN_RESUME;
+        m.u.join.round = 1;
+        m.u.join.node_rank = (uint32_t)rank;
+        m.u.join.base_rank = (uint32_t)rank;
+        m.u.join.world_size = 2;
+        m.u.join.nnodes = 2;
+    }
+    peer_send(p, &m);
+}
+
+/* Whether the server closed fd within ms (what it still sends is read and dropped). */
+static int closed_quietly(int fd, int ms) {
+    uint64_t t0 = now_ms();
+    char b[4096];
+    do {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 10) > 0 && recv(fd, b, sizeof b, 0) <= 0)
+            return 1;
+    } while (now_ms() - t0 < (uint64_t)ms);
+    return 0;
+}
+
+/* A node whose connection stalls moves its running round to a second one
+ * (RDZV_CHALLENGE_MOVE): the round goes on, what still comes on the old
+ * connection is the node's, the old one silent past twice the timeout is
+ * closed and ends nothing, the new one's close does; a different launcher
+ * (instance) cannot take the node's place. */
+Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+        char h[16], inst[16];
+        snprintf(h, sizeof h, "mv-%d", i);
+        snprintf(inst, sizeof inst, "mv-%d-1234", i);
+        join_as(&P[i], h, inst, i, 0);
+    }
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
+    /* another launcher claiming node rank 1 is refused */
+    cr_assert_eq(peer_open(&P[3], port, NULL), 0);
+    join_as(&P[3], "mv-1", "mv-1-9999", 1, 1);
+    cr_assert_eq(peer_recv_type(&P[3], RDZV_ERROR, 2000), 0);
+    cr_expect_eq(P[3].last.u.error.code, GPL_ERR_ROUND_OVER, "%s", P[3].last.u.error.message);
+    /* node 1 moves to P[2] */
+    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
+    join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0);
+    cr_expect_eq(P[2].last.req_id, 77);
+    cr_expect_eq(P[2].last.u.assigned.round, 1);
+    cr_expect_eq(P[2].last.u.assigned.node_rank, 1);
+    /* heartbeats on the new connection keep it: three timeouts pass; the old one still
+     * speaks (a client drains it) */
+    rdzv_msg hb = {.type = RDZV_HEARTBEAT};
+    uint64_t t0 = now_ms();
+    int over = 0;
+    while (now_ms() - t0 < 1800 && !over) {
+        peer_send(&P[0], &hb);
+        peer_send(&P[1], &hb);
+        peer_send(&P[2], &hb);
+        over = peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER;
+    }
+    cr_assert(!over, "the round ended after the move: %s", P[0].last.u.round_over.message);
+    /* a request on the old connection is still the node's: its event reaches node 0 */
+    rdzv_msg ev = {.type = RDZV_EVENT, .req_id = 5};
+    ev.u.event.kind = RDZV_EVENT_CHECKPOINT;
+    snprintf(ev.u.event.reason, sizeof ev.u.event.reason, "said on the old connection");
+    peer_send(&P[1], &ev);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_EVENT, 2000), 0);
+    cr_expect_str_eq(P[0].last.u.event.node, "mv-1");
+    /* the old connection, silent past twice the timeout, is closed by the server; nothing ends */
+    t0 = now_ms();
+    int closed = 0;
+    while (now_ms() - t0 < 3000 && !over && !closed) {
+        peer_send(&P[0], &hb);
+        peer_send(&P[2], &hb);
+        over = peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER;
+        closed = closed_quietly(P[1].fd, 50);
+    }
+    cr_assert(!over, "the round ended with the old connection: %s", P[0].last.u.round_over.message);
+    cr_expect(closed, "the server kept the silent old connection for %llu ms",
+              (unsigned long long)(now_ms() - t0));
+    cr_expect_geq(now_ms() - t0, 1000, "the old connection was closed after %llu ms",
+                  (unsigned long long)(now_ms() - t0));
+    for (int k = 0; k < 5 && !over; k++) {
+        peer_send(&P[0], &hb);
+        peer_send(&P[2], &hb);
+        over = peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER;
+    }
+    cr_assert(!over, "the round ended: %s", P[0].last.u.round_over.message);
+    /* the new one's does, at once */
+    t0 = now_ms();
+    peer_close(&P[2]);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
+    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT);
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 1);
+    cr_expect_lt(now_ms() - t0, 500);
+}
+
 Test(rdzv, rejoin_after_failure_keeps_ranks_and_starts_round_two) {
     run_round("rj", 2);
     rdzv_msg f = {.type = RDZV_FAIL, .req_id = 3};
