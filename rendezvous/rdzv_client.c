@@ -1,6 +1,8 @@
 /* The asynchronous rendezvous client, on the launcher's libuv loop: connect
  * with backoff and jitter, handshake, join, heartbeats, pushed messages, and
- * after a server restart a reconnect that re-registers the running round. */
+ * after a server restart a reconnect that re-registers the running round.
+ * Moving the round to a new connection when this one stalls:
+ * rdzv_client_move.c. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -14,93 +16,18 @@
 #include "rdzv_auth.h"
 #include "rdzv_codec.h"
 #include "rdzv_client_int.h"
+#include "rdzv_client_priv.h"
 #include "rdzv_peer.h"
 
 #define GB_COMPONENT "rdzv-client"
 
-#define RDZV_CLIENT_MAX_ADDRS 8   /* a host's addresses tried in turn (localhost: ::1, 127.0.0.1) */
-#define RDZV_NOTICE_FIRST_MS 2000 /* an unreachable rendezvous is said after this ... */
+#define RDZV_NOTICE_FIRST_MS 2000     /* an unreachable rendezvous is said after this ... */
 #define RDZV_NOTICE_EVERY_MS 10000    /* ... and again at this interval */
 #define RDZV_CLIENT_WAIT_EVERY_MS 250 /* a wait that goes on is said again this often */
-/* Moving to a new connection (RDZV_CHALLENGE_MOVE): a connection whose
- * oldest unacknowledged frame has been backing off (retransmission timeouts,
- * TCP_INFO) for RDZV_MOVE_STALL_DIV-th of the heartbeat timeout (at least
- * RDZV_MOVE_STALL_MIN_MS) is stalled in TCP's exponential backoff, which on a
- * slow, lossy link can outlast what the server bears; the client opens a
- * second connection and moves its round to it. A move not done within
- * RDZV_KEEP_FACTOR x the heartbeat timeout is given up (the next stall tries
- * again); the old connection is drained until the server closes it, at most
- * as long. */
-#define RDZV_MOVE_STALL_DIV 2
-#define RDZV_MOVE_STALL_MIN_MS 1000
-
-enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
-
-struct rdzv_client {
-    uv_loop_t *loop;
-    rdzv_client_options o;
-    char host[256];
-    char *token;
-    rdzv_join_params jp;
-    char run_id[RDZV_MAX_STR + 1], hostname[RDZV_MAX_STR + 1], addr[RDZV_MAX_STR + 1],
-        instance[RDZV_MAX_STR + 1];
-    rdzv_client_callbacks cb;
-    uv_tcp_t *tcp; /* a fresh handle per connection attempt */
-    uv_connect_t creq;
-    uv_timer_t retry, hb, notice;
-    char target[80]; /* the address of the last connection attempt */
-    struct sockaddr_storage addrs[RDZV_CLIENT_MAX_ADDRS]; /* what the host resolved to */
-    int naddrs, next_addr;
-    char last_why[300]; /* why the last attempt failed */
-    char doing[300];    /* the attempt under way */
-    int noticed;        /* the outage was reported */
-    uv_getaddrinfo_t gai;
-    int state;
-    int want_join; /* send JOIN once ready */
-    int pending;   /* a JOIN for a new round was sent, its ASSIGNED has not come: the server holds
-                      this node for the next round (a new connection asks again) */
-    int assigned;  /* holds a running assignment */
-    rdzv_assignment a;
-    uint32_t join_req, next_req;
-    uint64_t down_since_ms; /* first failed attempt of this outage, 0 when up */
-    uint32_t backoff_ms;
-    rdzv_buf in;
-    int closing, handles;
-    int failed;
-    int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
-    int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
-    int server_probe;  /* the server takes waits in heartbeats and probes (RDZV_CHALLENGE_PROBE) */
-    int server_story;  /* the server takes how rounds began (RDZV_CHALLENGE_STORY) */
-    int server_story_more; /* ... and its cause and root (RDZV_CHALLENGE_STORY_MORE) */
-    uint32_t wait_ms;      /* rdzv_client_waiting's last: said in every heartbeat */
-    uint64_t wait_said_ms; /* when a heartbeat last said a wait */
-    int stats_warned;
-    uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
-    int frozen;          /* rdzv_client_freeze: sends nothing more */
-    rdzv_peer *peer;     /* the UDP port for peer probes (rdzv_peer.c); NULL: none */
-    int peer_failed;     /* it could not be opened: said once, not tried again */
-    int server_move;     /* the server takes a running round on a second connection
-                            (RDZV_CHALLENGE_MOVE) */
-    uv_tcp_t *mv;        /* the connection being opened to move to; NULL none */
-    rdzv_buf mv_in;      /* its input until it is the connection */
-    uint64_t mv_since_ms;
-    uint32_t mv_stall_ms;    /* how long the old one had stalled when the move began */
-    uint32_t mv_req;         /* the move's JOIN */
-    uint64_t stall_since_ms; /* the connection's oldest frame unacknowledged through a
-                                retransmission timeout since about then; 0 none */
-    uv_tcp_t *drain;         /* the connection moved from, read until the server closes it */
-    rdzv_buf drain_in;
-    uint64_t drain_since_ms;
-    uint32_t moves; /* moves done (said in the log) */
-};
 
 static void start_connect(rdzv_client *c);
 static void connect_addr(rdzv_client *c, const struct sockaddr *sa);
 static void on_retry(uv_timer_t *t) { start_connect(t->data); }
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
-static void tune(rdzv_client *c, uv_tcp_t *t);
-static void fill_join(rdzv_client *c, rdzv_msg *mp);
 
 static void client_unref(rdzv_client *c) {
     if (--c->handles == 0) {
@@ -130,7 +57,7 @@ static void fatal(rdzv_client *c, gpl_result_t code, const char *msg) {
         c->cb.on_error(c, code, msg);
 }
 
-static void close_tcp(rdzv_client *c, uv_tcp_t **t) {
+void rdzv__client_close_tcp(rdzv_client *c, uv_tcp_t **t) {
     if (*t) {
         c->handles++;
         uv_close((uv_handle_t *)*t, on_handle_closed);
@@ -138,22 +65,12 @@ static void close_tcp(rdzv_client *c, uv_tcp_t **t) {
     }
 }
 
-static void drop_move(rdzv_client *c) {
-    close_tcp(c, &c->mv);
-    c->mv_in.len = 0;
-}
-
-static void drop_drain(rdzv_client *c) {
-    close_tcp(c, &c->drain);
-    c->drain_in.len = 0;
-}
-
 static void drop_conn(rdzv_client *c) {
-    close_tcp(c, &c->tcp);
+    rdzv__client_close_tcp(c, &c->tcp);
     c->in.len = 0;
     c->state = CS_IDLE;
-    drop_move(c); /* a reconnect re-registers the round itself */
-    drop_drain(c);
+    rdzv__client_drop_move(c); /* a reconnect re-registers the round itself */
+    rdzv__client_drop_drain(c);
     c->stall_since_ms = 0;
 }
 
@@ -224,7 +141,7 @@ static void on_written(uv_write_t *req, int status) {
     free(w);
 }
 
-static void send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m) {
+void rdzv__client_send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m) {
     if (t == NULL || c->frozen)
         return;
     rdzv_buf b;
@@ -258,11 +175,11 @@ static void send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m) {
 
 static void send_msg(rdzv_client *c, rdzv_msg *m) {
     if (c->state >= CS_HANDSHAKE)
-        send_on(c, c->tcp, m);
+        rdzv__client_send_on(c, c->tcp, m);
 }
 
 /* The JOIN of this node: a RESUME of its round while it holds one. */
-static void fill_join(rdzv_client *c, rdzv_msg *mp) {
+void rdzv__client_fill_join(rdzv_client *c, rdzv_msg *mp) {
     rdzv_msg m = {.type = RDZV_JOIN, .req_id = ++c->next_req};
     snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", c->run_id);
     snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s", c->hostname);
@@ -297,7 +214,7 @@ static void fill_join(rdzv_client *c, rdzv_msg *mp) {
 
 static void send_join(rdzv_client *c) {
     rdzv_msg m;
-    fill_join(c, &m);
+    rdzv__client_fill_join(c, &m);
     c->join_req = m.req_id;
     c->want_join = 0;
     c->pending = !c->assigned;
@@ -330,11 +247,11 @@ static void open_peer(rdzv_client *c) {
 }
 
 /* HELLO and AUTH on t; 0 when there is no token to answer with (fatal). */
-static int answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m) {
+int rdzv__client_answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m) {
     rdzv_msg h = {.type = RDZV_HELLO, .req_id = ++c->next_req};
     h.u.hello.magic = RDZV_MAGIC;
     h.u.hello.version = RDZV_VERSION;
-    send_on(c, t, &h);
+    rdzv__client_send_on(c, t, &h);
     rdzv_msg a = {.type = RDZV_AUTH, .req_id = ++c->next_req};
     if (m->u.challenge.auth_required) {
         if (c->token == NULL) {
@@ -348,157 +265,13 @@ static int answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m) {
         }
         rdzv_auth_mac(c->token, c->o.token_len, m->u.challenge.nonce, a.u.auth.mac);
     }
-    send_on(c, t, &a);
+    rdzv__client_send_on(c, t, &a);
     return 1;
 }
 
-static uint32_t hb_timeout_ms(const rdzv_client *c) {
+uint32_t rdzv__client_hb_timeout_ms(const rdzv_client *c) {
     return c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms
                                       : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
-}
-
-static void on_shutdown(uv_shutdown_t *req, int status) {
-    (void)status;
-    free(req);
-}
-
-/* The new connection is the node's: the old one is drained, its sending side
- * shut down so that the server reads what is still queued on it and then
- * closes it. */
-static void promote_move(rdzv_client *c) {
-    drop_drain(c); /* moved again before the first drained: enough of it */
-    rdzv_buf spare = c->drain_in;
-    c->drain = c->tcp;
-    c->drain_in = c->in;
-    c->drain_since_ms = gb_now_ms();
-    c->tcp = c->mv;
-    c->in = c->mv_in;
-    c->mv = NULL;
-    c->mv_in = spare;
-    c->mv_in.len = 0;
-    c->moves++;
-    uv_shutdown_t *sd = malloc(sizeof *sd);
-    if (sd && uv_shutdown(sd, (uv_stream_t *)c->drain, on_shutdown) != 0)
-        free(sd);
-    c->stall_since_ms = 0;
-    GB_WARN("rendezvous %s:%d: round %u moved to a new connection in %.1f s: the old one's frames "
-            "had waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow "
-            "or lossy); move %u",
-            c->host, c->o.port, c->a.round, (double)(gb_now_ms() - c->mv_since_ms) / 1000.0,
-            (double)c->mv_stall_ms / 1000.0, c->moves);
-}
-
-/* What comes on the connection being opened to move to. Its JOIN goes with
- * HELLO and AUTH (one write): the server moves the node at once, a round trip
- * before the WELCOME makes it the connection. */
-static void handle_move(rdzv_client *c, const rdzv_msg *m) {
-    switch (m->type) {
-    case RDZV_CHALLENGE: {
-        if (!(m->flags & RDZV_CHALLENGE_MOVE) || !c->assigned) {
-            drop_move(c); /* another server now, or the round is over: nothing to move */
-            return;
-        }
-        if (!answer_challenge(c, c->mv, m))
-            return;
-        rdzv_msg j;
-        fill_join(c, &j);
-        c->mv_req = c->join_req = j.req_id;
-        send_on(c, c->mv, &j);
-        return;
-    }
-    case RDZV_WELCOME:
-        promote_move(c);
-        return;
-    case RDZV_ERROR:
-        GB_WARN("rendezvous %s:%d: moving to a new connection failed: %s", c->host, c->o.port,
-                m->u.error.message);
-        drop_move(c);
-        return;
-    default:
-        return;
-    }
-}
-
-static void on_move_connect(uv_connect_t *req, int status) {
-    rdzv_client *c = req->data;
-    uv_stream_t *h = req->handle;
-    free(req);
-    if (c->closing || h != (uv_stream_t *)c->mv)
-        return; /* given up meanwhile */
-    if (status < 0) {
-        GB_INFO("rendezvous %s:%d: a new connection to move to failed (%s); the old one stays",
-                c->host, c->o.port, uv_strerror(status));
-        drop_move(c);
-        return;
-    }
-    tune(c, c->mv);
-    uv_read_start(h, on_alloc, on_read); /* the server speaks first */
-}
-
-/* A second connection to the server's address, to move the round to. */
-static void start_move(rdzv_client *c, uint32_t stall_ms) {
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    if (uv_tcp_getpeername(c->tcp, (struct sockaddr *)&ss, &len) != 0)
-        return;
-    uv_tcp_t *t = malloc(sizeof *t);
-    uv_connect_t *req = malloc(sizeof *req);
-    if (t == NULL || req == NULL) {
-        free(t);
-        free(req);
-        return;
-    }
-    uv_tcp_init(c->loop, t);
-    t->data = c;
-    req->data = c;
-    c->mv = t;
-    c->mv_in.len = 0;
-    c->mv_since_ms = gb_now_ms();
-    c->mv_stall_ms = stall_ms;
-    GB_INFO("rendezvous %s:%d: frames on the connection wait unacknowledged for %.1f s (TCP backs "
-            "off on a slow or lossy link): moving round %u to a new connection",
-            c->host, c->o.port, (double)stall_ms / 1000.0, c->a.round);
-    if (uv_tcp_connect(req, t, (struct sockaddr *)&ss, on_move_connect) != 0) {
-        free(req);
-        drop_move(c);
-    }
-}
-
-/* On every heartbeat: a stalled connection is moved from (RDZV_MOVE_STALL_*);
- * a move or a drain that outlasts the server's bound is given up. */
-static void check_stall(rdzv_client *c) {
-    uint64_t now = gb_now_ms(), bound = (uint64_t)RDZV_KEEP_FACTOR * hb_timeout_ms(c);
-    if (c->drain && now - c->drain_since_ms >= bound)
-        drop_drain(c);
-    if (c->mv && now - c->mv_since_ms >= bound) {
-        GB_INFO("rendezvous %s:%d: no new connection to move to within %.1f s; the old one stays",
-                c->host, c->o.port, (double)bound / 1000.0);
-        drop_move(c);
-    }
-    if (!c->server_move || c->mv || c->state != CS_READY || !c->assigned || c->frozen ||
-        c->instance[0] == '\0')
-        return;
-    uv_os_fd_t fd;
-    struct tcp_info ti;
-    socklen_t tlen = sizeof ti;
-    if (uv_fileno((uv_handle_t *)c->tcp, &fd) != 0 ||
-        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tlen) != 0)
-        return;
-    if (ti.tcpi_unacked == 0 || ti.tcpi_backoff == 0) {
-        c->stall_since_ms = 0; /* nothing outstanding, or acknowledged since its last timeout */
-        return;
-    }
-    if (c->stall_since_ms == 0) {
-        /* first seen backing off: its oldest frame has waited at least the timeouts so far
-         * (the RTO doubles with each: rto - rto / 2^backoff of them) */
-        uint64_t rto = ti.tcpi_rto / 1000, waited = rto - (rto >> (ti.tcpi_backoff & 31));
-        c->stall_since_ms = now > waited ? now - waited : 1;
-    }
-    uint32_t stall = hb_timeout_ms(c) / RDZV_MOVE_STALL_DIV;
-    if (stall < RDZV_MOVE_STALL_MIN_MS)
-        stall = RDZV_MOVE_STALL_MIN_MS;
-    if (now - c->stall_since_ms >= stall)
-        start_move(c, (uint32_t)(now - c->stall_since_ms));
 }
 
 static void handle(rdzv_client *c, const rdzv_msg *m) {
@@ -512,7 +285,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         c->server_move = (m->flags & RDZV_CHALLENGE_MOVE) != 0;
         if ((m->flags & RDZV_CHALLENGE_PEER) && c->peer == NULL && !c->peer_failed)
             open_peer(c);
-        answer_challenge(c, c->tcp, m);
+        rdzv__client_answer_challenge(c, c->tcp, m);
         return;
     case RDZV_WELCOME:
         c->state = CS_READY;
@@ -610,7 +383,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
     }
 }
 
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+void rdzv__client_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     static char slab[65536];
     buf->base = slab;
     buf->len = sizeof slab;
@@ -636,12 +409,12 @@ static void link_failed(rdzv_client *c, uv_stream_t *st, const char *why) {
     else if (st == (uv_stream_t *)c->mv) {
         GB_INFO("rendezvous %s:%d: the new connection to move to failed (%s); the old one stays",
                 c->host, c->o.port, why);
-        drop_move(c);
+        rdzv__client_drop_move(c);
     } else if (st == (uv_stream_t *)c->drain)
-        drop_drain(c);
+        rdzv__client_drop_drain(c);
 }
 
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+void rdzv__client_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     rdzv_client *c = st->data;
     if (nread < 0) {
         link_failed(c, st,
@@ -671,7 +444,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
         }
         off += flen;
         if (st == (uv_stream_t *)c->mv)
-            handle_move(c, &m);
+            rdzv__client_handle_move(c, &m);
         else
             handle(c, &m);
         if (c->failed || c->closing)
@@ -697,12 +470,13 @@ static void on_connect(uv_connect_t *req, int status) {
         schedule_retry(c, why);
         return;
     }
-    tune(c, c->tcp);
+    rdzv__client_tune(c, c->tcp);
     c->state = CS_HANDSHAKE;
-    uv_read_start((uv_stream_t *)c->tcp, on_alloc, on_read); /* the server speaks first */
+    uv_read_start((uv_stream_t *)c->tcp, rdzv__client_on_alloc,
+                  rdzv__client_on_read); /* the server speaks first */
 }
 
-static void tune(rdzv_client *c, uv_tcp_t *t) {
+void rdzv__client_tune(rdzv_client *c, uv_tcp_t *t) {
     uv_tcp_nodelay(t, 1);
     /* A path that goes silent (a cut link, a server host that vanished without
      * closing anything) must not look alive for the 15 minutes of TCP's
@@ -712,7 +486,7 @@ static void tune(rdzv_client *c, uv_tcp_t *t) {
      * sooner), the connection fails and the client reconnects (a RESUME of a
      * round that ended meanwhile comes back as round over). */
     uv_os_fd_t fd;
-    unsigned ut = RDZV_KEEP_FACTOR * hb_timeout_ms(c);
+    unsigned ut = RDZV_KEEP_FACTOR * rdzv__client_hb_timeout_ms(c);
     if (uv_fileno((uv_handle_t *)t, &fd) == 0)
         (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
 }
@@ -801,7 +575,7 @@ static void send_heartbeat(rdzv_client *c) {
 }
 
 static void on_heartbeat(uv_timer_t *t) {
-    check_stall(t->data);
+    rdzv__client_check_stall(t->data);
     send_heartbeat(t->data);
 }
 

@@ -1,0 +1,169 @@
+/* Moving a running round to a second connection when the first stalls in
+ * TCP's exponential backoff (RDZV_CHALLENGE_MOVE, docs/protocol.md "Moving to
+ * a new connection"): the stall seen in TCP_INFO, the new connection opened
+ * and its JOIN pipelined behind AUTH, the old one drained until the server
+ * closes it. */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+
+#include "gb_log.h"
+#include "gb_time.h"
+#include "rdzv_client_priv.h"
+
+#define GB_COMPONENT "rdzv-client"
+
+void rdzv__client_drop_move(rdzv_client *c) {
+    rdzv__client_close_tcp(c, &c->mv);
+    c->mv_in.len = 0;
+}
+
+void rdzv__client_drop_drain(rdzv_client *c) {
+    rdzv__client_close_tcp(c, &c->drain);
+    c->drain_in.len = 0;
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status) {
+    (void)status;
+    free(req);
+}
+
+/* The new connection is the node's: the old one is drained, its sending side
+ * shut down so that the server reads what is still queued on it and then
+ * closes it. */
+static void promote_move(rdzv_client *c) {
+    rdzv__client_drop_drain(c); /* moved again before the first drained: enough of it */
+    rdzv_buf spare = c->drain_in;
+    c->drain = c->tcp;
+    c->drain_in = c->in;
+    c->drain_since_ms = gb_now_ms();
+    c->tcp = c->mv;
+    c->in = c->mv_in;
+    c->mv = NULL;
+    c->mv_in = spare;
+    c->mv_in.len = 0;
+    c->moves++;
+    uv_shutdown_t *sd = malloc(sizeof *sd);
+    if (sd && uv_shutdown(sd, (uv_stream_t *)c->drain, on_shutdown) != 0)
+        free(sd);
+    c->stall_since_ms = 0;
+    GB_WARN("rendezvous %s:%d: round %u moved to a new connection in %.1f s: the old one's frames "
+            "had waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow "
+            "or lossy); move %u",
+            c->host, c->o.port, c->a.round, (double)(gb_now_ms() - c->mv_since_ms) / 1000.0,
+            (double)c->mv_stall_ms / 1000.0, c->moves);
+}
+
+/* What comes on the connection being opened to move to. Its JOIN goes with
+ * HELLO and AUTH (one write): the server moves the node at once, a round trip
+ * before the WELCOME makes it the connection. */
+void rdzv__client_handle_move(rdzv_client *c, const rdzv_msg *m) {
+    switch (m->type) {
+    case RDZV_CHALLENGE: {
+        if (!(m->flags & RDZV_CHALLENGE_MOVE) || !c->assigned) {
+            rdzv__client_drop_move(
+                c); /* another server now, or the round is over: nothing to move */
+            return;
+        }
+        if (!rdzv__client_answer_challenge(c, c->mv, m))
+            return;
+        rdzv_msg j;
+        rdzv__client_fill_join(c, &j);
+        c->mv_req = c->join_req = j.req_id;
+        rdzv__client_send_on(c, c->mv, &j);
+        return;
+    }
+    case RDZV_WELCOME:
+        promote_move(c);
+        return;
+    case RDZV_ERROR:
+        GB_WARN("rendezvous %s:%d: moving to a new connection failed: %s", c->host, c->o.port,
+                m->u.error.message);
+        rdzv__client_drop_move(c);
+        return;
+    default:
+        return;
+    }
+}
+
+static void on_move_connect(uv_connect_t *req, int status) {
+    rdzv_client *c = req->data;
+    uv_stream_t *h = req->handle;
+    free(req);
+    if (c->closing || h != (uv_stream_t *)c->mv)
+        return; /* given up meanwhile */
+    if (status < 0) {
+        GB_INFO("rendezvous %s:%d: a new connection to move to failed (%s); the old one stays",
+                c->host, c->o.port, uv_strerror(status));
+        rdzv__client_drop_move(c);
+        return;
+    }
+    rdzv__client_tune(c, c->mv);
+    uv_read_start(h, rdzv__client_on_alloc, rdzv__client_on_read); /* the server speaks first */
+}
+
+/* A second connection to the server's address, to move the round to. */
+static void start_move(rdzv_client *c, uint32_t stall_ms) {
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(c->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    uv_tcp_t *t = malloc(sizeof *t);
+    uv_connect_t *req = malloc(sizeof *req);
+    if (t == NULL || req == NULL) {
+        free(t);
+        free(req);
+        return;
+    }
+    uv_tcp_init(c->loop, t);
+    t->data = c;
+    req->data = c;
+    c->mv = t;
+    c->mv_in.len = 0;
+    c->mv_since_ms = gb_now_ms();
+    c->mv_stall_ms = stall_ms;
+    GB_INFO("rendezvous %s:%d: frames on the connection wait unacknowledged for %.1f s (TCP backs "
+            "off on a slow or lossy link): moving round %u to a new connection",
+            c->host, c->o.port, (double)stall_ms / 1000.0, c->a.round);
+    if (uv_tcp_connect(req, t, (struct sockaddr *)&ss, on_move_connect) != 0) {
+        free(req);
+        rdzv__client_drop_move(c);
+    }
+}
+
+/* On every heartbeat: a stalled connection is moved from (RDZV_MOVE_STALL_*);
+ * a move or a drain that outlasts the server's bound is given up. */
+void rdzv__client_check_stall(rdzv_client *c) {
+    uint64_t now = gb_now_ms(), bound = (uint64_t)RDZV_KEEP_FACTOR * rdzv__client_hb_timeout_ms(c);
+    if (c->drain && now - c->drain_since_ms >= bound)
+        rdzv__client_drop_drain(c);
+    if (c->mv && now - c->mv_since_ms >= bound) {
+        GB_INFO("rendezvous %s:%d: no new connection to move to within %.1f s; the old one stays",
+                c->host, c->o.port, (double)bound / 1000.0);
+        rdzv__client_drop_move(c);
+    }
+    if (!c->server_move || c->mv || c->state != CS_READY || !c->assigned || c->frozen ||
+        c->instance[0] == '\0')
+        return;
+    uv_os_fd_t fd;
+    struct tcp_info ti;
+    socklen_t tlen = sizeof ti;
+    if (uv_fileno((uv_handle_t *)c->tcp, &fd) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tlen) != 0)
+        return;
+    if (ti.tcpi_unacked == 0 || ti.tcpi_backoff == 0) {
+        c->stall_since_ms = 0; /* nothing outstanding, or acknowledged since its last timeout */
+        return;
+    }
+    if (c->stall_since_ms == 0) {
+        /* first seen backing off: its oldest frame has waited at least the timeouts so far
+         * (the RTO doubles with each: rto - rto / 2^backoff of them) */
+        uint64_t rto = ti.tcpi_rto / 1000, waited = rto - (rto >> (ti.tcpi_backoff & 31));
+        c->stall_since_ms = now > waited ? now - waited : 1;
+    }
+    uint32_t stall = rdzv__client_hb_timeout_ms(c) / RDZV_MOVE_STALL_DIV;
+    if (stall < RDZV_MOVE_STALL_MIN_MS)
+        stall = RDZV_MOVE_STALL_MIN_MS;
+    if (now - c->stall_since_ms >= stall)
+        start_move(c, (uint32_t)(now - c->stall_since_ms));
+}

@@ -1,0 +1,113 @@
+/* The asynchronous rendezvous client's state, shared by its two files:
+ * rdzv_client.c (connect, handshake, join, heartbeats, pushed messages,
+ * reconnects) and rdzv_client_move.c (moving a running round to a second
+ * connection when the first stalls). Not installed. */
+#ifndef GPULAUNCH_RDZV_CLIENT_PRIV_H
+#define GPULAUNCH_RDZV_CLIENT_PRIV_H
+
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "gpulaunch/rdzv.h"
+#include "rdzv_codec.h"
+#include "rdzv_peer.h"
+
+#define RDZV_CLIENT_MAX_ADDRS 8 /* a host's addresses tried in turn (localhost: ::1, 127.0.0.1) */
+
+/* Moving to a new connection (RDZV_CHALLENGE_MOVE): a connection whose
+ * oldest unacknowledged frame has been backing off (retransmission timeouts,
+ * TCP_INFO) for RDZV_MOVE_STALL_DIV-th of the heartbeat timeout (at least
+ * RDZV_MOVE_STALL_MIN_MS) is stalled in TCP's exponential backoff, which on a
+ * slow, lossy link can outlast what the server bears; the client opens a
+ * second connection and moves its round to it. A move not done within
+ * RDZV_KEEP_FACTOR x the heartbeat timeout is given up (the next stall tries
+ * again); the old connection is drained until the server closes it, at most
+ * as long. */
+#define RDZV_MOVE_STALL_DIV 2
+#define RDZV_MOVE_STALL_MIN_MS 1000
+
+enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
+
+struct rdzv_client {
+    uv_loop_t *loop;
+    rdzv_client_options o;
+    char host[256];
+    char *token;
+    rdzv_join_params jp;
+    char run_id[RDZV_MAX_STR + 1], hostname[RDZV_MAX_STR + 1], addr[RDZV_MAX_STR + 1],
+        instance[RDZV_MAX_STR + 1];
+    rdzv_client_callbacks cb;
+    uv_tcp_t *tcp; /* a fresh handle per connection attempt */
+    uv_connect_t creq;
+    uv_timer_t retry, hb, notice;
+    char target[80]; /* the address of the last connection attempt */
+    struct sockaddr_storage addrs[RDZV_CLIENT_MAX_ADDRS]; /* what the host resolved to */
+    int naddrs, next_addr;
+    char last_why[300]; /* why the last attempt failed */
+    char doing[300];    /* the attempt under way */
+    int noticed;        /* the outage was reported */
+    uv_getaddrinfo_t gai;
+    int state;
+    int want_join; /* send JOIN once ready */
+    int pending;   /* a JOIN for a new round was sent, its ASSIGNED has not come: the server holds
+                      this node for the next round (a new connection asks again) */
+    int assigned;  /* holds a running assignment */
+    rdzv_assignment a;
+    uint32_t join_req, next_req;
+    uint64_t down_since_ms; /* first failed attempt of this outage, 0 when up */
+    uint32_t backoff_ms;
+    rdzv_buf in;
+    int closing, handles;
+    int failed;
+    int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
+    int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
+    int server_probe;  /* the server takes waits in heartbeats and probes (RDZV_CHALLENGE_PROBE) */
+    int server_story;  /* the server takes how rounds began (RDZV_CHALLENGE_STORY) */
+    int server_story_more; /* ... and its cause and root (RDZV_CHALLENGE_STORY_MORE) */
+    uint32_t wait_ms;      /* rdzv_client_waiting's last: said in every heartbeat */
+    uint64_t wait_said_ms; /* when a heartbeat last said a wait */
+    int stats_warned;
+    uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
+    int frozen;          /* rdzv_client_freeze: sends nothing more */
+    rdzv_peer *peer;     /* the UDP port for peer probes (rdzv_peer.c); NULL: none */
+    int peer_failed;     /* it could not be opened: said once, not tried again */
+    int server_move;     /* the server takes a running round on a second connection
+                            (RDZV_CHALLENGE_MOVE) */
+    uv_tcp_t *mv;        /* the connection being opened to move to; NULL none */
+    rdzv_buf mv_in;      /* its input until it is the connection */
+    uint64_t mv_since_ms;
+    uint32_t mv_stall_ms;    /* how long the old one had stalled when the move began */
+    uint32_t mv_req;         /* the move's JOIN */
+    uint64_t stall_since_ms; /* the connection's oldest frame unacknowledged through a
+                                retransmission timeout since about then; 0 none */
+    uv_tcp_t *drain;         /* the connection moved from, read until the server closes it */
+    rdzv_buf drain_in;
+    uint64_t drain_since_ms;
+    uint32_t moves; /* moves done (said in the log) */
+};
+
+/* rdzv_client.c */
+void rdzv__client_close_tcp(rdzv_client *c, uv_tcp_t **t);
+/* Encodes m onto t (queued when the socket is full); nothing when frozen. */
+void rdzv__client_send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m);
+/* HELLO and AUTH on t; 0 when there is no token to answer with (fatal). */
+int rdzv__client_answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m);
+/* The JOIN of this node: a RESUME of its round while it holds one. */
+void rdzv__client_fill_join(rdzv_client *c, rdzv_msg *m);
+/* TCP_NODELAY and the bound on unacknowledged data (TCP_USER_TIMEOUT). */
+void rdzv__client_tune(rdzv_client *c, uv_tcp_t *t);
+uint32_t rdzv__client_hb_timeout_ms(const rdzv_client *c);
+/* The read callbacks of every connection of the client. */
+void rdzv__client_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void rdzv__client_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* rdzv_client_move.c */
+void rdzv__client_drop_move(rdzv_client *c);
+void rdzv__client_drop_drain(rdzv_client *c);
+/* A frame on the connection being opened to move to. */
+void rdzv__client_handle_move(rdzv_client *c, const rdzv_msg *m);
+/* On every heartbeat: moves from a stalled connection; gives up a move or a
+ * drain that outlasts the server's bound. */
+void rdzv__client_check_stall(rdzv_client *c);
+
+#endif
