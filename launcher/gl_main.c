@@ -34,6 +34,7 @@
 #include "gl_output.h"
 #include "gl_preflight.h"
 #include "gl_progress.h"
+#include "gl_rdzvhost.h"
 #include "gl_reform.h"
 #include "gl_notice.h"
 #include "gl_warm.h"
@@ -46,14 +47,13 @@
 
 #define GL_EXIT_USAGE 2
 #define GL_EXIT_PREFLIGHT 3
-#define GL_EXIT_RDZV 200
 #define GL_DONE_WAIT_MS 60000 /* wait for the rest of the job after local success */
 #define GL_PEER_LOSS_S 2.0    /* a local failure this soon before a node's loss is its effect */
 
 static struct launcher {
     gl_config cfg;
     uv_loop_t *loop;
-    rdzv_server *srv;
+    gl_rdzvhost rh; /* the job's rendezvous: run id, where, hosted here or not */
     rdzv_client *cli;
     rdzv_assignment a;
     int restarts;
@@ -66,12 +66,11 @@ static struct launcher {
     int exit_code;
     int done_sent;
     uv_timer_t done_timer;
-    char hostname[256], addr[256], run_id[256], instance[64];
+    char hostname[256], instance[64];
     char nccl_ifname[64]; /* chosen NCCL_SOCKET_IFNAME, "" when left alone */
     char *token;
     size_t token_len;
-    gl_failure first;  /* the job's root cause on this node, kept across restarts */
-    char rdzv_ep[300]; /* the rendezvous endpoint the workers are given */
+    gl_failure first; /* the job's root cause on this node, kept across restarts */
     uint64_t t_start_ns;
     uint64_t t_join_ns; /* this node's last JOIN: the banner's rendezvous time */
 } L;
@@ -164,7 +163,7 @@ static void maybe_finish_round(void) {
 }
 
 static void on_done_timeout(uv_timer_t *t) {
-    if (L.srv) { /* the others' rendezvous lives in this process: it stays until JOB_DONE */
+    if (L.rh.srv) { /* the others' rendezvous lives in this process: it stays until JOB_DONE */
         static int said;
         if (!said++)
             fprintf(stderr,
@@ -378,7 +377,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     fprintf(stderr,
             "gpulaunch: job %s round %u: node rank %u of %u, ranks %u-%u of %u, master %s:%u, "
             "%d workers (rendezvous %.1f ms)\n",
-            L.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
+            L.rh.run_id, a->round, a->node_rank, a->nnodes, a->base_rank,
             a->base_rank + (uint32_t)L.cfg.nproc - 1, a->world_size, a->master_addr, a->master_port,
             L.cfg.nproc, ms);
     if (gl_reform_state(&R) == GL_REFORM_WAITING) {
@@ -476,7 +475,7 @@ static void warm_stop(gl_warm *w, const char *why) {
 static void on_warm(rdzv_client *c, uint32_t waiting, uint32_t members) {
     if (gl_warm_phase(&W) != GL_WARM_NONE || L.assigned || !gl_group_idle(&G) || L.exit_requested)
         return;
-    gl_warm_start(&W, L.run_id, members);
+    gl_warm_start(&W, L.rh.run_id, members);
     gl_reform_first(&R);
     gl_hold_spawned(&H);
     if (gl_group_spawn(&G, NULL, L.restarts, "") > 0) {
@@ -511,7 +510,7 @@ static void on_job_done(rdzv_client *c) {
         fprintf(stderr,
                 "gpulaunch: job %s finished while this node waited to join it; nothing "
                 "left to do\n",
-                L.run_id);
+                L.rh.run_id);
         finish(0);
     }
 }
@@ -662,100 +661,24 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     /* who hosts the rendezvous, where it is, and who we are */
-    const char *rid = L.cfg.val[GL_RDZV_ID];
-    char rhost[256];
-    int rport = 0;
-    if (L.cfg.mode == GL_MODE_STANDALONE) {
-        snprintf(L.run_id, sizeof L.run_id, "standalone-%d-%llu", (int)getpid(),
-                 (unsigned long long)(gb_now_ns() % 1000000));
-        snprintf(L.addr, sizeof L.addr, "127.0.0.1");
-        snprintf(rhost, sizeof rhost, "127.0.0.1");
-    } else if (L.cfg.mode == GL_MODE_STATIC) {
-        if (strcmp(rid, "none") == 0)
-            snprintf(L.run_id, sizeof L.run_id, "static-%s-%d", L.cfg.val[GL_MASTER_ADDR],
-                     L.cfg.master_port);
-        else
-            snprintf(L.run_id, sizeof L.run_id, "%s", rid);
-        snprintf(rhost, sizeof rhost, "%s", L.cfg.val[GL_MASTER_ADDR]);
-        rport = L.cfg.master_port;
-    } else {
-        snprintf(L.run_id, sizeof L.run_id, "%s", strcmp(rid, "none") ? rid : "default");
-        rdzv_parse_endpoint(L.cfg.val[GL_RDZV_ENDPOINT], RDZV_DEFAULT_PORT, rhost, sizeof rhost,
-                            &rport);
-    }
-    if (L.addr[0] == '\0' && L.cfg.val[GL_LOCAL_ADDR][0])
-        snprintf(L.addr, sizeof L.addr, "%s", L.cfg.val[GL_LOCAL_ADDR]);
-    else if (L.addr[0] == '\0')
-        gl_endpoint_fqdn(L.hostname, L.addr, sizeof L.addr);
+    int rc = gl_rdzvhost_start(L.loop, &L.cfg, L.hostname, L.token, L.token_len, &L.rh);
+    if (rc != 0)
+        return rc;
     /* the GPU monitor, --metrics and the DCGM job-mapping files (docs/gpu-health.md) */
-    if (gl_gpumon_start(L.loop, &L.cfg, L.run_id, &G, on_gpu_event, NULL, err, sizeof err) != 0) {
+    if (gl_gpumon_start(L.loop, &L.cfg, L.rh.run_id, &G, on_gpu_event, NULL, err, sizeof err) !=
+        0) {
         fprintf(stderr, "gpulaunch: %s\n", err);
         return GL_EXIT_USAGE;
     }
-    int hosts =
-        L.cfg.mode == GL_MODE_STANDALONE || (L.cfg.mode == GL_MODE_STATIC && L.cfg.node_rank == 0);
-    const char *listen = L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1" : "0.0.0.0";
-    /* torchrun's c10d: the launcher on the endpoint's host hosts the
-     * rendezvous, a second one there finds the port taken and joins it */
-    int self_host = 0, loop_only = 0;
-    if (L.cfg.mode == GL_MODE_DYNAMIC && L.cfg.rdzv_is_host != 0) {
-        int where = L.cfg.rdzv_is_host == 1 ? GL_EP_HERE : gl_endpoint_locality(rhost);
-        self_host = where != GL_EP_REMOTE;
-        loop_only = where == GL_EP_LOOPBACK;
-        /* every address of this host, IPv6 and IPv4 (a name may resolve to
-         * either first); loopback names: the IPv4 one, which clients reach
-         * after ::1 (they try each address) */
-        listen = loop_only ? gl_endpoint_loopback_listen(rhost) : "::";
-        hosts = self_host;
-    }
-    if (hosts) {
-        rdzv_server_options so = RDZV_SERVER_OPTIONS_INIT;
-        so.listen_addr = listen;
-        so.listen_port = rport;
-        so.token = L.token;
-        so.token_len = L.token_len;
-        so.heartbeat_timeout_ms = L.cfg.hb_timeout_ms;
-        gpl_result_t rc = rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err);
-        if (rc == GPL_ERR_SYSTEM && self_host && strcmp(listen, "::") == 0) {
-            so.listen_addr = listen = "0.0.0.0"; /* a kernel without IPv6 */
-            rc = rdzv_server_start(L.loop, &so, &L.srv, err, sizeof err);
-        }
-        if (rc == GPL_ERR_EXISTS && self_host) {
-            fprintf(stderr,
-                    "gpulaunch: rendezvous %s:%d: the port is taken on this machine; joining "
-                    "whoever holds it\n",
-                    rhost, rport);
-            hosts = 0;
-        } else if (rc != GPL_OK) {
-            fprintf(stderr, "gpulaunch: %s hosts the rendezvous: %s\n",
-                    self_host ? "this launcher (the --rdzv-endpoint names this machine)"
-                              : "node rank 0",
-                    err);
-            return GL_EXIT_RDZV;
-        } else {
-            rport = rdzv_server_port(L.srv);
-            if (self_host)
-                fprintf(stderr,
-                        "gpulaunch: hosting the rendezvous of job %s at %s:%d (the "
-                        "--rdzv-endpoint names this machine)\n",
-                        L.run_id, rhost, rport);
-        }
-    }
-    snprintf(L.rdzv_ep, sizeof L.rdzv_ep, "%s:%d",
-             !hosts                             ? rhost
-             : L.cfg.mode == GL_MODE_STANDALONE ? "127.0.0.1"
-             : self_host && loop_only           ? rhost
-                                                : L.addr,
-             rport);
-    rdzv_client_options co = {.host = rhost,
-                              .port = rport,
+    rdzv_client_options co = {.host = L.rh.host,
+                              .port = L.rh.port,
                               .token = L.token,
                               .token_len = L.token_len,
                               .connect_timeout_ms = L.cfg.join_timeout_ms};
     rdzv_join_params jp = {
-        .run_id = L.run_id,
+        .run_id = L.rh.run_id,
         .hostname = L.hostname,
-        .addr = L.addr,
+        .addr = L.rh.addr,
         .instance = L.instance,
         .master_port = (uint16_t)gl_free_port(),
         .nproc = (uint32_t)L.cfg.nproc,
@@ -784,10 +707,10 @@ int main(int argc, char **argv) {
     gl_notice_callbacks ncb = {
         .preempt = preempt, .on_signal = on_other_signal, .stopping = stopping};
     gl_notice_start(L.loop, &L.cfg, L.hostname, &ncb);
-    gl_group_job job = {.run_id = L.run_id,
+    gl_group_job job = {.run_id = L.rh.run_id,
                         .hostname = L.hostname,
-                        .addr = L.addr,
-                        .rdzv_ep = L.rdzv_ep,
+                        .addr = L.rh.addr,
+                        .rdzv_ep = L.rh.ep,
                         .token = L.token,
                         .token_len = L.token_len};
     gl_group_callbacks gcb = {

@@ -1,8 +1,9 @@
 /* Moving a running round to a second connection when the first stalls in
  * TCP's exponential backoff (RDZV_CHALLENGE_MOVE, docs/protocol.md "Moving to
- * a new connection"): the stall seen in TCP_INFO, the new connection opened
- * and its JOIN pipelined behind AUTH, the old one drained until the server
- * closes it. */
+ * a new connection"): trouble and the stall seen in TCP_INFO, a spare
+ * connection kept ready while there is trouble, the JOIN on it (or pipelined
+ * behind its AUTH when it is not ready yet), the old one drained until the
+ * server closes it. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 void rdzv__client_drop_move(rdzv_client *c) {
     rdzv__client_close_tcp(c, &c->mv);
     c->mv_in.len = 0;
+    c->mv_ready = c->mv_go = 0;
 }
 
 void rdzv__client_drop_drain(rdzv_client *c) {
@@ -42,43 +44,55 @@ static void promote_move(rdzv_client *c) {
     c->mv = NULL;
     c->mv_in = spare;
     c->mv_in.len = 0;
+    c->mv_ready = c->mv_go = 0;
     c->moves++;
     uv_shutdown_t *sd = malloc(sizeof *sd);
     if (sd && uv_shutdown(sd, (uv_stream_t *)c->drain, on_shutdown) != 0)
         free(sd);
     c->stall_since_ms = 0;
-    GB_WARN("rendezvous %s:%d: round %u moved to a new connection in %.1f s: the old one's frames "
-            "had waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow "
-            "or lossy); move %u",
-            c->host, c->o.port, c->a.round, (double)(gb_now_ms() - c->mv_since_ms) / 1000.0,
-            (double)c->mv_stall_ms / 1000.0, c->moves);
+    GB_WARN("rendezvous %s:%d: round %u moved to a new connection: the old one's frames had "
+            "waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow or "
+            "lossy); move %u",
+            c->host, c->o.port, c->a.round, (double)c->mv_stall_ms / 1000.0, c->moves);
 }
 
-/* What comes on the connection being opened to move to. Its JOIN goes with
- * HELLO and AUTH (one write): the server moves the node at once, a round trip
- * before the WELCOME makes it the connection. */
+/* The move's JOIN on the spare; the spare is the connection once it is
+ * ready (its WELCOME came): frames sent from then on follow the JOIN. */
+static void send_move_join(rdzv_client *c) {
+    rdzv_msg j;
+    rdzv__client_fill_join(c, &j);
+    c->mv_req = c->join_req = j.req_id;
+    rdzv__client_send_on(c, c->mv, &j);
+}
+
+/* What comes on the spare before it is the connection. Asked to move before
+ * it is ready, its JOIN goes with HELLO and AUTH (one write): the server
+ * moves the node at once, a round trip before the WELCOME makes it the
+ * connection. */
 void rdzv__client_handle_move(rdzv_client *c, const rdzv_msg *m) {
     switch (m->type) {
-    case RDZV_CHALLENGE: {
-        if (!(m->flags & RDZV_CHALLENGE_MOVE) || !c->assigned) {
-            rdzv__client_drop_move(
-                c); /* another server now, or the round is over: nothing to move */
+    case RDZV_CHALLENGE:
+        if (!(m->flags & RDZV_CHALLENGE_MOVE)) {
+            rdzv__client_drop_move(c); /* another server now: nothing to move to */
             return;
         }
         if (!rdzv__client_answer_challenge(c, c->mv, m))
             return;
-        rdzv_msg j;
-        rdzv__client_fill_join(c, &j);
-        c->mv_req = c->join_req = j.req_id;
-        rdzv__client_send_on(c, c->mv, &j);
+        if (c->mv_go && c->assigned)
+            send_move_join(c);
         return;
-    }
     case RDZV_WELCOME:
-        promote_move(c);
+        c->mv_ready = 1;
+        if (c->mv_go && c->mv_req && c->assigned)
+            promote_move(c); /* its JOIN went with its AUTH */
+        else if (c->mv_go && c->assigned) {
+            send_move_join(c);
+            promote_move(c);
+        }
         return;
     case RDZV_ERROR:
-        GB_WARN("rendezvous %s:%d: moving to a new connection failed: %s", c->host, c->o.port,
-                m->u.error.message);
+        GB_WARN("rendezvous %s:%d: a spare connection to move to was refused: %s", c->host,
+                c->o.port, m->u.error.message);
         rdzv__client_drop_move(c);
         return;
     default:
@@ -102,8 +116,8 @@ static void on_move_connect(uv_connect_t *req, int status) {
     uv_read_start(h, rdzv__client_on_alloc, rdzv__client_on_read); /* the server speaks first */
 }
 
-/* A second connection to the server's address, to move the round to. */
-static void start_move(rdzv_client *c, uint32_t stall_ms) {
+/* A second connection to the server's address: the spare. */
+static void open_spare(rdzv_client *c) {
     struct sockaddr_storage ss;
     int len = sizeof ss;
     if (uv_tcp_getpeername(c->tcp, (struct sockaddr *)&ss, &len) != 0)
@@ -121,29 +135,52 @@ static void start_move(rdzv_client *c, uint32_t stall_ms) {
     c->mv = t;
     c->mv_in.len = 0;
     c->mv_since_ms = gb_now_ms();
-    c->mv_stall_ms = stall_ms;
-    GB_INFO("rendezvous %s:%d: frames on the connection wait unacknowledged for %.1f s (TCP backs "
-            "off on a slow or lossy link): moving round %u to a new connection",
-            c->host, c->o.port, (double)stall_ms / 1000.0, c->a.round);
+    c->mv_ready = c->mv_go = 0;
+    c->mv_req = 0;
+    GB_INFO("rendezvous %s:%d: the connection had a retransmission timeout: opening a spare one "
+            "to move to if it stalls",
+            c->host, c->o.port);
     if (uv_tcp_connect(req, t, (struct sockaddr *)&ss, on_move_connect) != 0) {
         free(req);
         rdzv__client_drop_move(c);
     }
 }
 
-/* On every heartbeat: a stalled connection is moved from (RDZV_MOVE_STALL_*);
- * a move or a drain that outlasts the server's bound is given up. */
+/* The move asked: at once on a ready spare, else when the spare is. */
+static void move(rdzv_client *c, uint32_t stall_ms) {
+    if (c->mv == NULL)
+        open_spare(c);
+    if (c->mv == NULL)
+        return;
+    c->mv_go = 1;
+    c->mv_stall_ms = stall_ms;
+    GB_INFO("rendezvous %s:%d: frames on the connection wait unacknowledged for %.1f s (TCP backs "
+            "off on a slow or lossy link): moving round %u to %s",
+            c->host, c->o.port, (double)stall_ms / 1000.0, c->a.round,
+            c->mv_ready ? "the spare connection" : "a new connection once it is ready");
+    if (c->mv_ready) {
+        send_move_join(c);
+        promote_move(c);
+    }
+}
+
+/* On every heartbeat: trouble (a retransmission timeout) keeps a spare open,
+ * a stall moves the round (RDZV_MOVE_STALL_*); a spare not ready in time, an
+ * idle one, or a drain past the server's bound goes. */
 void rdzv__client_check_stall(rdzv_client *c) {
     uint64_t now = gb_now_ms(), bound = (uint64_t)RDZV_KEEP_FACTOR * rdzv__client_hb_timeout_ms(c);
     if (c->drain && now - c->drain_since_ms >= bound)
         rdzv__client_drop_drain(c);
-    if (c->mv && now - c->mv_since_ms >= bound) {
-        GB_INFO("rendezvous %s:%d: no new connection to move to within %.1f s; the old one stays",
-                c->host, c->o.port, (double)bound / 1000.0);
+    if (c->mv && !c->mv_ready && now - c->mv_since_ms >= bound) {
+        GB_INFO("rendezvous %s:%d: no spare connection within %.1f s; the old one stays", c->host,
+                c->o.port, (double)bound / 1000.0);
         rdzv__client_drop_move(c);
     }
-    if (!c->server_move || c->mv || c->state != CS_READY || !c->assigned || c->frozen ||
-        c->instance[0] == '\0')
+    if (c->mv && c->mv_ready && !c->mv_go && c->trouble_ms &&
+        now - c->trouble_ms >= RDZV_SPARE_IDLE_MS)
+        rdzv__client_drop_move(c); /* the link has been good for a while */
+    if (!c->server_move || c->state != CS_READY || !c->assigned || c->frozen ||
+        c->instance[0] == '\0' || (c->mv && c->mv_go))
         return;
     uv_os_fd_t fd;
     struct tcp_info ti;
@@ -155,6 +192,7 @@ void rdzv__client_check_stall(rdzv_client *c) {
         c->stall_since_ms = 0; /* nothing outstanding, or acknowledged since its last timeout */
         return;
     }
+    c->trouble_ms = now;
     if (c->stall_since_ms == 0) {
         /* first seen backing off: its oldest frame has waited at least the timeouts so far
          * (the RTO doubles with each: rto - rto / 2^backoff of them) */
@@ -165,5 +203,7 @@ void rdzv__client_check_stall(rdzv_client *c) {
     if (stall < RDZV_MOVE_STALL_MIN_MS)
         stall = RDZV_MOVE_STALL_MIN_MS;
     if (now - c->stall_since_ms >= stall)
-        start_move(c, (uint32_t)(now - c->stall_since_ms));
+        move(c, (uint32_t)(now - c->stall_since_ms));
+    else if (c->mv == NULL)
+        open_spare(c);
 }

@@ -14,17 +14,21 @@
 
 #define RDZV_CLIENT_MAX_ADDRS 8 /* a host's addresses tried in turn (localhost: ::1, 127.0.0.1) */
 
-/* Moving to a new connection (RDZV_CHALLENGE_MOVE): a connection whose
+/* Moving to a new connection (RDZV_CHALLENGE_MOVE). A connection whose
  * oldest unacknowledged frame has been backing off (retransmission timeouts,
  * TCP_INFO) for RDZV_MOVE_STALL_DIV-th of the heartbeat timeout (at least
  * RDZV_MOVE_STALL_MIN_MS) is stalled in TCP's exponential backoff, which on a
- * slow, lossy link can outlast what the server bears; the client opens a
- * second connection and moves its round to it. A move not done within
- * RDZV_KEEP_FACTOR x the heartbeat timeout is given up (the next stall tries
- * again); the old connection is drained until the server closes it, at most
- * as long. */
+ * slow, lossy link can outlast what the server bears: the client moves its
+ * round to a second connection. A new connection needs 2.5 round trips before
+ * the server hears its JOIN (8.5 s on a 3.4 s path), so the client keeps one
+ * ready, a spare, from the first retransmission timeout it sees in a round
+ * until RDZV_SPARE_IDLE_MS pass without one: a move is then one frame on it.
+ * A spare not ready within RDZV_KEEP_FACTOR x the heartbeat timeout is given
+ * up (the next trouble opens another); the old connection is drained until
+ * the server closes it, at most as long. */
 #define RDZV_MOVE_STALL_DIV 2
 #define RDZV_MOVE_STALL_MIN_MS 1000
+#define RDZV_SPARE_IDLE_MS 300000
 
 enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
 
@@ -67,15 +71,18 @@ struct rdzv_client {
     uint32_t wait_ms;      /* rdzv_client_waiting's last: said in every heartbeat */
     uint64_t wait_said_ms; /* when a heartbeat last said a wait */
     int stats_warned;
-    uint16_t node_flags; /* the last RDZV_NODE_* said: said again after a reconnect */
-    int frozen;          /* rdzv_client_freeze: sends nothing more */
-    rdzv_peer *peer;     /* the UDP port for peer probes (rdzv_peer.c); NULL: none */
-    int peer_failed;     /* it could not be opened: said once, not tried again */
-    int server_move;     /* the server takes a running round on a second connection
-                            (RDZV_CHALLENGE_MOVE) */
-    uv_tcp_t *mv;        /* the connection being opened to move to; NULL none */
-    rdzv_buf mv_in;      /* its input until it is the connection */
-    uint64_t mv_since_ms;
+    uint16_t node_flags;     /* the last RDZV_NODE_* said: said again after a reconnect */
+    int frozen;              /* rdzv_client_freeze: sends nothing more */
+    rdzv_peer *peer;         /* the UDP port for peer probes (rdzv_peer.c); NULL: none */
+    int peer_failed;         /* it could not be opened: said once, not tried again */
+    int server_move;         /* the server takes a running round on a second connection
+                                (RDZV_CHALLENGE_MOVE) */
+    uv_tcp_t *mv;            /* the spare connection to move to; NULL none */
+    rdzv_buf mv_in;          /* its input until it is the connection */
+    uint64_t mv_since_ms;    /* opened then */
+    int mv_ready;            /* its WELCOME came: a move is one JOIN on it */
+    int mv_go;               /* the move is asked: the JOIN goes as soon as it can */
+    uint64_t trouble_ms;     /* the last retransmission timeout seen on the connection; 0 none */
     uint32_t mv_stall_ms;    /* how long the old one had stalled when the move began */
     uint32_t mv_req;         /* the move's JOIN */
     uint64_t stall_since_ms; /* the connection's oldest frame unacknowledged through a
@@ -106,8 +113,9 @@ void rdzv__client_drop_move(rdzv_client *c);
 void rdzv__client_drop_drain(rdzv_client *c);
 /* A frame on the connection being opened to move to. */
 void rdzv__client_handle_move(rdzv_client *c, const rdzv_msg *m);
-/* On every heartbeat: moves from a stalled connection; gives up a move or a
- * drain that outlasts the server's bound. */
+/* On every heartbeat: keeps a spare while the connection has trouble, moves
+ * from a stalled connection, gives up a spare or a drain that outlasts the
+ * server's bound. */
 void rdzv__client_check_stall(rdzv_client *c);
 
 #endif

@@ -55,15 +55,20 @@ static void trace_newest(long *off, long *step, int *world) {
 }
 
 /* The live run's worlds as its trace says (the last line of a step redone
- * wins): each step after which the world changed, and the world after it. */
-static int trace_segments(int world[MAX_SEGS], long after[MAX_SEGS], long *redone) {
+ * wins): each step after which the world changed, and the world after it.
+ * *seen: the changes of world in the order the lines were written, a world
+ * whose every step was done again in the next one included (it left nothing
+ * in the parameters, and no segment). */
+static int trace_segments(int world[MAX_SEGS], long after[MAX_SEGS], long *redone, int *seen) {
     char path[160], line[160];
     snprintf(path, sizeof path, "%s/trace-live", dir);
     FILE *f = fopen(path, "r");
     static int w_at[TRACE_STEPS];
     memset(w_at, 0, sizeof w_at);
     long last = 0, prev = 0;
+    int prev_w = 0;
     *redone = 0;
+    *seen = 0;
     while (f && fgets(line, sizeof line, f)) {
         long st;
         int w;
@@ -72,6 +77,8 @@ static int trace_segments(int world[MAX_SEGS], long after[MAX_SEGS], long *redon
         if (st <= prev)
             *redone += prev - st + 1; /* a step done again (a rank set back) */
         prev = st;
+        *seen += prev_w && w != prev_w;
+        prev_w = w;
         w_at[st] = w;
         last = st > last ? st : last;
     }
@@ -210,11 +217,23 @@ static void churn(int pytorch, int every, int default_changes) {
     static int seg_world[MAX_SEGS];
     static long seg_after[MAX_SEGS];
     long redone;
-    int n = trace_segments(seg_world, seg_after, &redone);
-    cr_expect_eq(n, changes, "the trace shows %d changes of world, %d were made", n, changes);
+    int seen;
+    int n = trace_segments(seg_world, seg_after, &redone, &seen);
+    cr_expect_eq(seen, changes, "the trace shows %d changes of world, %d were made", seen, changes);
     /* a rank whose last all-reduce completed where another's failed redoes
      * that one step: at most one a change, and no more (no step lost) */
     cr_expect_leq(redone, changes, "%ld steps redone over %d changes", redone, changes);
+    /* a world that trained one step before the next change, that step done
+     * again in the next world, left no segment: each such needs a step redone */
+    cr_expect(n <= changes && changes - n <= redone,
+              "%d worlds in the parameters' history, %d changes, %ld steps redone", n, changes,
+              redone);
+    if (seen != changes || n > changes || changes - n > redone) {
+        char cmd[600]; /* the trace, kept with the logs to read what happened */
+        snprintf(cmd, sizeof cmd, "cp '%s/trace-live' '%s/trace-live.txt'", dir, logdir);
+        if (system(cmd) != 0)
+            cr_log_warn("could not keep the trace: %s", cmd);
+    }
     uint64_t t_replay = now_ms();
     for (int k = 1; k <= NODES; k++)
         if (cut[k])

@@ -169,7 +169,7 @@ Test(detect, a_slow_node_and_a_stopped_launcher_are_not_lost, .timeout = 200) {
               "the straggler was never probed: %s", server.out);
 }
 
-/* D6. A stream stalled in TCP's backoff (host 4's launcher's packets on its
+/* D7. A stream stalled in TCP's backoff (host 4's launcher's packets on its
  * connection to the rendezvous lost on the way from then on, its peers and
  * any new connection untouched): the launcher moves its round to a new connection
  * (RDZV_CHALLENGE_MOVE) within half the heartbeat timeout and a round trip,
@@ -177,7 +177,7 @@ Test(detect, a_slow_node_and_a_stopped_launcher_are_not_lost, .timeout = 200) {
  * twice the timeout (its peers reach it), the old connection never
  * recovering. */
 Test(detect, a_stalled_connection_moves_and_the_round_goes_on, .timeout = 150) {
-    setup_bed("D6-stalled-stream", NODES + 1, 0, 0);
+    setup_bed("D7-stalled-stream", NODES + 1, 0, 0);
     start_server(1);
     job_args ja = {.nnodes = "4", .steps = "500", .sleep_ms = "50", .reform = 1};
     for (int i = 1; i <= NODES; i++)
@@ -201,7 +201,7 @@ Test(detect, a_stalled_connection_moves_and_the_round_goes_on, .timeout = 150) {
     proc_expect(&server, "\x01", 10);
     cr_expect(strstr(server.out, "host4 (node rank ") && strstr(server.out, ") moved to a new"),
               "the server did not say the move: %s", server.out);
-    cr_log_info("D6: host4 moved %llu ms after its stream stalled (the heartbeat timeout %d s); "
+    cr_log_info("D7: host4 moved %llu ms after its stream stalled (the heartbeat timeout %d s); "
                 "no round ended",
                 (unsigned long long)moved[0], HB_TIMEOUT_S);
     cr_expect_lt(moved[0], (uint64_t)HB_TIMEOUT_S * 1000, "the move took %llu ms",
