@@ -72,6 +72,7 @@ static void drop_conn(rdzv_client *c) {
     rdzv__client_drop_move(c); /* a reconnect re-registers the round itself */
     rdzv__client_drop_drain(c);
     c->stall_since_ms = 0;
+    c->move_pending = 0;
 }
 
 /* The connection failed or broke: try again after a backoff with jitter,
@@ -311,6 +312,8 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
             snprintf(c->a.master_addr, sizeof c->a.master_addr, "%s", m->u.assigned.master_addr);
             if (c->cb.on_assigned)
                 c->cb.on_assigned(c, &c->a);
+        } else if (m->req_id == c->mv_req && c->move_pending) {
+            rdzv__client_move_confirmed(c);
         } else if (m->req_id != c->mv_req) {
             GB_INFO("re-registered round %u with the restarted rendezvous", c->a.round);
         }
@@ -365,8 +368,11 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         return;
     case RDZV_ERROR:
         if (m->u.error.code == GPL_ERR_ROUND_OVER && m->req_id == c->join_req && c->assigned) {
-            /* The restarted server could not resume our round: it is over. */
+            /* The restarted server could not resume our round (or a move came after its end):
+             * it is over. */
             c->assigned = 0;
+            if (c->move_pending)
+                rdzv__client_move_confirmed(c);
             if (c->cb.on_round_over)
                 c->cb.on_round_over(c, c->a.round, RDZV_REASON_DISCONNECT, UINT32_MAX, "",
                                     m->u.error.message);

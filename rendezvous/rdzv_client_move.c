@@ -30,9 +30,10 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
     free(req);
 }
 
-/* The new connection is the node's: the old one is drained, its sending side
- * shut down so that the server reads what is still queued on it and then
- * closes it. */
+/* The new connection is the node's: what the client sends goes there, the
+ * old one is read until the server closes it. It is left open until the
+ * server says the node moved (rdzv__client_move_confirmed): its close
+ * reaching the server first would end the round. */
 static void promote_move(rdzv_client *c) {
     rdzv__client_drop_drain(c); /* moved again before the first drained: enough of it */
     rdzv_buf spare = c->drain_in;
@@ -46,14 +47,22 @@ static void promote_move(rdzv_client *c) {
     c->mv_in.len = 0;
     c->mv_ready = c->mv_go = 0;
     c->moves++;
-    uv_shutdown_t *sd = malloc(sizeof *sd);
-    if (sd && uv_shutdown(sd, (uv_stream_t *)c->drain, on_shutdown) != 0)
-        free(sd);
+    c->move_pending = 1;
     c->stall_since_ms = 0;
     GB_WARN("rendezvous %s:%d: round %u moved to a new connection: the old one's frames had "
             "waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow or "
             "lossy); move %u",
             c->host, c->o.port, c->a.round, (double)c->mv_stall_ms / 1000.0, c->moves);
+}
+
+void rdzv__client_move_confirmed(rdzv_client *c) {
+    c->move_pending = 0;
+    if (c->drain == NULL)
+        return;
+    /* its sending side shut down: the server reads what is still queued on it, then closes it */
+    uv_shutdown_t *sd = malloc(sizeof *sd);
+    if (sd && uv_shutdown(sd, (uv_stream_t *)c->drain, on_shutdown) != 0)
+        free(sd);
 }
 
 /* The move's JOIN on the spare; the spare is the connection once it is
@@ -169,8 +178,10 @@ static void move(rdzv_client *c, uint32_t stall_ms) {
  * idle one, or a drain past the server's bound goes. */
 void rdzv__client_check_stall(rdzv_client *c) {
     uint64_t now = gb_now_ms(), bound = (uint64_t)RDZV_KEEP_FACTOR * rdzv__client_hb_timeout_ms(c);
-    if (c->drain && now - c->drain_since_ms >= bound)
+    if (c->drain && now - c->drain_since_ms >= bound) {
         rdzv__client_drop_drain(c);
+        c->move_pending = 0; /* unanswered as long as the server bears: the next may try */
+    }
     if (c->mv && !c->mv_ready && now - c->mv_since_ms >= bound) {
         GB_INFO("rendezvous %s:%d: no spare connection within %.1f s; the old one stays", c->host,
                 c->o.port, (double)bound / 1000.0);
@@ -180,8 +191,8 @@ void rdzv__client_check_stall(rdzv_client *c) {
         now - c->trouble_ms >= RDZV_SPARE_IDLE_MS)
         rdzv__client_drop_move(c); /* the link has been good for a while */
     if (!c->server_move || c->state != CS_READY || !c->assigned || c->frozen ||
-        c->instance[0] == '\0' || (c->mv && c->mv_go))
-        return;
+        c->instance[0] == '\0' || (c->mv && c->mv_go) || c->move_pending)
+        return; /* one move at a time: the last one is not answered yet */
     uv_os_fd_t fd;
     struct tcp_info ti;
     socklen_t tlen = sizeof ti;

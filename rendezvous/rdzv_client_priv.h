@@ -90,7 +90,9 @@ struct rdzv_client {
     uv_tcp_t *drain;         /* the connection moved from, read until the server closes it */
     rdzv_buf drain_in;
     uint64_t drain_since_ms;
-    uint32_t moves; /* moves done (said in the log) */
+    uint32_t moves;   /* moves done (said in the log) */
+    int move_pending; /* the last move's JOIN is not answered yet: the old connection stays
+                         open (its close would reach the server as the node's) */
 };
 
 /* rdzv_client.c */
@@ -111,6 +113,8 @@ void rdzv__client_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
 /* rdzv_client_move.c */
 void rdzv__client_drop_move(rdzv_client *c);
 void rdzv__client_drop_drain(rdzv_client *c);
+/* The server answered the move: the old connection's sending side is shut down. */
+void rdzv__client_move_confirmed(rdzv_client *c);
 /* A frame on the connection being opened to move to. */
 void rdzv__client_handle_move(rdzv_client *c, const rdzv_msg *m);
 /* On every heartbeat: keeps a spare while the connection has trouble, moves
