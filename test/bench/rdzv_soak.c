@@ -741,6 +741,7 @@ static void sample(uint64_t now, int last) {
  * re-registers its round; the models start over from those re-registrations. */
 static void restart_server(uint64_t now) {
     sample(now, 1);
+    soak_hostile_close_all(); /* a connect in flight would be reset by the kill */
     kill(S.server, SIGKILL);
     waitpid(S.server, NULL, 0);
     S.restarts_done++;

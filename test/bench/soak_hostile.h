@@ -22,7 +22,8 @@ void soak_hostile_init(uv_loop_t *loop, int port, uint32_t handshake_ms, uint32_
 void soak_hostile_start(uint64_t now);
 /* Connections the server should have closed by now. */
 void soak_hostile_check(uint64_t now);
-/* Closes every one still open (the soak's end). */
+/* Closes every one still open (the soak's end, and before a server restart:
+ * one connecting while the server is killed is reset, rightly). */
 void soak_hostile_close_all(void);
 int soak_hostile_open(void);        /* open now */
 uint64_t soak_hostile_closed(void); /* closed by the server so far */
