@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gb_progress.h"
+#include "gb_thread.h"
 #include "gpl_int.h"
 
 typedef struct dp_grad {
@@ -53,6 +54,7 @@ struct gpl_dp {
 
 static void *comm_thread(void *arg) {
     gpl_dp_t dp = arg;
+    gb_thread_name("gpl-dp-comm");  /* the step waits on it: full priority */
     gpl_nccl_bind_thread(dp->comm); /* NCCL calls from here go to the comm's device */
     pthread_mutex_lock(&dp->mu);
     for (;;) {

@@ -9,7 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <criterion/logging.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -723,4 +726,71 @@ Test(ckpt, a_full_local_tier_is_said_training_goes_on_and_the_last_complete_step
     free(b.data);
     snprintf(cmd, sizeof cmd, "umount %s", small);
     cr_expect_eq(system(cmd), 0);
+}
+
+/* The nice value (field 19 of /proc/self/task/TID/stat) of this process's
+ * thread named name, or 99 when there is none. */
+static int thread_nice(const char *name) {
+    char path[300], buf[512];
+    int found = 99;
+    DIR *d = opendir("/proc/self/task");
+    cr_assert_not_null(d);
+    struct dirent *e;
+    while (found == 99 && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        char comm[32] = "";
+        if (fgets(comm, sizeof comm, f) == NULL)
+            comm[0] = '\0';
+        fclose(f);
+        comm[strcspn(comm, "\n")] = '\0';
+        if (strcmp(comm, name) != 0)
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        if ((f = fopen(path, "r")) == NULL)
+            continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *p = strrchr(buf, ')'); /* fields from 3 (state) on */
+        long v[16] = {0};
+        if (p &&
+            sscanf(p + 2, "%*c %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld",
+                   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                   &v[11], &v[12], &v[13], &v[14], &v[15]) == 16)
+            found = (int)v[15]; /* field 19: nice */
+    }
+    closedir(d);
+    return found;
+}
+
+Test(ckpt, the_writer_and_the_drainer_run_named_below_the_training_threads_priority) {
+    char local[128], durable[128];
+    snprintf(local, sizeof local, "%s/nvme", dir);
+    snprintf(durable, sizeof durable, "%s/pvc", dir);
+    blob b = {malloc(1u << 20), 1u << 20, 0, 0};
+    cr_assert_not_null(b.data);
+    errno = 0;
+    int own = getpriority(PRIO_PROCESS, 0);
+    cr_assert(own != -1 || errno == 0);
+    int want = own + 10 > 19 ? 19 : own + 10;
+    gpl_comm_t c = blob_comm(&b, local, durable, 2, 1, 3);
+    cr_expect_eq(thread_nice("gpl-ckpt-write"), want, "the writer's nice against %d", want);
+    cr_expect_eq(thread_nice("gpl-ckpt-drain"), want, "the drainer's nice against %d", want);
+    memset(b.data, 1, b.len);
+    cr_assert_eq(gpl_step_end(c, 1), GPL_OK, "%s", gpl_last_error(c));
+    cr_assert_eq(gpl_ckpt_wait(c), GPL_OK, "%s", gpl_last_error(c));
+    cr_expect_eq(getpriority(PRIO_PROCESS, 0), own, "the calling thread keeps its priority");
+    gpl_finalize(c);
+    /* GPULAUNCH_BACKGROUND_NICE=0: at the process's priority */
+    setenv("GPULAUNCH_BACKGROUND_NICE", "0", 1);
+    c = blob_comm(&b, local, durable, 2, 1, 3);
+    cr_expect_eq(thread_nice("gpl-ckpt-write"), own, "the writer's nice with 0 steps");
+    gpl_finalize(c);
+    unsetenv("GPULAUNCH_BACKGROUND_NICE");
+    free(b.data);
 }

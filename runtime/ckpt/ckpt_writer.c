@@ -22,6 +22,7 @@
 
 #include "ckpt_int.h"
 #include "gb_progress.h"
+#include "gb_thread.h"
 #include "gb_time.h"
 
 static void say_failure(const char *who, int64_t step, const gb_err *e) {
@@ -177,6 +178,7 @@ static void look_and_mark(ckpt_bg *b, ckpt_tier *t, int64_t step, int world) {
 
 static void *writer_main(void *arg) {
     ckpt_bg *b = arg;
+    gb_thread_background("gpl-ckpt-write"); /* training's wake-ups come first */
     int64_t marked = -1;
     pthread_mutex_lock(&b->mu);
     for (;;) {
@@ -275,6 +277,7 @@ out:
 
 static void *drainer_main(void *arg) {
     ckpt_bg *b = arg;
+    gb_thread_background("gpl-ckpt-drain"); /* its S3 part threads inherit it */
     int64_t tried = -1, marked = -1;
     pthread_mutex_lock(&b->mu);
     for (;;) {

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "gb_thread.h"
 #include "gb_time.h"
 #include "mirror_int.h"
 
@@ -315,6 +316,7 @@ static void *handler_main(void *p) {
 
 static void *server_main(void *p) {
     gpl_mirror_t m = p;
+    gb_thread_background("gpl-mirror-serve"); /* its handlers inherit name and priority */
     for (;;) {
         struct pollfd pf[2] = {{.fd = m->listen_fd, .events = POLLIN},
                                {.fd = m->wake_fd, .events = POLLIN}};
@@ -394,6 +396,7 @@ void mirror_serve_stop(gpl_mirror_t m) {
 
 static void *sender_main(void *p) {
     gpl_mirror_t m = p;
+    gb_thread_background("gpl-mirror-push");
     uint64_t t0 = gb_now_ms();
     int err = 0;
     int fd = dial(m->buddy_addr, m->buddy_port, m->timeout_ms, &err);

@@ -2,6 +2,7 @@
  * parallel on GPULAUNCH_S3_PARALLEL threads, a failed part retried alone. */
 #define GB_COMPONENT "s3"
 
+#include "gb_thread.h"
 #include "s3_int.h"
 
 /* ---- large objects in parts ------------------------------------------------- */
@@ -39,6 +40,7 @@ static void s3_job_fail(s3_job *j, const gb_err *e, int lost) {
 
 static void *s3_worker(void *arg) {
     s3_job *j = arg;
+    gb_thread_name("gpl-s3-part"); /* the drainer's priority, inherited */
     CURL *c = s3_easy_get(j->s);
     unsigned char *buf = malloc(S3_IO_CHUNK);
     if (c == NULL || buf == NULL) {

@@ -1,0 +1,39 @@
+/* The calling thread's name and CPU share (see gb_thread.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "gb_thread.h"
+
+void gb_thread_name(const char *name) {
+    char n[16]; /* the kernel keeps 15 characters and the NUL */
+    size_t len = strlen(name);
+    if (len > sizeof n - 1)
+        len = sizeof n - 1;
+    memcpy(n, name, len);
+    n[len] = '\0';
+    (void)pthread_setname_np(pthread_self(), n);
+}
+
+void gb_thread_background(const char *name) {
+    gb_thread_name(name);
+    id_t tid = (id_t)syscall(SYS_gettid);
+    errno = 0;
+    int now = getpriority(PRIO_PROCESS, tid);
+    if (now == -1 && errno != 0)
+        return;
+    long steps = GB_BACKGROUND_NICE;
+    const char *v = getenv("GPULAUNCH_BACKGROUND_NICE");
+    if (v && *v) {
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end == '\0' && n >= 0 && n <= 19)
+            steps = n; /* anything else: the default */
+    }
+    int want = now + (int)steps;
+    (void)setpriority(PRIO_PROCESS, tid, want > 19 ? 19 : want);
+}
