@@ -19,8 +19,7 @@ void gb_thread_name(const char *name) {
     (void)pthread_setname_np(pthread_self(), n);
 }
 
-void gb_thread_background(const char *name) {
-    gb_thread_name(name);
+static void gb_thread_lower(void) {
     id_t tid = (id_t)syscall(SYS_gettid);
     errno = 0;
     int now = getpriority(PRIO_PROCESS, tid);
@@ -36,4 +35,9 @@ void gb_thread_background(const char *name) {
     }
     int want = now + (int)steps;
     (void)setpriority(PRIO_PROCESS, tid, want > 19 ? 19 : want);
+}
+
+void gb_thread_background(const char *name) {
+    gb_thread_lower(); /* before the name: a thread seen by its name runs lower already */
+    gb_thread_name(name);
 }
