@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -203,7 +204,11 @@ int gl_free_port(void) {
             lo = 32768;
         fclose(f);
     }
-    unsigned seed = (unsigned)getpid() ^ (unsigned)gb_now_ms();
+    /* from the kernel's random pool: launchers started together (the pid and the clock
+     * differ by a few units) drew the same port from pid ^ ms */
+    unsigned seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed)
+        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)gb_now_ms() * 40503u;
     for (int i = 0; i < GL_PORT_TRIES && lo - GL_PORT_FLOOR >= GL_PORT_TRIES; i++) {
         int port = GL_PORT_FLOOR + (int)(rand_r(&seed) % (unsigned)(lo - GL_PORT_FLOOR));
         if (port_free(port))

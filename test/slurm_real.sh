@@ -17,7 +17,11 @@
 #      step and ended with parameters bitwise equal to the uninterrupted
 #      job's (params_sha256 of every rank, and rank 0's dump).
 # Slurm holds a requeued job until the credentials of its last run expire
-# (AuthInfo's cred_expire, 120 s by default, then BeginTime): here 5 s.
+# (AuthInfo's cred_expire, 120 s by default, then BeginTime): here 5 s. Once
+# that time has passed, only the periodic scheduling pass starts it (an event
+# such as another job ending starts a pass too, but only if it comes after):
+# sched_interval 1 s here, where Slurm's default of 60 s outlasted the wait
+# below when the reference job ended before the BeginTime.
 # Every process started here lives in the mount namespace and is stopped on
 # exit, whatever happened; the directory goes too.
 #
@@ -134,6 +138,7 @@ SlurmdLogFile=$D/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2

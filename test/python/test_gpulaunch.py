@@ -176,6 +176,22 @@ def test_master_port_is_below_the_ephemeral_range() -> None:
     assert all(10000 <= port < lo for port in ports), f"{ports} (ephemeral range from {lo})"
 
 
+def test_launchers_started_together_draw_different_master_ports() -> None:
+    """Eight standalone launchers started at once draw their MASTER_PORTs from the kernel's
+    random pool: two launchers whose seeds came from pid ^ milliseconds drew the same port
+    (EADDRINUSE in one job's store). One chance repeat in 22,000 ports is allowed."""
+    procs = [subprocess.Popen([str(LAUNCHER), "--standalone", "--nproc-per-node", "1", "--no-python", "sh", "-c",
+                               "echo port=$MASTER_PORT"], env=child_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(8)]
+    ports = []
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        m = re.search(r"port=(\d+)", out)
+        assert p.returncode == 0 and m, out
+        ports.append(int(m[1]))
+    assert len(set(ports)) >= 7, f"launchers started together drew {sorted(ports)}"
+
+
 @ONCE
 def test_world_of_one_and_argument_errors() -> None:
     with gpulaunch.Comm("cpu") as c:
