@@ -1,4 +1,7 @@
 /* The calling thread's name and CPU share (see gb_thread.h). */
+#define GB_COMPONENT "runtime"
+
+#include <stdatomic.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -7,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "gb_log.h"
 #include "gb_thread.h"
 
 void gb_thread_name(const char *name) {
@@ -30,8 +34,13 @@ static void gb_thread_lower(void) {
     if (v && *v) {
         char *end;
         long n = strtol(v, &end, 10);
+        static atomic_int said;
         if (*end == '\0' && n >= 0 && n <= 19)
-            steps = n; /* anything else: the default */
+            steps = n;
+        else if (!atomic_exchange(&said, 1))
+            GB_WARN("GPULAUNCH_BACKGROUND_NICE=%s is not a number from 0 to 19: background threads "
+                    "run %d nice steps below training (the default)",
+                    v, GB_BACKGROUND_NICE);
     }
     int want = now + (int)steps;
     (void)setpriority(PRIO_PROCESS, tid, want > 19 ? 19 : want);
