@@ -196,7 +196,7 @@ class Elastic:
         self._store_port = 0  # NCCL: only the store's sockets are shut down (NCCL's are its own)
         self._agreement: Optional[_sc.Agreement] = None  # the last agreement (its copy's chain, ...)
         self._native = NativeComm(checkpointer)  # the communicator host tensors are copied by
-        self._guard = RoundGuard(torch)  # DDP's futures, failed at the round's end (Gloo)
+        self._guard = RoundGuard(torch)  # DDP's futures and FSDP's waits, failed at the round's end (Gloo)
         self._parked = Parked()  # groups whose Gloo works did not end
         self._via = ""  # how the last copy moved the host tensors
         self._copy_s = 0.0  # how long the last copy took
@@ -273,8 +273,8 @@ class Elastic:
             self._check_stuck()
 
     def _fail_futures(self) -> None:
-        """_FREE_AFTER_S after a break, the DDP all-reduces still pending on
-        the broken Gloo group fail (not at once: one that had what it needs
+        """_FREE_AFTER_S after a break, the DDP all-reduces and FSDP waits
+        still pending on the broken Gloo group fail (not at once: one that had what it needs
         when the connections were shut down completes; its callbacks may be
         waiting for the interpreter's lock)."""
         with self._lock:
@@ -283,7 +283,7 @@ class Elastic:
                 return
         n = self._guard.fail(f"gpulaunch: rank {self.rank}: round {self.round} ended")
         if n:
-            sys.stderr.write(f"gpulaunch: rank {self.rank}: {n} of DDP's all-reduces had not ended "
+            sys.stderr.write(f"gpulaunch: rank {self.rank}: {n} collective(s) had not ended "
                              f"{_FREE_AFTER_S:.0f} s after round {self.round} ended (a Gloo transfer "
                              "cut mid-way): failed, so that the step re-forms\n")
 
@@ -472,6 +472,9 @@ class Elastic:
             busy = self._guard.unfinished()
             if busy:
                 self._parked.park(self._dist.distributed_c10d._get_default_group(), busy)
+            for group, works in self._guard.busy_groups():  # an FSDP mesh's groups
+                if group is not None:
+                    self._parked.park(group, works)
             try:
                 self._dist.destroy_process_group()
             except Exception:  # noqa: BLE001 - a broken group may fail to say goodbye

@@ -59,6 +59,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+from . import _fsdpfree
 from . import _mirror
 from . import _native as N
 from . import _snapshot
@@ -126,6 +127,7 @@ class ShardedElastic(Elastic):
         self._place: Optional[tuple[int, int, int]] = None  # (world, rank, shards) the state was built in
         self._old: Optional[tuple[dict[str, Any], Any]] = None  # the last round's parameters and optimizer
         self._sharded: dict[str, Any] = {}  # this round's sharded parameters by name
+        self._freed = False  # FSDP2's collectives wait through the round guard
 
     # ---- Elastic's steps, for sharded state ----
 
@@ -226,6 +228,8 @@ class ShardedElastic(Elastic):
         if self.enabled:
             with self._lock:
                 self._owned = _procfs.new_tcp(self._before, self._store_port)
+            if self.backend == "gloo":  # FSDP2's waits end with the round (_fsdpfree.py)
+                self._freed = _fsdpfree.install(self._guard)
 
     def _shard_count(self, model: Any) -> int:
         """How many ways the model's parameters are split (the mesh's size
@@ -420,5 +424,7 @@ class ShardedElastic(Elastic):
 
     def close(self) -> None:
         """Elastic's close, and the snapshot and copies (a push in flight is cut off)."""
+        if self._freed:
+            self._freed = not _fsdpfree.install(None)
         self._drop_mirror()
         super().close()

@@ -163,3 +163,53 @@ def test_fsdp_node_joining_reshards_4_ways_into_6_from_memory_as_a_restart_would
     assert six.sha() == set(sha.values()).pop(), f"live resharding and restart differ:\n{job.dump()}\n{six}"
     print(f"test_fsdp: FSDP 4 -> 6 ranks from memory: first step in the 6-rank world {joined:.2f} s after the "
           f"node started")
+
+
+def test_a_step_stuck_in_an_fsdp_collective_is_freed_without_a_restart(tmp_path: Path) -> None:
+    """FSDP2 on Gloo waits for its collectives in the training thread, where
+    a transfer cut mid-way holds it until the group's timeout (a survivor of
+    a lost node, seen restarted after 5 s). ShardedElastic routes them
+    through its round guard: three real ranks train, then rank 2 stays
+    connected and silent; the guard failed 1 s later frees ranks 0 and 1 from
+    the step at once, the group with the work still running is parked, not
+    joined, and they train on in a new group. Without the guard (the
+    control), the step is still held 4 s after that."""
+    import subprocess
+    import sys
+
+    from test_elastic import free_port
+
+    worker = Path(__file__).resolve().parent / "worker_fsdpfree.py"
+    for mode in ("guard", "plain"):
+        ports = [str(free_port()), str(free_port())]
+        logs = [tmp_path / f"{mode}-{r}.log" for r in range(3)]
+        procs = [subprocess.Popen([sys.executable, str(worker), str(r), *ports, mode], stdout=log.open("w"),
+                                  stderr=subprocess.STDOUT) for r, log in enumerate(logs)]
+        try:
+            if mode == "guard":
+                for p in procs[:2]:
+                    p.wait(90)
+                for r, (p, log) in enumerate(zip(procs, logs)):
+                    if r == 2:
+                        continue
+                    out = log.read_text()
+                    assert p.returncode == 0, out
+                    freed = re.search(rf"^rank {r}: the step was freed after ([\d.]+) s: round 1 ended$", out, re.M)
+                    assert freed and 0.9 <= float(freed.group(1)) < 2.0, out
+                    assert re.search(rf"^rank {r}: [1-9]\d* work\(s\) still running in [1-9] group", out, re.M), out
+                    gone = re.search(rf"^rank {r}: the group destroyed in ([\d.]+) s$", out, re.M)
+                    assert gone and float(gone.group(1)) < 2.0, out
+                    assert f"rank {r}: 3 steps of 2 ranks in a new group" in out, out
+            else:
+                until = time.monotonic() + 90
+                while not all(f"rank {r}: a step of 3 ranks" in logs[r].read_text() for r in range(2)):
+                    assert time.monotonic() < until and all(p.poll() is None for p in procs), \
+                        [log.read_text() for log in logs]
+                    time.sleep(0.1)
+                time.sleep(1.0 + 4.0)  # the guard's fail (not installed) and 4 s more
+                for p, log in zip(procs[:2], logs):
+                    assert p.poll() is None and "freed" not in log.read_text(), log.read_text()
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
