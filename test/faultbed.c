@@ -291,7 +291,17 @@ void start_job(const job_args *ja) {
 
 /* A node vanishes: its link goes first (nothing it held says goodbye), then
  * every process on it is SIGKILLed. Survivors learn it from the heartbeats. */
+void await_workers(int host) {
+    uint64_t until = now_ms() + 30000;
+    while (netbed_host_procs(&bed, host) < 3) { /* the launcher and its 2 workers */
+        cr_assert(now_ms() < until, "host%d: no launcher and workers after 30 s: %s", host,
+                  nodes[host].out);
+        usleep(20000);
+    }
+}
+
 uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault) {
+    await_workers(host);
     int k = 0;
     for (int i = 1; i <= NODES; i++)
         if (i != host)

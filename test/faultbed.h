@@ -78,6 +78,9 @@ void start_job(const job_args *ja);
 /* host vanishes (link cut, then kill -9 of everything on it); returns when
  * the last survivor was told, after *t_fault. */
 uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault);
+/* Waits (up to 30 s) until host runs its launcher and its 2 workers:
+ * a round formed says nothing of the workers the launcher spawns next. */
+void await_workers(int host);
 /* Skips the test unless the interpreter imports torch. */
 /* Skips the test unless TORCH_PYTHON imports torch; returns how long one
  * import took (ms): a program's own start, for bounds that include it. */

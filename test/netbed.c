@@ -312,6 +312,8 @@ int netbed_signal_host(netbed *b, int host, int sig) {
     return signal_ns_pids(ns, sig);
 }
 
+int netbed_host_procs(netbed *b, int host) { return netbed_signal_host(b, host, 0); }
+
 void netbed_save_log(netbed *b, const char *name, const proc *p) {
     char path[256];
     snprintf(path, sizeof path, "%s/%s.log", b->dir, name);

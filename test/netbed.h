@@ -48,6 +48,8 @@ int netbed_kill_host(netbed *b, int host);
 /* Sends sig to every process in host's namespace (SIGSTOP: the host
  * freezes, its sockets open); returns how many. */
 int netbed_signal_host(netbed *b, int host, int sig);
+/* How many processes run on host now (signal 0 reaches them). */
+int netbed_host_procs(netbed *b, int host);
 /* GET path from 127.0.0.1:port inside host's namespace (a launcher's
  * --metrics there): the HTTP status, 0 when nothing answered; the body in
  * out, as http_get_local (harness.h). The calling thread enters the

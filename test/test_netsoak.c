@@ -115,6 +115,7 @@ static long change(int kind, int h, long round, const job_args *ja) {
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 143, "%s: status %d: %s", tag, st,
                   nodes[h].out);
     } else {
+        await_workers(h); /* (the first change may come right after round 1 formed) */
         if (kind == K_VANISH)
             cr_assert_eq(netbed_cut(&bed, h), 0);
         cr_assert(netbed_kill_host(&bed, h) >= 3, "%s: no launcher and workers", tag);
