@@ -289,8 +289,6 @@ void start_job(const job_args *ja) {
     cr_assert_eq(formed, NODES, "round 1 did not form: %s", nodes[1].out);
 }
 
-/* A node vanishes: its link goes first (nothing it held says goodbye), then
- * every process on it is SIGKILLed. Survivors learn it from the heartbeats. */
 void await_workers(int host) {
     uint64_t until = now_ms() + 30000;
     while (netbed_host_procs(&bed, host) < 3) { /* the launcher and its 2 workers */
@@ -300,6 +298,8 @@ void await_workers(int host) {
     }
 }
 
+/* A node vanishes: its link goes first (nothing it held says goodbye), then
+ * every process on it is SIGKILLed. Survivors learn it from the heartbeats. */
 uint64_t node_dies(int host, int survivors[NODES - 1], uint64_t *t_fault) {
     await_workers(host);
     int k = 0;

@@ -14,23 +14,19 @@ launcher restarts the node's workers).
 from __future__ import annotations
 
 import importlib
-import threading
 from typing import Any, Optional
 
 from ._gloofree import RoundGuard
 
 _MODULE = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
-# FSDP2's calls (all_gather_into_tensor and reduce_scatter_tensor in older torch)
-_CALLS = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
-          "all_reduce")
 
-_lock = threading.Lock()
-_guard: Optional[RoundGuard] = None
+_guard: Optional[RoundGuard] = None  # read once a call (one reference: no lock needed)
 
 
 class _Dist:
-    """torch.distributed as FSDP2's collectives module sees it: the calls of
-    _CALLS go through the installed guard; everything else is torch's."""
+    """torch.distributed as FSDP2's collectives module sees it: its
+    collectives (all_gather_into_tensor and reduce_scatter_tensor in older
+    torch) go through the installed guard; everything else is torch's."""
 
     def __init__(self, dist: Any) -> None:
         self._dist = dist
@@ -59,8 +55,7 @@ class _Dist:
         return getattr(self._dist, name)
 
     def _call(self, name: str, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-        with _lock:
-            g = _guard
+        g = _guard
         fn = getattr(self._dist, name)
         if g is None:
             return fn(*args, **kw)
@@ -104,6 +99,5 @@ def install(guard: Optional[RoundGuard]) -> bool:
         if not hasattr(dist, "all_reduce"):
             return False
         mod.dist = _Dist(dist)  # type: ignore[attr-defined]
-    with _lock:
-        _guard = guard
+    _guard = guard
     return True

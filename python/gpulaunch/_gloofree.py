@@ -34,8 +34,8 @@ class RoundGuard:
         self._why: Optional[str] = None  # the round ended: why
         self._pending: dict[int, tuple[Any, Any]] = {}  # id -> (outer, inner): in flight
         self._abandoned: list[Any] = []  # inner futures whose outer fail() failed
-        self._waits: dict[int, tuple[threading.Event, Any, Any]] = {}  # wait(): (woken, future, group)
-        self._left: list[tuple[Any, Any]] = []  # (future, group) of the waits fail() ended
+        self._waits: dict[int, tuple[threading.Event, Any, Any]] = {}  # wait(): (woken, _Ended, group)
+        self._left: list[tuple[Any, Any]] = []  # (_Ended, group) of the waits fail() ended
 
     def reset(self) -> None:
         """A new group: nothing failed, nothing pending."""

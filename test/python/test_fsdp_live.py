@@ -12,11 +12,13 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_elastic import HOLD, Job, first_step_after, job, pids, shas, wait_for  # noqa: F401
+from test_elastic import HOLD, Job, first_step_after, free_port, job, pids, shas, wait_for  # noqa: F401
 from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
 
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
@@ -174,11 +176,6 @@ def test_a_step_stuck_in_an_fsdp_collective_is_freed_without_a_restart(tmp_path:
     the step at once, the group with the work still running is parked, not
     joined, and they train on in a new group. Without the guard (the
     control), the step is still held 4 s after that."""
-    import subprocess
-    import sys
-
-    from test_elastic import free_port
-
     worker = Path(__file__).resolve().parent / "worker_fsdpfree.py"
     for mode in ("guard", "plain"):
         ports = [str(free_port()), str(free_port())]
@@ -196,6 +193,9 @@ def test_a_step_stuck_in_an_fsdp_collective_is_freed_without_a_restart(tmp_path:
                     assert p.returncode == 0, out
                     freed = re.search(rf"^rank {r}: the step was freed after ([\d.]+) s: round 1 ended$", out, re.M)
                     assert freed and 0.9 <= float(freed.group(1)) < 2.0, out
+                    again = re.search(rf"^rank {r}: the next step failed at once \(([\d.]+) s\): round 1 ended$",
+                                      out, re.M)
+                    assert again and float(again.group(1)) < 0.5, out
                     assert re.search(rf"^rank {r}: [1-9]\d* work\(s\) still running in [1-9] group", out, re.M), out
                     gone = re.search(rf"^rank {r}: the group destroyed in ([\d.]+) s$", out, re.M)
                     assert gone and float(gone.group(1)) < 2.0, out

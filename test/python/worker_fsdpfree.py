@@ -65,6 +65,12 @@ def main() -> None:
         os._exit(1)
     except RuntimeError as e:
         print(f"rank {rank}: the step was freed after {time.monotonic() - t0:.3f} s: {e}", flush=True)
+    t0 = time.monotonic()
+    try:  # no new collective starts on the ended round's group
+        step(m, opt)
+        os._exit(1)
+    except RuntimeError as e:
+        print(f"rank {rank}: the next step failed at once ({time.monotonic() - t0:.3f} s): {e}", flush=True)
     parked = Parked()
     busy = guard.busy_groups()
     for group, works in busy:
