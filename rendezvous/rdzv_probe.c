@@ -334,23 +334,30 @@ static void evidence(const member *m, uint64_t now, char *out, size_t len) {
              (double)longest / 1000.0, (double)(now - m->c->last_rx_ms) / 1000.0);
 }
 
-/* Whether the round is blocked on m now: every other node of it waits in a
- * collective or is a suspect that has not answered either. A node that
- * neither waits nor is suspected (a straggler that answered and computes
- * still) can finish the collective: m is not what the job waits for, and a
- * node whose launcher alone stopped (its workers in the collective) is not
- * lost. */
-static int blocked_on(const member *m) {
+/* Whether the round is blocked on m now: 1 when every other node of it
+ * waits in a collective or is a suspect that did not answer its probe in
+ * time either; 0 when a node neither waits nor is suspected (a straggler
+ * that answered and computes still: it can finish the collective, m is not
+ * what the job waits for, and a node whose launcher alone stopped, its
+ * workers in the collective, is not lost); -1 when that turns on a suspect
+ * whose probe's deadline has not passed yet: its answer first (a straggler
+ * pinged again a moment before m's deadline passed is not taken for lost). */
+static int blocked_on(const member *m, uint64_t now) {
     const rdzv_round *r = m->rm.r;
+    int pending = 0;
     for (uint32_t i = 0; i < r->nranks; i++) {
         const rdzv_rmember *rm = r->ranks[i];
         if (rm == NULL || rm == &m->rm || rm->done)
             continue;
         const member *x = member_of((rdzv_rmember *)rm);
-        if (x->p.wait_from_ms == 0 && !(x->p.sent_ms && x->p.suspected))
+        if (x->p.wait_from_ms)
+            continue;
+        if (!(x->p.sent_ms && x->p.suspected))
             return 0;
+        if (now - x->p.sent_ms < deadline_ms(x))
+            pending = 1;
     }
-    return 1;
+    return pending ? -1 : 1;
 }
 
 void rdzv__probe_sweep(rdzv_server *s, uint64_t now) {
@@ -395,7 +402,10 @@ again:
             unlist(m);
             continue;
         }
-        if (m->p.suspected == RDZV_SUSPECT_WAITED && !blocked_on(m)) {
+        int blocked = m->p.suspected == RDZV_SUSPECT_WAITED ? blocked_on(m, now) : 1;
+        if (blocked < 0)
+            continue; /* another suspect's answer first: its deadline comes within 2 s */
+        if (!blocked) {
             /* moot: a wait said again suspects it again */
             GB_DEBUG("%s answered no probe, but the job does not wait for it alone",
                      m->rm.hostname);

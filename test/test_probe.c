@@ -236,6 +236,45 @@ Test(probe, a_silent_node_is_lost_only_when_the_job_is_blocked_on_it) {
     cr_expect_lt(now_ms() - t0, 1000);
 }
 
+/* The same, the straggler slow to answer: node 2 answers each ping 150 ms
+ * late (within its 250 ms deadline), so it is often a suspect whose answer
+ * is on its way when node 3's deadline passes. Node 3's verdict waits for
+ * that answer, and node 2 can still finish the collective: nothing ends. */
+Test(probe, a_straggler_slow_to_answer_is_waited_for_before_another_is_judged) {
+    round_of("slow", 4, 1);
+    say_wait(0, 300);
+    say_wait(1, 300);
+    uint32_t due_id[16];
+    uint64_t due_at[16];
+    int due = 0, answered = 0, over = 0;
+    uint64_t until = now_ms() + 1600; /* (node 3's silence stays under its 2.5 s threshold) */
+    while (now_ms() < until && !over) {
+        if (peer_recv(&P[2], 5) == 0) {
+            if (P[2].last.type == RDZV_PING && due < 16) {
+                due_id[due] = P[2].last.req_id;
+                due_at[due++] = now_ms() + 150;
+            }
+            over |= P[2].last.type == RDZV_ROUND_OVER;
+        }
+        for (int k = 0; k < due; k++)
+            if (now_ms() >= due_at[k]) {
+                rdzv_msg pong = {.type = RDZV_PONG, .req_id = due_id[k]};
+                peer_send(&P[2], &pong);
+                answered++;
+                due_id[k] = due_id[--due];
+                due_at[k--] = due_at[due];
+            }
+        int o3 = 0;
+        listen_for(3, 5, 0, &o3); /* node 3 reads its pings and says nothing */
+        over |= o3;
+        say_wait(0, 300);
+    }
+    cr_expect_eq(over, 0, "a round ended while the straggler could still finish: %s",
+                 P[0].last.u.round_over.message);
+    cr_expect_geq(answered, 2, "the straggler was pinged %d times in 1.6 s", answered);
+    cr_expect_eq(probes("unanswered"), 0);
+}
+
 /* Silence without the job's word: node 1 beats every 500 ms, then sends
  * nothing. It is probed at its worst gap + 1.5 s (at least 2.5 s) of
  * silence: no answer ends the round well before the 5 s timeout; an answer
