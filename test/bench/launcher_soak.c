@@ -34,7 +34,7 @@
  * warm-up block of every kind. At the start, after the warm-up and at the
  * end, in the same state (its workers running, alone in a round, nothing in
  * flight), the launcher is counted from outside: descriptors (/proc/PID/fd,
- * by kind), threads (/proc/PID/task), child processes, /dev/shm/gpulaunch-*
+ * by kind), threads (/proc/PID/task), child processes, /dev/shm/gpulaunch-soak-*
  * entries and files in the launchers' TMPDIR; and from its /metrics: libuv
  * handles by type, the progress channel's regions and pipes, the workers it
  * holds, its heap in use (exact: malloc's per-thread cache is off); RSS
@@ -67,6 +67,10 @@
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
 
+/* this soak's shared-memory segments (its run id is "soak"): only these are
+ * counted, since the runtime removes other, dead jobs' stale segments on the
+ * way (a run of the suite that was killed leaves some) */
+#define SOAK_SHM_PREFIX "gpulaunch-soak-"
 #define SOAK_STEP_MS 10           /* a live worker's step */
 #define SOAK_FAST_ROUND_MS 5000   /* a fast round longer than this: it was not driven */
 #define SOAK_SLOW_ROUND_MS 20000  /* a slow round longer than this: the same */
@@ -798,7 +802,7 @@ static int snapshot(long *c, long *rss_kib) {
     static char body[SOAK_METRICS_MAX];
     if (proc_count(S.a.pid, c, rss_kib) != 0)
         return fail("the launcher (pid %d) is gone", (int)S.a.pid);
-    c[PC_SHM] = proc_count_dir("/dev/shm", "gpulaunch");
+    c[PC_SHM] = proc_count_dir("/dev/shm", SOAK_SHM_PREFIX);
     c[PC_TMPFILES] = proc_count_dir(S.tmp, "");
     if (scrape(body, sizeof body) != 0)
         return -1;
@@ -979,7 +983,7 @@ int main(int argc, char **argv) {
     mkdir(S.tmp, 0755);
     setenv("TMPDIR", S.tmp, 1); /* the launchers' temporary files, counted */
     long c0[PC_N], cw[PC_N], ce[PC_N], rss0, rssw, rsse, rss_max;
-    long children0 = gb_procstat_children(0), shm0 = proc_count_dir("/dev/shm", "gpulaunch");
+    long children0 = gb_procstat_children(0), shm0 = proc_count_dir("/dev/shm", SOAK_SHM_PREFIX);
     uint64_t t0 = now_ms();
     if (start_server() != 0 || start_launcher(timeout_s) != 0 || settle() != 0 ||
         snapshot(c0, &rss0) != 0)
@@ -1071,9 +1075,9 @@ out:
     b_leave();
     if (S.srv.pid > 0)
         finish(&S.srv, SIGTERM, 5000);
-    long children1 = gb_procstat_children(0), shm1 = proc_count_dir("/dev/shm", "gpulaunch");
+    long children1 = gb_procstat_children(0), shm1 = proc_count_dir("/dev/shm", SOAK_SHM_PREFIX);
     if (rc == 0 && (children1 != children0 || shm1 != shm0)) {
-        fail("left behind: %ld child process(es) (before %ld), %ld /dev/shm/gpulaunch-* "
+        fail("left behind: %ld child process(es) (before %ld), %ld /dev/shm/" SOAK_SHM_PREFIX "* "
              "(before %ld)",
              children1, children0, shm1, shm0);
         rc = 1;
