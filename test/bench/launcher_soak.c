@@ -34,7 +34,7 @@
  * warm-up block of every kind. At the start, after the warm-up and at the
  * end, in the same state (its workers running, alone in a round, nothing in
  * flight), the launcher is counted from outside: descriptors (/proc/PID/fd,
- * by kind), threads (/proc/PID/task), child processes, /dev/shm/gpulaunch-soak-*
+ * by kind), threads (/proc/PID/task), child processes, /dev/shm/gpulaunch-soak-r*
  * entries and files in the launchers' TMPDIR; and from its /metrics: libuv
  * handles by type, the progress channel's regions and pipes, the workers it
  * holds, its heap in use (exact: malloc's per-thread cache is off); RSS
@@ -67,10 +67,10 @@
 #define GL GPL_BUILD_DIR "/launcher/gpulaunch"
 #define RDZV GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv"
 
-/* this soak's shared-memory segments (its run id is "soak"): only these are
+/* this soak's shared-memory segments (its run id is "soak", then "-r<round>"): only these are
  * counted, since the runtime removes other, dead jobs' stale segments on the
  * way (a run of the suite that was killed leaves some) */
-#define SOAK_SHM_PREFIX "gpulaunch-soak-"
+#define SOAK_SHM_PREFIX "gpulaunch-soak-r"
 #define SOAK_STEP_MS 10           /* a live worker's step */
 #define SOAK_FAST_ROUND_MS 5000   /* a fast round longer than this: it was not driven */
 #define SOAK_SLOW_ROUND_MS 20000  /* a slow round longer than this: the same */
