@@ -42,8 +42,18 @@ def test_hsdp_both_holders_of_a_shard_lost_restart_from_the_checkpoint_resharded
         assert time.monotonic() < until, job.dump()
         time.sleep(0.05)
     shutil.copytree(ck, ck_copy)
-    for p in held:
-        p.signal(signal.SIGKILL)
+    # "together" as the rendezvous sees it: stopped while both nodes die, it reads both
+    # connections' ends in one pass, so the survivors re-form once, into 4 ranks. Killed
+    # one after the other (tens of ms apart on a loaded machine), the survivors would
+    # first re-form into 6 ranks, which HSDP's groups of 4 cannot use.
+    job.rdzv.signal(signal.SIGSTOP)
+    try:
+        for p in held:
+            p.signal(signal.SIGKILL)
+        for p in held:
+            p.p.wait(timeout=30)
+    finally:
+        job.rdzv.signal(signal.SIGCONT)
     survivors = [p for p in nodes if p not in held]
     for p in survivors:
         assert p.wait(240) == 0, job.dump()
