@@ -6,7 +6,8 @@
 #
 #   scripts/suite_loaded.sh [RUNS] [BUILD_DIR]       (default 5, build/test)
 #
-# Each run's ctest output is kept in BUILD_DIR/loaded/run-N.log. Ends with
+# Each run's ctest output is kept in BUILD_DIR/loaded/run-N.log (a failed
+# run's network-namespace bed logs in run-N-fault-logs/). Ends with
 # each run's time and failed tests, and the tests that failed at least once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,11 @@ for i in $(seq 1 "$runs"); do
   (cd "$dir" && ctest --output-on-failure -j"$jobs" --timeout 300) >"$log" 2>&1 || rc=$?
   took=$(($(date +%s) - t0))
   fails=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (.*/\1/p' "$log" | tr '\n' ' ')
+  # the next run's beds write over the nodes' logs: a failed run's are kept beside its log
+  if [ "$rc" != 0 ] && [ -d "$dir/test/fault-logs" ]; then
+    rm -rf "$dir/loaded/run-$i-fault-logs"
+    cp -r "$dir/test/fault-logs" "$dir/loaded/run-$i-fault-logs"
+  fi
   for t in $fails; do failed_in[$t]="${failed_in[$t]:-}$i "; done
   summary+=("run $i: ${took} s, $( [ $rc = 0 ] && echo 'every test passed' || echo "failed: $fails")")
   echo "${summary[-1]}"
