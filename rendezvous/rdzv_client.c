@@ -209,6 +209,8 @@ void rdzv__client_fill_join(rdzv_client *c, rdzv_msg *mp) {
     if (c->peer) {
         m.flags |= RDZV_JOIN_PEER;
         m.u.join.peer_port = rdzv__peer_port(c->peer);
+        if (c->server_kernel && rdzv__peer_kernel(c->peer))
+            m.flags |= RDZV_JOIN_KERNEL;
     }
     *mp = m;
 }
@@ -232,7 +234,7 @@ static void on_peer_done(void *data, uint32_t id, int ok, uint32_t rtt_ms) {
     if (c->state != CS_READY || c->frozen)
         return;
     rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = id};
-    a.u.probe_ack.ok = ok ? 1 : 0;
+    a.u.probe_ack.ok = (uint8_t)ok;
     a.u.probe_ack.rtt_ms = rtt_ms;
     send_msg(c, &a);
 }
@@ -281,6 +283,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         c->server_health = (m->flags & RDZV_CHALLENGE_HEALTH) != 0;
         c->server_warm = (m->flags & RDZV_CHALLENGE_WARM) != 0;
         c->server_probe = (m->flags & RDZV_CHALLENGE_PROBE) != 0;
+        c->server_kernel = (m->flags & RDZV_CHALLENGE_KERNEL) != 0;
         c->server_story = (m->flags & RDZV_CHALLENGE_STORY) != 0;
         c->server_story_more = (m->flags & RDZV_CHALLENGE_STORY_MORE) != 0;
         c->server_move = (m->flags & RDZV_CHALLENGE_MOVE) != 0;
@@ -362,9 +365,9 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
     case RDZV_PROBE_REQ: /* the server asks this node to probe a peer it suspects */
         if (c->peer)
             rdzv__peer_probe(c->peer, m->req_id, m->u.probe_req.addr, m->u.probe_req.port,
-                             m->u.probe_req.deadline_ms);
+                             m->u.probe_req.deadline_ms, m->flags);
         else
-            on_peer_done(c, m->req_id, 0, 0);
+            on_peer_done(c, m->req_id, m->flags ? RDZV_PROBE_OK_UNABLE : RDZV_PROBE_OK_NONE, 0);
         return;
     case RDZV_ERROR:
         if (m->u.error.code == GPL_ERR_ROUND_OVER && m->req_id == c->join_req && c->assigned) {

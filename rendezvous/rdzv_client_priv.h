@@ -66,6 +66,7 @@ struct rdzv_client {
     int server_health; /* the server takes STATS and hang reports (RDZV_CHALLENGE_HEALTH) */
     int server_warm;   /* the server takes NODE and warm joins (RDZV_CHALLENGE_WARM) */
     int server_probe;  /* the server takes waits in heartbeats and probes (RDZV_CHALLENGE_PROBE) */
+    int server_kernel; /* ... and kernel probes (RDZV_CHALLENGE_KERNEL) */
     int server_story;  /* the server takes how rounds began (RDZV_CHALLENGE_STORY) */
     int server_story_more; /* ... and its cause and root (RDZV_CHALLENGE_STORY_MORE) */
     uint32_t wait_ms;      /* rdzv_client_waiting's last: said in every heartbeat */

@@ -93,6 +93,10 @@ typedef struct rdzv_bytes {
 #define RDZV_JOIN_PEER                                                                             \
     8u /* a u16 follows: this node's UDP port for peer probes (answers a PING datagram with a      \
         * PONG) and it probes other nodes on PROBE_REQ */
+#define RDZV_JOIN_KERNEL                                                                           \
+    16u /* with RDZV_JOIN_PEER: the TCP port of the same number listens (its kernel answers a      \
+         * connection while the launcher is stopped), and this node makes kernel probes            \
+         * (PROBE_REQ with RDZV_PROBE_KERNEL or RDZV_PROBE_MACHINE) */
 
 /* Flags on RDZV_CHALLENGE: what this server takes besides version 2's
  * messages (an older server sends 0; its clients never send these). */
@@ -107,6 +111,9 @@ typedef struct rdzv_bytes {
     64u /* a node may re-register its running round (JOIN with RDZV_JOIN_RESUME) on a second       \
          * connection while its first still stands: it moves to the new one, the round goes on     \
          * (docs/protocol.md, "Moving to a new connection") */
+#define RDZV_CHALLENGE_KERNEL                                                                      \
+    128u /* JOIN with RDZV_JOIN_KERNEL, PROBE_ACK ok 2 and 3; it sends PROBE_REQ with              \
+          * RDZV_PROBE_KERNEL and RDZV_PROBE_MACHINE (docs/protocol.md, rule 8) */
 
 /* A node silent to the server but reached by its peers' probes is kept up
  * to this many heartbeat timeouts of silence (rdzv_probe.h); a client's
@@ -142,7 +149,20 @@ typedef struct rdzv_bytes {
  * RDZV_PROBE_REQ (server to node, pushed; req id: the probe's): probe the
  * node at addr:port over UDP until deadline_ms, then say RDZV_PROBE_ACK
  * (same req id): ok 1 with the round trip at the first answer, ok 0 at the
- * deadline without one. */
+ * deadline without one. With RDZV_PROBE_KERNEL the prober also connects to
+ * the node's TCP port of that number: ok 2 when only that connection
+ * completed (the machine lives, its launcher did not answer); with
+ * RDZV_PROBE_MACHINE it only connects (a machine check: ok 2 at the first
+ * connection). ok 3: the prober could not probe (out of descriptors, no
+ * route from it): no word on the node. */
+#define RDZV_PROBE_KERNEL 1u  /* flag on PROBE_REQ: UDP and a TCP connection */
+#define RDZV_PROBE_MACHINE 2u /* flag on PROBE_REQ: a TCP connection only */
+enum {
+    RDZV_PROBE_OK_NONE = 0,    /* nothing answered by the deadline */
+    RDZV_PROBE_OK_NODE = 1,    /* the node's launcher answered (UDP) */
+    RDZV_PROBE_OK_MACHINE = 2, /* only its machine did (TCP) */
+    RDZV_PROBE_OK_UNABLE = 3   /* the prober could not probe */
+};
 
 /* Flags on RDZV_FAIL. */
 #define RDZV_FAIL_HANG 1u /* a rank hung: its global rank follows the message */

@@ -100,9 +100,25 @@ char *rdzv_render_metrics(rdzv_server *s) {
               "# TYPE gpulaunch_rdzv_probe_relays_total counter\n"
               "gpulaunch_rdzv_probe_relays_total{result=\"reached\"} %llu\n"
               "gpulaunch_rdzv_probe_relays_total{result=\"unreached\"} %llu\n"
+              "gpulaunch_rdzv_probe_relays_total{result=\"machine\"} %llu\n"
+              "gpulaunch_rdzv_probe_relays_total{result=\"unable\"} %llu\n"
               "gpulaunch_rdzv_probe_relays_total{result=\"no_answer\"} %llu\n",
               (unsigned long long)s->m.relays_reached, (unsigned long long)s->m.relays_unreached,
-              (unsigned long long)(s->m.relays_sent - s->m.relays_reached - s->m.relays_unreached));
+              (unsigned long long)s->m.relays_machine, (unsigned long long)s->m.relays_unable,
+              (unsigned long long)(s->m.relays_sent - s->m.relays_reached - s->m.relays_unreached -
+                                   s->m.relays_machine - s->m.relays_unable));
+    sb_printf(&b,
+              "# HELP gpulaunch_rdzv_machine_checks_total Checks that a node's kernel-probe port "
+              "(TCP, its UDP peer port's number) is reached from a peer, by result (unreached: "
+              "kernel probes of that node are off, said in the log; unable: the peer could not "
+              "try; no_answer: the peer said nothing in time).\n"
+              "# TYPE gpulaunch_rdzv_machine_checks_total counter\n"
+              "gpulaunch_rdzv_machine_checks_total{result=\"reached\"} %llu\n"
+              "gpulaunch_rdzv_machine_checks_total{result=\"unreached\"} %llu\n"
+              "gpulaunch_rdzv_machine_checks_total{result=\"unable\"} %llu\n"
+              "gpulaunch_rdzv_machine_checks_total{result=\"no_answer\"} %llu\n",
+              (unsigned long long)s->m.checks_reached, (unsigned long long)s->m.checks_unreached,
+              (unsigned long long)s->m.checks_unable, (unsigned long long)s->m.checks_no_answer);
     sb_printf(&b,
               "# HELP gpulaunch_rdzv_moves_total Nodes that moved their running round to a new "
               "connection because the old one stalled.\n"

@@ -614,6 +614,7 @@ static void sweep_heartbeats(job *j, uint64_t now, rdzv_round_out *out) {
         if (m == NULL || m->done)
             continue;
         conn *c = member_of(m)->c;
+        rdzv__probe_machine(member_of(m), now);
         rdzv__probe_silent(member_of(m), now);
         if (now - c->last_rx_ms > j->r.hb_timeout_ms) {
             char peers[256], ev[512];

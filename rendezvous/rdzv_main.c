@@ -66,9 +66,12 @@ static const char usage[] =
     "  --straggler-threshold X     name a rank whose busy time per step is over X times\n"
     "                              the job's median (default 1.3; docs/health.md)\n"
     "  --straggler-windows N       ... for N consecutive windows of its reports (default 2)\n"
-    "  --probes on|off             probe a node its peers wait for, or that falls silent,\n"
+    "  --probes on|udp|off         probe a node its peers wait for, or that falls silent,\n"
     "                              and find it lost before the heartbeat timeout when it\n"
-    "                              answers no ping (default on; docs/protocol.md)\n"
+    "                              answers no ping, directly and through its peers over\n"
+    "                              UDP and TCP (default on); udp: no TCP (kernel) probes,\n"
+    "                              where a firewall lets only UDP through; off: the\n"
+    "                              heartbeat timeout alone (docs/protocol.md)\n"
     "  --log-level LEVEL           error, warn, info or debug (default warn;\n"
     "                              also GPULAUNCH_LOG_LEVEL)\n"
     "  --help                      this text\n"
@@ -211,11 +214,17 @@ int main(int argc, char **argv) {
             break;
         }
         case O_PROBES:
-            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
-                fprintf(stderr, "gpulaunch-rdzv: --probes takes on or off, not '%s'\n", optarg);
+            if (strcmp(optarg, "on") == 0)
+                o.probes = RDZV_PROBES_ON;
+            else if (strcmp(optarg, "udp") == 0)
+                o.probes = RDZV_PROBES_UDP;
+            else if (strcmp(optarg, "off") == 0)
+                o.probes = RDZV_PROBES_OFF;
+            else {
+                fprintf(stderr, "gpulaunch-rdzv: --probes takes on, udp or off, not '%s'\n",
+                        optarg);
                 return 2;
             }
-            o.probes = strcmp(optarg, "on") == 0;
             break;
         case O_STRAG_W:
             if (parse_u64("--straggler-windows", optarg, 1000, &v))

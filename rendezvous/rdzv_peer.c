@@ -13,6 +13,7 @@
 #include "gb_log.h"
 #include "gb_time.h"
 #include "rdzv_codec.h"
+#include "rdzv_kprobe.h"
 
 #define GB_COMPONENT "rdzv-client"
 
@@ -20,14 +21,17 @@ typedef struct probe {
     int used;
     uint32_t id;    /* the server's */
     uint32_t nonce; /* the datagrams' req id: an answer must echo it */
+    uint16_t flags; /* RDZV_PROBE_KERNEL, RDZV_PROBE_MACHINE */
     struct sockaddr_storage to;
     uint64_t start_ms, end_ms;
+    rdzv_kconn k; /* its connection attempts (with RDZV_PROBE_KERNEL or MACHINE) */
 } probe;
 
 struct rdzv_peer {
     uv_udp_t udp;
     uv_timer_t tick;
-    int v6; /* the socket is IPv6 (dual stack) */
+    rdzv_kport *kport; /* the TCP port of the same number (rdzv_kprobe.h); NULL: none */
+    int v6;            /* the socket is IPv6 (dual stack) */
     int handles, closing, muted;
     rdzv_peer_done_cb done;
     void *data;
@@ -67,6 +71,8 @@ static void ip_of(const struct sockaddr *sa, char *out, size_t len) {
 }
 
 static void finish(rdzv_peer *p, probe *pr, int ok, uint64_t now) {
+    if (pr->used && (pr->flags & (RDZV_PROBE_KERNEL | RDZV_PROBE_MACHINE)))
+        rdzv__kconn_stop(&pr->k);
     pr->used = 0;
     if (!p->closing)
         p->done(p->data, pr->id, ok, ok ? (uint32_t)(now - pr->start_ms) : 0);
@@ -99,7 +105,7 @@ static void on_recv(uv_udp_t *u, ssize_t nread, const uv_buf_t *buf, const struc
             continue;
         ip_of((const struct sockaddr *)&pr->to, b, sizeof b);
         if (strcmp(a, b) == 0)
-            finish(p, pr, 1, gb_now_ms());
+            finish(p, pr, RDZV_PROBE_OK_NODE, gb_now_ms());
         return;
     }
 }
@@ -118,15 +124,62 @@ static void on_tick(uv_timer_t *t) {
         probe *pr = &p->probes[i];
         if (!pr->used)
             continue;
-        if (now >= pr->end_ms || p->muted) {
-            finish(p, pr, 0, now);
+        int tcp = (pr->flags & (RDZV_PROBE_KERNEL | RDZV_PROBE_MACHINE)) != 0;
+        /* the attempts are looked at once more at the deadline: one completed
+         * since the last tick counts */
+        int machine = tcp && !p->muted && rdzv__kconn_tick(&pr->k, now, RDZV_PEER_EVERY_MS / 2);
+        if (machine && (pr->flags & RDZV_PROBE_MACHINE)) {
+            finish(p, pr, RDZV_PROBE_OK_MACHINE, now);
             continue;
         }
-        send_frame(p, RDZV_PING, pr->nonce, (const struct sockaddr *)&pr->to);
+        if (now >= pr->end_ms || p->muted) {
+            finish(p, pr,
+                   machine                            ? RDZV_PROBE_OK_MACHINE
+                   : tcp && pr->k.unable && !p->muted ? RDZV_PROBE_OK_UNABLE
+                                                      : RDZV_PROBE_OK_NONE,
+                   now);
+            continue;
+        }
+        if (!(pr->flags & RDZV_PROBE_MACHINE))
+            send_frame(p, RDZV_PING, pr->nonce, (const struct sockaddr *)&pr->to);
         active = 1;
     }
     if (!active)
         uv_timer_stop(&p->tick);
+}
+
+/* A UDP socket bound to a port the kernel picks on every address, IPv6 and
+ * IPv4 on one socket (*v6 = 1), IPv4 alone where IPv6 is off; -1 with errno. */
+static int udp_socket(int *v6) {
+    struct sockaddr_storage ss;
+    *v6 = 0;
+    int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        uv_ip6_addr("::", 0, (struct sockaddr_in6 *)&ss);
+        if (bind(fd, (const struct sockaddr *)&ss, sizeof(struct sockaddr_in6)) == 0) {
+            *v6 = 1;
+            return fd;
+        }
+        close(fd);
+    }
+    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    uv_ip4_addr("0.0.0.0", 0, (struct sockaddr_in *)&ss);
+    if (fd >= 0 && bind(fd, (const struct sockaddr *)&ss, sizeof(struct sockaddr_in)) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+static uint16_t port_of(int fd) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return 0;
+    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                          : ((struct sockaddr_in *)&ss)->sin_port);
 }
 
 gpl_result_t rdzv__peer_open(uv_loop_t *loop, rdzv_peer_done_cb done, void *data, rdzv_peer **out,
@@ -145,47 +198,44 @@ gpl_result_t rdzv__peer_open(uv_loop_t *loop, rdzv_peer_done_cb done, void *data
     uv_timer_init(loop, &p->tick);
     p->udp.data = p->tick.data = p;
     p->handles = 2;
-    struct sockaddr_storage ss;
-    /* every address, IPv6 and IPv4 on one socket; IPv4 alone where IPv6 is off */
-    int r = 0, fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0) {
-        uv_ip6_addr("::", 0, (struct sockaddr_in6 *)&ss);
-        if (bind(fd, (const struct sockaddr *)&ss, sizeof(struct sockaddr_in6)) == 0)
-            p->v6 = 1;
-        else
+    /* the UDP port, and the TCP port of its number for kernel probes: a
+     * number whose TCP port another program holds is given back for another */
+    int r = 0, fd = -1, kfd = -1;
+    for (int i = 0; i < RDZV_KPROBE_PORT_TRIES; i++) {
+        if (fd >= 0)
             close(fd);
+        if ((fd = udp_socket(&p->v6)) < 0 || (p->port = port_of(fd)) == 0)
+            break;
+        if ((kfd = rdzv__kport_bind(p->port, p->v6)) >= 0 || errno != EADDRINUSE)
+            break;
     }
-    if (!p->v6) {
-        fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        uv_ip4_addr("0.0.0.0", 0, (struct sockaddr_in *)&ss);
-        if (fd >= 0 && bind(fd, (const struct sockaddr *)&ss, sizeof(struct sockaddr_in)) != 0) {
-            r = uv_translate_sys_error(errno);
-            close(fd);
-            fd = -1;
-        }
-    }
-    if (fd < 0 && r == 0)
+    if (fd < 0 || p->port == 0)
         r = uv_translate_sys_error(errno);
     if (r == 0 && (r = uv_udp_open(&p->udp, fd)) != 0)
         close(fd);
-    int len = sizeof ss;
-    if (r == 0)
-        r = uv_udp_getsockname(&p->udp, (struct sockaddr *)&ss, &len);
     if (r == 0)
         r = uv_udp_recv_start(&p->udp, on_alloc, on_recv);
     if (r != 0) {
+        if (kfd >= 0)
+            close(kfd);
         snprintf(err, errlen, "could not open a UDP port for peer probes: %s", uv_strerror(r));
         p->closing = 1;
         rdzv__peer_close(p);
         return GPL_ERR_SYSTEM;
     }
-    p->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    int kr = kfd < 0 ? uv_translate_sys_error(errno) : rdzv__kport_start(loop, kfd, &p->kport);
+    if (kr != 0)
+        GB_WARN("could not listen on TCP port %u for kernel probes (%s): a stopped or starved "
+                "launcher on this node is told from a lost machine only by the heartbeat rules, "
+                "which take about a second longer",
+                (unsigned)p->port, uv_strerror(kr));
     *out = p;
     return GPL_OK;
 }
 
 uint16_t rdzv__peer_port(const rdzv_peer *p) { return p->port; }
+
+int rdzv__peer_kernel(const rdzv_peer *p) { return p->kport != NULL; }
 
 /* addr:port as this socket can send to it (IPv4 as IPv4-mapped on a dual
  * stack socket, IPv4-mapped as IPv4 on an IPv4 one); 0 when it cannot. */
@@ -204,7 +254,7 @@ static int target(const rdzv_peer *p, const char *addr, uint16_t port,
 }
 
 void rdzv__peer_probe(rdzv_peer *p, uint32_t id, const char *addr, uint16_t port,
-                      uint32_t deadline_ms) {
+                      uint32_t deadline_ms, uint16_t flags) {
     uint64_t now = gb_now_ms();
     probe *pr = NULL;
     for (int i = 0; i < RDZV_PEER_MAX_PROBES && pr == NULL; i++)
@@ -214,31 +264,48 @@ void rdzv__peer_probe(rdzv_peer *p, uint32_t id, const char *addr, uint16_t port
         GB_DEBUG("peer probe of %s:%u not sent: %s", addr, port,
                  pr == NULL ? "too many in flight" : "not an address this socket reaches");
         probe none = {.id = id, .start_ms = now};
-        finish(p, pr ? pr : &none, 0, now);
+        /* to a server that asks kernel probes, a probe this node could not make says so */
+        finish(p, pr ? pr : &none,
+               flags && !p->muted && port != 0 ? RDZV_PROBE_OK_UNABLE : RDZV_PROBE_OK_NONE, now);
         return;
     }
     pr->used = 1;
     pr->id = id;
+    pr->flags = flags & (RDZV_PROBE_KERNEL | RDZV_PROBE_MACHINE);
     if (++p->nonce == 0)
         p->nonce = 1;
     pr->nonce = p->nonce;
     pr->start_ms = now;
     pr->end_ms =
         now + (deadline_ms > RDZV_PEER_MAX_DEADLINE_MS ? RDZV_PEER_MAX_DEADLINE_MS : deadline_ms);
-    send_frame(p, RDZV_PING, pr->nonce, (const struct sockaddr *)&pr->to);
+    if (pr->flags)
+        rdzv__kconn_start(&pr->k, (const struct sockaddr *)&pr->to,
+                          pr->to.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                       : sizeof(struct sockaddr_in),
+                          (uint32_t)(pr->end_ms - now), now);
+    if (!(pr->flags & RDZV_PROBE_MACHINE))
+        send_frame(p, RDZV_PING, pr->nonce, (const struct sockaddr *)&pr->to);
     if (!uv_is_active((uv_handle_t *)&p->tick))
         uv_timer_start(&p->tick, on_tick, RDZV_PEER_EVERY_MS, RDZV_PEER_EVERY_MS);
 }
 
 void rdzv__peer_mute(rdzv_peer *p) {
-    if (p)
-        p->muted = 1;
+    if (p == NULL)
+        return;
+    p->muted = 1;
+    rdzv__kport_close(p->kport); /* the machine is gone too */
+    p->kport = NULL;
 }
 
 void rdzv__peer_close(rdzv_peer *p) {
     if (p == NULL)
         return;
     p->closing = 1;
+    for (int i = 0; i < RDZV_PEER_MAX_PROBES; i++)
+        if (p->probes[i].used && p->probes[i].flags)
+            rdzv__kconn_stop(&p->probes[i].k);
+    rdzv__kport_close(p->kport);
+    p->kport = NULL;
     uv_close((uv_handle_t *)&p->udp, on_closed);
     uv_close((uv_handle_t *)&p->tick, on_closed);
 }

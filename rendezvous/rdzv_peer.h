@@ -3,7 +3,8 @@
  * amplification), and the probes of other nodes the rendezvous asks for
  * (RDZV_PROBE_REQ) when a node it suspects does not answer it directly, so
  * that a link bad between the server and that node alone condemns no node
- * its peers still reach. Part of the client library, on the client's loop. */
+ * its peers still reach. The TCP port of the same number answers kernel
+ * probes (rdzv_kprobe.h). Part of the client library, on the client's loop. */
 #ifndef GPULAUNCH_RDZV_PEER_H
 #define GPULAUNCH_RDZV_PEER_H
 
@@ -18,7 +19,9 @@
 
 typedef struct rdzv_peer rdzv_peer;
 
-/* A probe ended: ok with its round trip, or its deadline passed (ok 0). */
+/* A probe ended: ok is RDZV_PROBE_OK_* (rdzv_codec.h): the node answered (with its round trip),
+ * only its machine did (a kernel probe's connection completed), neither by the deadline, or this
+ * node could not probe (out of descriptors, no route). */
 typedef void (*rdzv_peer_done_cb)(void *data, uint32_t id, int ok, uint32_t rtt_ms);
 
 /* Opens the UDP port (every address, IPv6 and IPv4, else IPv4 alone; a port
@@ -26,11 +29,17 @@ typedef void (*rdzv_peer_done_cb)(void *data, uint32_t id, int ok, uint32_t rtt_
 gpl_result_t rdzv__peer_open(uv_loop_t *loop, rdzv_peer_done_cb done, void *data, rdzv_peer **out,
                              char *err, size_t errlen);
 uint16_t rdzv__peer_port(const rdzv_peer *p);
-/* Probes addr (numeric) : port until the first PONG or deadline_ms; done is
- * called once, from the loop. */
+/* Whether the TCP port of the UDP port's number listens (kernel probes,
+ * rdzv_kprobe.h): said in the JOIN as RDZV_JOIN_KERNEL. */
+int rdzv__peer_kernel(const rdzv_peer *p);
+/* Probes addr (numeric) : port until the first PONG or deadline_ms; with
+ * RDZV_PROBE_KERNEL also connects to its TCP port, with RDZV_PROBE_MACHINE
+ * only that (done at the first connection); done is called once, from the
+ * loop. */
 void rdzv__peer_probe(rdzv_peer *p, uint32_t id, const char *addr, uint16_t port,
-                      uint32_t deadline_ms);
-/* Answers and probes nothing more: the host vanished (a test's hook). */
+                      uint32_t deadline_ms, uint16_t flags);
+/* Answers and probes nothing more, its TCP port closed: the host vanished (a
+ * test's hook). */
 void rdzv__peer_mute(rdzv_peer *p);
 /* Closes the port; done is not called again; freed once its handles closed. */
 void rdzv__peer_close(rdzv_peer *p);

@@ -19,8 +19,13 @@ static void unlist(member *m) {
     }
     m->p.sent_ms = 0;
     m->p.suspected = 0;
-    m->p.relayed = m->p.relay_nacks = 0;
+    m->p.relayed = m->p.relay_nacks = m->p.relay_machine = m->p.relay_unable = 0;
     m->p.relay_names[0] = '\0';
+}
+
+/* The peers asked that have said what they found. */
+static uint32_t relay_heard(const member *m) {
+    return m->p.relay_nacks + m->p.relay_machine + m->p.relay_unable;
 }
 
 static void ping(member *m, uint64_t now, int suspected) {
@@ -30,7 +35,7 @@ static void ping(member *m, uint64_t now, int suspected) {
     m->p.id = s->probe_id;
     m->p.sent_ms = now ? now : 1;
     m->p.suspected = suspected;
-    m->p.relayed = m->p.relay_nacks = 0;
+    m->p.relayed = m->p.relay_nacks = m->p.relay_machine = m->p.relay_unable = 0;
     m->p.relay_names[0] = '\0';
     if (!m->p.listed) {
         LIST_INSERT_HEAD(&s->probing, m, plink);
@@ -59,6 +64,8 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
         return;
     m->p.answers = (join->flags & RDZV_JOIN_PROBE) != 0;
     m->p.wait_from_ms = 0; /* a new round: its workers wait in none of its collectives yet */
+    uint16_t was = m->p.peer_port;
+    int kernel = m->p.kernel;
     m->p.peer_port = (join->flags & RDZV_JOIN_PEER) ? join->u.join.peer_port : 0;
     if (m->p.peer_port) { /* "ip:port" as the server sees it: the ip */
         snprintf(m->p.peer_ip, sizeof m->p.peer_ip, "%s", rdzv__peer_of(c));
@@ -67,6 +74,12 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
             m->p.peer_port = 0;
         else
             *colon = '\0';
+    }
+    m->p.kernel = m->p.peer_port && (join->flags & RDZV_JOIN_KERNEL);
+    if (m->p.peer_port != was || m->p.kernel != kernel) { /* another port: checked again */
+        m->p.machine = 0;
+        m->p.check_id = 0;
+        m->p.check_at_ms = 0;
     }
     if (m->p.answers && m->p.rtt_ms == 0 && m->p.sent_ms == 0)
         ping(m, gb_now_ms(), 0); /* calibration: its round trip, before it is ever suspected */
@@ -122,6 +135,7 @@ void rdzv__probe_heartbeat(conn *c, const rdzv_msg *msg) {
 
 void rdzv__probe_rx(member *m, uint64_t gap_ms) {
     m->p.peer_kept_ms = 0; /* heard from: kept by its own word, not its peers' */
+    m->p.early_done = 0;   /* a new silence may be probed early */
     m->p.unreached[0] = '\0';
     uint64_t most = m->rm.r ? m->rm.r->hb_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
     uint32_t gap = (uint32_t)(gap_ms > most ? most : gap_ms); /* longer: dropped anyway */
@@ -139,6 +153,39 @@ static uint32_t silence_ms(const member *m) {
     return t + RDZV_PROBE_MAX_MS >= m->rm.r->hb_timeout_ms ? UINT32_MAX : (uint32_t)t;
 }
 
+/* Whether x can make a kernel probe of a node of its round: its own port
+ * was reached by a peer (so it is a launcher that makes them, with TCP
+ * between the hosts), it is in the round and not itself suspected. */
+static int kernel_prober(const member *x) {
+    return x->p.machine == 1 && x->p.peer_port && x->rm.active && !x->rm.done &&
+           !(x->p.sent_ms && x->p.suspected);
+}
+
+/* Whether m, silent for `silent` ms, is due for its early probe now: kernel
+ * probes on, its own port checked, silent past its early threshold, which
+ * leaves the heartbeat timeout's own ask of the peers its time, and at least
+ * RDZV_EARLY_NACKS peers that can make kernel probes of it. */
+static int early_due(const member *m, uint64_t silent) {
+    const rdzv_round *r = m->rm.r;
+    if (m->c->s->o.probes != RDZV_PROBES_ON || m->p.machine != 1 || m->p.early_done ||
+        m->p.peer_kept_ms || m->p.gap_ms == 0)
+        return 0;
+    uint64_t t = (uint64_t)m->p.gap_ms + RDZV_EARLY_STALL_MS;
+    if (t < RDZV_EARLY_MIN_MS)
+        t = RDZV_EARLY_MIN_MS;
+    /* settled (its deadline and the peers' grace) before the timeout's own ask */
+    if (silent < t ||
+        t + deadline_ms(m) + RDZV_RELAY_GRACE_MS + RDZV_TIMEOUT_ASK_MS > r->hb_timeout_ms)
+        return 0;
+    uint32_t probers = 0;
+    for (uint32_t i = 0; i < r->nranks && probers < RDZV_EARLY_NACKS; i++) {
+        const rdzv_rmember *rm = r->ranks[i];
+        if (rm && rm != &m->rm && kernel_prober(member_of((rdzv_rmember *)rm)))
+            probers++;
+    }
+    return probers >= RDZV_EARLY_NACKS;
+}
+
 static void relay(member *m, uint64_t now);
 
 void rdzv__probe_silent(member *m, uint64_t now) {
@@ -147,7 +194,10 @@ void rdzv__probe_silent(member *m, uint64_t now) {
     uint64_t silent = now - m->c->last_rx_ms, hb = m->rm.r->hb_timeout_ms;
     uint32_t t = silence_ms(m);
     int kind = RDZV_SUSPECT_SILENT;
-    if (t == UINT32_MAX || (m->p.peer_kept_ms && silent >= t)) {
+    if (silent < t && early_due(m, silent)) {
+        kind = RDZV_SUSPECT_EARLY; /* once in this silence */
+        m->p.early_done = 1;
+    } else if (t == UINT32_MAX || (m->p.peer_kept_ms && silent >= t)) {
         /* left to the timeout, or kept by its peers: they are asked before it */
         if (m->p.peer_port == 0 || hb <= RDZV_TIMEOUT_ASK_MS || silent < hb - RDZV_TIMEOUT_ASK_MS)
             return;
@@ -161,10 +211,13 @@ void rdzv__probe_silent(member *m, uint64_t now) {
         return;
     }
     GB_DEBUG("job %s: %s sent nothing for %.1f s: probing it%s", m->rm.r->run_id, m->rm.hostname,
-             (double)silent / 1000.0, kind == RDZV_SUSPECT_TIMEOUT ? " and asking its peers" : "");
+             (double)silent / 1000.0,
+             kind == RDZV_SUSPECT_TIMEOUT ? " and asking its peers"
+             : kind == RDZV_SUSPECT_EARLY ? " and its machine through its peers"
+                                          : "");
     ping(m, now, kind);
-    if (kind == RDZV_SUSPECT_TIMEOUT)
-        relay(m, now); /* at once: their word must come before the timeout */
+    if (kind == RDZV_SUSPECT_TIMEOUT || kind == RDZV_SUSPECT_EARLY)
+        relay(m, now); /* at once: their word must come before the timeout, or is the point */
 }
 
 int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
@@ -174,7 +227,7 @@ int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
         now - m->p.peer_kept_ms <= hb)
         return 1;
     if (m->p.sent_ms && m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
-        m->p.relay_nacks < m->p.relayed &&
+        relay_heard(m) < m->p.relayed &&
         now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS)
         return 1; /* the peers' word first (bounded by their deadline) */
     if (m->p.peer_kept_ms)
@@ -184,6 +237,11 @@ int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
                  (double)(now - m->p.peer_kept_ms) / 1000.0, (unsigned)RDZV_PEER_KEEP_FACTOR);
     else if (m->p.unreached[0])
         snprintf(evidence, len, "; nor did it answer the UDP probes of %s", m->p.unreached);
+    else if (m->p.sent_ms && m->p.suspected == RDZV_SUSPECT_TIMEOUT && m->p.relayed &&
+             m->p.relayed != UINT32_MAX) /* their bound just passed, before the probe sweep */
+        snprintf(evidence, len,
+                 "; nor did it answer the UDP probes of %u peer node(s) (%s) within %u ms",
+                 m->p.relayed, m->p.relay_names, m->p.relay_ms);
     return 0;
 }
 
@@ -229,6 +287,8 @@ void rdzv__probe_pong(conn *c, const rdzv_msg *msg) {
         unlist(m);
 }
 
+static void check_ack(conn *c, const rdzv_msg *msg);
+
 void rdzv__probe_ack(conn *c, const rdzv_msg *msg) {
     if (c->m == NULL)
         return;
@@ -237,15 +297,122 @@ void rdzv__probe_ack(conn *c, const rdzv_msg *msg) {
         if (m->p.id == msg->req_id && m->p.relayed)
             break;
     }
-    if (m == NULL)
-        return; /* the suspect answered, went or was judged meanwhile */
-    if (msg->u.probe_ack.ok) {
+    if (m == NULL) {
+        check_ack(c, msg); /* a machine check's, or the suspect answered, went or was judged */
+        return;
+    }
+    switch (msg->u.probe_ack.ok) {
+    case RDZV_PROBE_OK_NODE:
         c->s->m.relays_reached++;
         cleared(m, gb_now_ms(), msg->u.probe_ack.rtt_ms, c->m);
         return;
+    case RDZV_PROBE_OK_MACHINE: /* only asked with RDZV_PROBE_KERNEL (an early probe) */
+        c->s->m.relays_machine++;
+        m->p.relay_machine++;
+        return;
+    case RDZV_PROBE_OK_UNABLE: /* no word on the suspect */
+        c->s->m.relays_unable++;
+        m->p.relay_unable++;
+        return;
+    default:
+        c->s->m.relays_unreached++;
+        m->p.relay_nacks++;
     }
-    c->s->m.relays_unreached++;
-    m->p.relay_nacks++;
+}
+
+/* ---- machine checks (kernel probes, rule 8) ---- */
+
+/* A peer to check m's kernel-probe port: one that makes kernel probes, on
+ * another host than m where there is one, starting at a place that moves
+ * with the check so that one node is not everyone's checker. */
+static member *checker(const member *m, uint32_t id) {
+    const rdzv_round *r = m->rm.r;
+    for (int other_host = 1; other_host >= 0; other_host--)
+        for (uint32_t k = 0; k < r->nranks; k++) {
+            rdzv_rmember *rm = r->ranks[(k + id) % r->nranks];
+            if (rm == NULL || rm == &m->rm || rm->done || !rm->active)
+                continue;
+            member *x = member_of(rm);
+            if (x->p.kernel && x->p.peer_port && !(x->p.sent_ms && x->p.suspected) &&
+                (strcmp(x->rm.hostname, m->rm.hostname) != 0) == other_host)
+                return x;
+        }
+    return NULL;
+}
+
+void rdzv__probe_machine(member *m, uint64_t now) {
+    rdzv_server *s = m->c->s;
+    if (s->o.probes != RDZV_PROBES_ON || !m->p.kernel || m->p.machine == 1 || m->rm.r == NULL)
+        return;
+    if (m->p.check_id) {
+        if (now - m->p.check_sent_ms < (uint64_t)RDZV_CHECK_MS + RDZV_RELAY_GRACE_MS)
+            return;
+        s->m.checks_no_answer++; /* its checker went, or its word was lost: another one */
+        m->p.check_id = 0;
+        m->p.check_at_ms = now + RDZV_CHECK_RETRY_MS;
+        return;
+    }
+    if (now < m->p.check_at_ms)
+        return;
+    if (++s->probe_id == 0)
+        s->probe_id = 1;
+    member *x = checker(m, s->probe_id);
+    if (x == NULL) {
+        m->p.check_at_ms = now + RDZV_CHECK_RETRY_MS; /* alone in its round: nobody to check */
+        return;
+    }
+    rdzv_msg q = {.type = RDZV_PROBE_REQ, .flags = RDZV_PROBE_MACHINE, .req_id = s->probe_id};
+    snprintf(q.u.probe_req.addr, sizeof q.u.probe_req.addr, "%s", m->p.peer_ip);
+    q.u.probe_req.port = m->p.peer_port;
+    q.u.probe_req.deadline_ms = RDZV_CHECK_MS;
+    rdzv__send_msg(x->c, &q);
+    m->p.check_id = s->probe_id;
+    m->p.check_sent_ms = now;
+    GB_DEBUG("job %s: %s checks that %s's TCP port %u is reached", m->rm.r->run_id, x->rm.hostname,
+             m->rm.hostname, (unsigned)m->p.peer_port);
+}
+
+static void check_ack(conn *c, const rdzv_msg *msg) {
+    rdzv_round *r = c->m->rm.r;
+    member *m = NULL;
+    for (uint32_t i = 0; r && i < r->nranks && m == NULL; i++)
+        if (r->ranks[i] && member_of(r->ranks[i])->p.check_id == msg->req_id)
+            m = member_of(r->ranks[i]);
+    if (m == NULL)
+        return; /* not a check in flight: the probe it answers was settled */
+    rdzv_server *s = c->s;
+    uint64_t now = gb_now_ms();
+    m->p.check_id = 0;
+    switch (msg->u.probe_ack.ok) {
+    case RDZV_PROBE_OK_NODE:
+    case RDZV_PROBE_OK_MACHINE:
+        s->m.checks_reached++;
+        m->p.machine = 1;
+        if (m->p.check_said)
+            GB_WARN("job %s: node %s's TCP port %u is reached from node %s now: kernel probes "
+                    "of it are on again",
+                    r->run_id, m->rm.hostname, (unsigned)m->p.peer_port, c->m->rm.hostname);
+        m->p.check_said = 0;
+        return;
+    case RDZV_PROBE_OK_UNABLE:
+        s->m.checks_unable++;
+        m->p.check_at_ms = now + RDZV_CHECK_RETRY_MS;
+        return;
+    default:
+        s->m.checks_unreached++;
+        m->p.machine = -1;
+        m->p.check_at_ms = now + RDZV_CHECK_AGAIN_MS;
+        if (!m->p.check_said)
+            GB_WARN("job %s: node %s's TCP port %u (the number of its UDP peer port) was not "
+                    "reached from node %s within %.1f s: kernel probes of it are off, so a "
+                    "vanished %s is found about a second later, by the UDP probes and the "
+                    "heartbeat rules; let TCP to that port through between the job's nodes (a "
+                    "firewall, a security group, a NetworkPolicy), or run gpulaunch-rdzv with "
+                    "--probes udp to say that it cannot be (checked again every %d s)",
+                    r->run_id, m->rm.hostname, (unsigned)m->p.peer_port, c->m->rm.hostname,
+                    RDZV_CHECK_MS / 1000.0, m->rm.hostname, RDZV_CHECK_AGAIN_MS / 1000);
+        m->p.check_said = 1;
+    }
 }
 
 /* Asks up to RDZV_PROBE_RELAYS other nodes of m's round to probe it: those
@@ -270,6 +437,7 @@ static void relay(member *m, uint64_t now) {
     m->p.relay_ms = left > RDZV_RELAY_MIN_MS ? left : RDZV_RELAY_MIN_MS;
     m->p.relay_at_ms = now;
     m->p.relayed = 1; /* asked (even of no one): asked once per probe */
+    int kernel = m->p.suspected == RDZV_SUSPECT_EARLY; /* its machine too, by checked peers */
     uint32_t asked = 0;
     size_t off = 0;
     for (int other_host = 1; other_host >= 0 && asked < RDZV_PROBE_RELAYS; other_host--) {
@@ -279,9 +447,11 @@ static void relay(member *m, uint64_t now) {
                 continue;
             member *x = member_of(rm);
             int same = strcmp(x->rm.hostname, m->rm.hostname) == 0;
-            if (x->p.peer_port == 0 || (x->p.sent_ms && x->p.suspected) || same == other_host)
+            if (x->p.peer_port == 0 || (x->p.sent_ms && x->p.suspected) || same == other_host ||
+                (kernel && !kernel_prober(x)))
                 continue;
-            rdzv_msg q = {.type = RDZV_PROBE_REQ, .req_id = m->p.id};
+            rdzv_msg q = {
+                .type = RDZV_PROBE_REQ, .flags = kernel ? RDZV_PROBE_KERNEL : 0, .req_id = m->p.id};
             snprintf(q.u.probe_req.addr, sizeof q.u.probe_req.addr, "%s", m->p.peer_ip);
             q.u.probe_req.port = m->p.peer_port;
             q.u.probe_req.deadline_ms = m->p.relay_ms;
@@ -382,7 +552,7 @@ again:
         if (age < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
             continue;
         if (m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
-            m->p.relay_nacks < m->p.relayed && age < (uint64_t)d + RDZV_RELAY_GRACE_MS)
+            relay_heard(m) < m->p.relayed && age < (uint64_t)d + RDZV_RELAY_GRACE_MS)
             continue;          /* the peers' word first */
         if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */
             unlist(m);
@@ -390,7 +560,7 @@ again:
         }
         if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
             /* judged by the heartbeat timeout, not here: what the peers found is kept for it */
-            if (m->p.relayed && m->p.relayed != UINT32_MAX && m->p.relay_nacks < m->p.relayed &&
+            if (m->p.relayed && m->p.relayed != UINT32_MAX && relay_heard(m) < m->p.relayed &&
                 now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS)
                 continue;
             if (m->p.relayed && m->p.relayed != UINT32_MAX)
@@ -399,6 +569,17 @@ again:
             m->p.peer_kept_ms = 0; /* asked again, and not reached: no longer kept */
             s->m.probes_unanswered++;
             m->p.suspected = 0;
+            unlist(m);
+            continue;
+        }
+        if (m->p.suspected == RDZV_SUSPECT_EARLY &&
+            (m->p.relay_machine || m->p.relay_nacks < RDZV_EARLY_NACKS)) {
+            /* its machine lives (a stopped or starved launcher), or too few peers could
+             * say: the rules of a launcher's silence judge it, a second later */
+            GB_DEBUG("%s answered no early probe, but %s: left to the silence rules",
+                     m->rm.hostname,
+                     m->p.relay_machine ? "its machine accepted a peer's connection"
+                                        : "too few peers could say whether its machine lives");
             unlist(m);
             continue;
         }
@@ -415,13 +596,20 @@ again:
         char ev[RDZV_MAX_MSG / 2];
         if (m->p.suspected == RDZV_SUSPECT_WAITED)
             evidence(m, now, ev, sizeof ev);
+        else if (m->p.suspected == RDZV_SUSPECT_EARLY)
+            snprintf(ev, sizeof ev,
+                     "sent nothing for %.2f s (its worst recent gap %.2f s) and answered no ping "
+                     "within %u ms; %u of the %u peer node(s) asked (%s) reached neither it nor "
+                     "its machine within %u ms (UDP and TCP probes)",
+                     (double)(now - m->c->last_rx_ms) / 1000.0, (double)m->p.gap_ms / 1000.0, d,
+                     m->p.relay_nacks, m->p.relayed, m->p.relay_names, m->p.relay_ms);
         else
             snprintf(ev, sizeof ev,
                      "sent nothing for %.2f s (its worst recent gap %.2f s, the heartbeat timeout "
                      "%.1f s) and answered no ping within %u ms",
                      (double)(now - m->c->last_rx_ms) / 1000.0, (double)m->p.gap_ms / 1000.0,
                      (double)m->rm.r->hb_timeout_ms / 1000.0, d);
-        if (m->p.relayed && m->p.relayed != UINT32_MAX) {
+        if (m->p.relayed && m->p.relayed != UINT32_MAX && m->p.suspected != RDZV_SUSPECT_EARLY) {
             size_t n = strlen(ev);
             snprintf(ev + n, sizeof ev - n,
                      "; nor did it answer the UDP probes of %u peer node(s) (%s) within %u ms",

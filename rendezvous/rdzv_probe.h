@@ -19,7 +19,17 @@
  * probes (RDZV_PROBE_REQ; rdzv_peer.c is their side): any of them reaching
  * it clears it as its own answer would, so that a link bad between the
  * server and one node alone condemns no node; the verdict waits for their
- * answers (at most RDZV_RELAY_GRACE_MS past the deadline) and names them. Part of the server: runs
+ * answers (at most RDZV_RELAY_GRACE_MS past the deadline) and names them.
+ * Kernel probes (RDZV_PROBES_ON; rule 8): a node whose launcher said it
+ * listens on TCP on its peer port's number (RDZV_JOIN_KERNEL) has that port
+ * checked once its round runs, by a peer on another host where there is one
+ * (a machine check, PROBE_REQ with RDZV_PROBE_MACHINE); a checked node silent
+ * past its worst gap + RDZV_EARLY_STALL_MS (at least RDZV_EARLY_MIN_MS) is
+ * probed early, directly and through up to RDZV_PROBE_RELAYS checked peers
+ * that ping it and connect to its machine (RDZV_PROBE_KERNEL). Its machine
+ * answering (a stopped or starved launcher) leaves it to the rules above; it
+ * is lost early only when at least RDZV_EARLY_NACKS peers reached neither it
+ * nor its machine. Part of the server: runs
  * on its loop, owned by rdzv_server.c (the sweep) and rdzv_job.c (members). */
 #ifndef GPULAUNCH_RDZV_PROBE_H
 #define GPULAUNCH_RDZV_PROBE_H
@@ -58,6 +68,15 @@
 #define RDZV_TIMEOUT_RELAY_MIN_MS 1750 /* their window: at least a launcher's stall + a grace */
 #define RDZV_PEER_AGAIN_MS 1000
 #define RDZV_PEER_KEEP_FACTOR RDZV_KEEP_FACTOR /* rdzv_codec.h: the client's bound too */
+/* Kernel probes: the early silence threshold, the peers' word it needs, and
+ * the machine check's deadline, its retry after no word or a prober that
+ * could not try, and its next try after a port found unreachable. */
+#define RDZV_EARLY_STALL_MS 250
+#define RDZV_EARLY_MIN_MS 1250
+#define RDZV_EARLY_NACKS 2
+#define RDZV_CHECK_MS 2000
+#define RDZV_CHECK_RETRY_MS 5000
+#define RDZV_CHECK_AGAIN_MS 60000
 
 typedef struct conn conn;
 typedef struct member member;
@@ -65,38 +84,55 @@ typedef struct rdzv_server rdzv_server;
 
 /* A member's probe state, embedded in it (zero: nothing known). */
 typedef struct rdzv_probe {
-    uint64_t wait_from_ms; /* its workers wait in a collective since (server clock); 0: not */
-    uint64_t sent_ms;      /* the probe in flight was sent at; 0: none */
-    uint64_t cleared_ms;   /* it last answered a suspicion's probe */
-    uint64_t said_ms;      /* the log last said so */
-    uint32_t id;           /* the req id of the probe in flight */
-    uint32_t rtt_ms;       /* its worst recent round trip (decays by 1/8 a probe) */
-    uint32_t gap_ms;       /* its worst recent gap between frames (RDZV_GAP_DECAY) */
-    int answers;           /* its JOIN said RDZV_JOIN_PROBE */
-    int suspected;         /* the probe in flight is a suspicion's: RDZV_SUSPECT_* (0: the join's
-                              calibration) */
-    int listed;            /* on the server's list of probes in flight (member.plink) */
-    uint16_t peer_port;    /* its UDP port for peer probes (RDZV_JOIN_PEER); 0: none */
-    char peer_ip[48];      /* its address as this server sees it, for the peers' probes */
-    uint32_t relayed;      /* peers asked to probe it for the probe in flight */
-    uint32_t relay_nacks;  /* of them, those that said they could not reach it */
-    uint32_t relay_ms;     /* the deadline they were given */
-    char relay_names[96];  /* the first of them by name, for the verdict */
-    uint64_t relay_at_ms;  /* when they were asked */
-    uint64_t peer_kept_ms; /* a peer's probe last reached it (0: never) */
-    char unreached[128];   /* the peers whose probes before the timeout did not reach it ("":
-                              none asked, or one reached it since) */
+    uint64_t wait_from_ms;  /* its workers wait in a collective since (server clock); 0: not */
+    uint64_t sent_ms;       /* the probe in flight was sent at; 0: none */
+    uint64_t cleared_ms;    /* it last answered a suspicion's probe */
+    uint64_t said_ms;       /* the log last said so */
+    uint32_t id;            /* the req id of the probe in flight */
+    uint32_t rtt_ms;        /* its worst recent round trip (decays by 1/8 a probe) */
+    uint32_t gap_ms;        /* its worst recent gap between frames (RDZV_GAP_DECAY) */
+    int answers;            /* its JOIN said RDZV_JOIN_PROBE */
+    int suspected;          /* the probe in flight is a suspicion's: RDZV_SUSPECT_* (0: the join's
+                               calibration) */
+    int listed;             /* on the server's list of probes in flight (member.plink) */
+    uint16_t peer_port;     /* its UDP port for peer probes (RDZV_JOIN_PEER); 0: none */
+    char peer_ip[48];       /* its address as this server sees it, for the peers' probes */
+    uint32_t relayed;       /* peers asked to probe it for the probe in flight */
+    uint32_t relay_nacks;   /* of them, those that said they could not reach it */
+    uint32_t relay_ms;      /* the deadline they were given */
+    char relay_names[96];   /* the first of them by name, for the verdict */
+    uint64_t relay_at_ms;   /* when they were asked */
+    uint64_t peer_kept_ms;  /* a peer's probe last reached it (0: never) */
+    char unreached[128];    /* the peers whose probes before the timeout did not reach it ("":
+                               none asked, or one reached it since) */
+    uint32_t relay_machine; /* of the peers asked, those that reached only its machine (TCP) */
+    uint32_t relay_unable;  /* ... and those that could not probe */
+    int early_done;         /* this silence's early probe was made (cleared by a frame) */
+    int kernel;             /* its JOIN said RDZV_JOIN_KERNEL */
+    int machine;            /* its kernel-probe port: 1 reached by a peer, -1 not, 0 unchecked */
+    int check_said;         /* a check that did not reach it was logged */
+    uint32_t check_id;      /* the machine check in flight (0: none) */
+    uint64_t check_sent_ms, check_at_ms; /* it was sent at; the next is due at */
 } rdzv_probe;
 
 /* WAITED: the others wait for it in a collective; SILENT: silent past its
- * own threshold; TIMEOUT: silent near the heartbeat timeout, which judges */
-enum { RDZV_SUSPECT_WAITED = 1, RDZV_SUSPECT_SILENT = 2, RDZV_SUSPECT_TIMEOUT = 3 };
+ * own threshold; TIMEOUT: silent near the heartbeat timeout, which judges;
+ * EARLY: silent past the kernel probes' threshold */
+enum {
+    RDZV_SUSPECT_WAITED = 1,
+    RDZV_SUSPECT_SILENT = 2,
+    RDZV_SUSPECT_TIMEOUT = 3,
+    RDZV_SUSPECT_EARLY = 4
+};
 
 /* A frame from m's node came, gap_ms after the one before. */
 void rdzv__probe_rx(member *m, uint64_t gap_ms);
 /* The heartbeat sweep, for each node of a running round: probes it when it
  * is silent past its threshold. */
 void rdzv__probe_silent(member *m, uint64_t now);
+/* The heartbeat sweep, for each node of a running round: checks that a peer
+ * reaches its kernel-probe port, when due. */
+void rdzv__probe_machine(member *m, uint64_t now);
 /* A JOIN was taken: whether the node answers probes; it is pinged once to
  * learn its round trip. */
 void rdzv__probe_joined(conn *c, const rdzv_msg *join);

@@ -482,7 +482,8 @@ static void accept_one(uv_stream_t *ls, int status) {
     ch.u.challenge.version = RDZV_VERSION;
     ch.flags = RDZV_CHALLENGE_HEALTH | RDZV_CHALLENGE_WARM | RDZV_CHALLENGE_STORY |
                RDZV_CHALLENGE_STORY_MORE | RDZV_CHALLENGE_MOVE |
-               (s->o.probes ? RDZV_CHALLENGE_PROBE | RDZV_CHALLENGE_PEER : 0);
+               (s->o.probes ? RDZV_CHALLENGE_PROBE | RDZV_CHALLENGE_PEER : 0) |
+               (s->o.probes == RDZV_PROBES_ON ? RDZV_CHALLENGE_KERNEL : 0);
     rdzv__send_msg(c, &ch);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
@@ -526,6 +527,13 @@ gpl_result_t rdzv_server_start(uv_loop_t *loop, const rdzv_server_options *opts,
                  "rdzv_server_options.version must be 1 to %d (use "
                  "RDZV_SERVER_OPTIONS_INIT)",
                  RDZV_SERVER_OPTIONS_VERSION);
+        return GPL_ERR_INVALID_ARG;
+    }
+    if (opts->version >= 2 && (opts->probes < RDZV_PROBES_OFF || opts->probes > RDZV_PROBES_UDP)) {
+        snprintf(err, errlen,
+                 "rdzv_server_options.probes is %d: RDZV_PROBES_OFF (0), RDZV_PROBES_ON (1) or "
+                 "RDZV_PROBES_UDP (2)",
+                 opts->probes);
         return GPL_ERR_INVALID_ARG;
     }
     rdzv_server *s = calloc(1, sizeof *s);

@@ -76,7 +76,9 @@ typedef struct rdzv_metrics {
      * went) + in flight */
     uint64_t probes_sent, probes_answered, probes_unanswered, probes_moot;
     /* peers asked to probe a suspect (PROBE_REQ), and what they said */
-    uint64_t relays_sent, relays_reached, relays_unreached;
+    uint64_t relays_sent, relays_reached, relays_unreached, relays_machine, relays_unable;
+    /* machine checks (a peer connects to a node's kernel-probe port), by what they found */
+    uint64_t checks_reached, checks_unreached, checks_unable, checks_no_answer;
     uint64_t frames_in, frames_out; /* every frame decoded and every frame sent */
     uint64_t moves;                 /* nodes that moved to a new connection in a running round */
     uint64_t failures[7];           /* by rdzv_reason */

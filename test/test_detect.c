@@ -65,6 +65,18 @@ static void finish(const char *tag) {
                   "host%d restarted its workers", survivors[i]);
 }
 
+/* Waits until rank 0 (on any node) took a step in the 8-rank world. */
+static void await_training(void) {
+    uint64_t t0 = now_ms();
+    int training = 0;
+    while (!training && now_ms() - t0 < 90000) {
+        drain_all();
+        for (int i = 1; i <= NODES; i++)
+            training |= strstr(nodes[i].out, "first step in a world of 8") != NULL;
+    }
+    cr_assert(training, "no step in the 8-rank world after 90 s: %s", nodes[1].out);
+}
+
 /* One job on the bed up: host 4 vanishes (link cut, kill -9) or freezes
  * (SIGSTOP of every process on it) once rank 0 has trained a second. */
 static void one_arm(const char *name, int pytorch, int freeze, int probes) {
@@ -81,14 +93,7 @@ static void one_arm(const char *name, int pytorch, int freeze, int probes) {
                    .ckdir = ck};
     start_job(&ja);
     /* training, not starting: rank 0 (on any node) took a step, a second ago */
-    uint64_t t0 = now_ms();
-    int training = 0;
-    while (!training && now_ms() - t0 < 90000) {
-        drain_all();
-        for (int i = 1; i <= NODES; i++)
-            training |= strstr(nodes[i].out, "first step in a world of 8") != NULL;
-    }
-    cr_assert(training, "no step in the 8-rank world after 90 s: %s", nodes[1].out);
+    await_training();
     usleep(1000000);
     uint64_t t_fault = now_ms();
     if (freeze) {
@@ -135,6 +140,65 @@ Test(detect, a_vanished_node_of_a_pytorch_job_is_found_within_a_second, .timeout
 
 Test(detect, a_frozen_node_of_a_pytorch_job_is_found_within_a_second, .timeout = 300) {
     vanish_case("D6-freeze-pytorch", 1, 1, 1);
+}
+
+/* D8. A node vanishes while no collective points at it (the workers compute
+ * 8 s between all-reduces): found by its silence. With UDP probes alone
+ * (--probes udp) that waits for its worst gap + 1.5 s, at least 2.5 s (a
+ * stopped launcher must be let be); with kernel probes its peers find that
+ * its machine answers no TCP connection either, and it is lost after its
+ * worst gap + 0.25 s, at least 1.25 s. One arm of each in one run. */
+static uint64_t silent_arm(int kernel) {
+    server_probes = kernel ? "on" : "udp";
+    start_server(0);
+    server_probes = NULL;
+    char ck[128];
+    snprintf(ck, sizeof ck, "%s/ck-%s", dir, kernel ? "kernel" : "udp");
+    job_args ja = {.nnodes = "3:4", .steps = "40", .sleep_ms = "8000", .reform = 1, .ckdir = ck};
+    start_job(&ja);
+    await_training();
+    usleep(2500000); /* in the step's compute: machine checks done, gaps known */
+    uint64_t t_fault = now_ms();
+    cr_assert_eq(netbed_cut(&bed, 4), 0);
+    cr_assert(netbed_kill_host(&bed, 4) >= 3, "host4 had no launcher and workers");
+    uint64_t told[NODES - 1];
+    int seen = expect_all(survivors, NODES - 1, "round 1 is over", t_fault,
+                          (HB_TIMEOUT_S + 5) * 1000, told);
+    cr_assert_eq(seen, NODES - 1, "not every survivor was told: %s", nodes[1].out);
+    uint64_t worst = max_ms(told, NODES - 1);
+    for (int i = 0; i < NODES - 1; i++) {
+        const char *o = strstr(nodes[survivors[i]].out, "round 1 is over: ");
+        cr_expect(o && strstr(o, "sent nothing for ") &&
+                      (strstr(o, "reached neither it nor its machine") != NULL) == kernel,
+                  "host%d: %.400s", survivors[i], o ? o : "(nothing)");
+    }
+    for (int i = 1; i <= NODES; i++)
+        if (i != 4) {
+            netbed_kill_host(&bed, i);
+            proc_wait(&nodes[i], 5000);
+        }
+    proc_wait(&nodes[4], 5000);
+    save_logs(kernel ? "kernel" : "udp");
+    proc_kill(&server, SIGKILL);
+    proc_wait(&server, 5000);
+    cr_assert_eq(netbed_restore(&bed, 4), 0);
+    cr_log_info("D8-silent (C, no collective, link cut, kill -9, %s): survivors told %llu ms "
+                "after the fault",
+                kernel ? "kernel probes" : "UDP probes alone", (unsigned long long)worst);
+    return worst;
+}
+
+Test(detect, a_vanished_node_with_no_collective_is_found_by_kernel_probes_within_two_seconds,
+     .timeout = 300) {
+    setup_bed("D8-silent", NODES + 1, 0, 0);
+    uint64_t udp = silent_arm(0), kernel = silent_arm(1);
+    /* its last heartbeat came up to an interval before the fault */
+    cr_expect_geq(udp, 1500, "UDP probes alone told %llu ms after the fault",
+                  (unsigned long long)udp);
+    cr_expect_lt(kernel, udp, "kernel probes %llu ms, UDP alone %llu ms",
+                 (unsigned long long)kernel, (unsigned long long)udp);
+    cr_expect_leq(kernel, 2000, "kernel probes told %llu ms after the fault",
+                  (unsigned long long)kernel);
 }
 
 /* A straggler (host 3's steps take 40x the others': the rest wait for it in

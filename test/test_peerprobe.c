@@ -6,15 +6,23 @@
  * could not reach it named. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
 #include "rdzv_client_int.h"
+#include "rdzv_codec.h"
+#include "rdzv_peer.h"
 
 #define NODES 3
 
@@ -98,38 +106,56 @@ static double metric(const char *name) {
     return prom_value(body, name);
 }
 
-/* NODES launcher clients of one static job, heartbeats every interval_ms, all assigned. */
-static void start_job(const char *run, uint32_t interval_ms) {
-    for (uint32_t i = 0; i < NODES; i++) {
-        char host[64], inst[64];
-        snprintf(host, sizeof host, "%s-%u", run, i);
-        snprintf(inst, sizeof inst, "i-%s-%u", run, i);
-        rdzv_join_params jp = {.run_id = run,
-                               .hostname = host,
-                               .addr = "127.0.0.1",
-                               .instance = inst,
-                               .master_port = 29500,
-                               .nproc = 1,
-                               .static_rank = (int32_t)i,
-                               .min_nodes = NODES,
-                               .max_nodes = NODES,
-                               .join_timeout_ms = 10000,
-                               .heartbeat_interval_ms = interval_ms,
-                               .heartbeat_timeout_ms = 5000};
-        rdzv_client_options o = {.host = "127.0.0.1", .port = port, .connect_timeout_ms = 10000};
+/* Node i of job run (NODES nodes, heartbeats every interval_ms) on loop l. */
+static gpl_result_t start_client(uv_loop_t *l, const char *run, uint32_t i, uint32_t interval_ms,
+                                 const rdzv_client_callbacks *cb, rdzv_client **out, char *err,
+                                 size_t errlen) {
+    char host[64], inst[64];
+    snprintf(host, sizeof host, "%s-%u", run, i);
+    snprintf(inst, sizeof inst, "i-%s-%u", run, i);
+    rdzv_join_params jp = {.run_id = run,
+                           .hostname = host,
+                           .addr = "127.0.0.1",
+                           .instance = inst,
+                           .master_port = 29500,
+                           .nproc = 1,
+                           .static_rank = (int32_t)i,
+                           .min_nodes = NODES,
+                           .max_nodes = NODES,
+                           .join_timeout_ms = 10000,
+                           .heartbeat_interval_ms = interval_ms,
+                           .heartbeat_timeout_ms = 5000};
+    rdzv_client_options o = {.host = "127.0.0.1", .port = port, .connect_timeout_ms = 10000};
+    return rdzv_client_start(l, &o, &jp, cb, out, err, errlen);
+}
+
+/* Nodes 0..n-1 of job run as clients in this process, all assigned (the
+ * others of its NODES elsewhere). */
+static void start_nodes(const char *run, uint32_t interval_ms, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
         rdzv_client_callbacks cb = {.data = &nodes[i],
                                     .on_assigned = on_assigned,
                                     .on_round_over = on_round_over,
                                     .on_error = on_error};
         char err[256];
-        cr_assert_eq(rdzv_client_start(&loop, &o, &jp, &cb, &nodes[i].c, err, sizeof err), GPL_OK,
-                     "%s", err);
+        cr_assert_eq(start_client(&loop, run, i, interval_ms, &cb, &nodes[i].c, err, sizeof err),
+                     GPL_OK, "%s", err);
     }
     uint64_t until = now_ms() + 5000;
-    while (now_ms() < until && !(nodes[0].assigned && nodes[1].assigned && nodes[2].assigned))
+    int all = 0;
+    while (now_ms() < until && !all) {
         pump(20, 0);
-    for (int i = 0; i < NODES; i++)
-        cr_assert(nodes[i].assigned, "node %d not assigned: %s", i, srv.out);
+        all = 1;
+        for (uint32_t i = 0; i < n; i++)
+            all &= nodes[i].assigned;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert(nodes[i].assigned, "node %u not assigned: %s", i, srv.out);
+}
+
+/* NODES launcher clients of one static job, heartbeats every interval_ms, all assigned. */
+static void start_job(const char *run, uint32_t interval_ms) {
+    start_nodes(run, interval_ms, NODES);
     pump(300, 0); /* the joins' calibration pings answered */
 }
 
@@ -192,11 +218,25 @@ Test(peerprobe, a_node_that_answers_nobody_is_lost_within_a_second_and_its_probe
     cr_log_info("vanished node told in %llu ms with peer probes", (unsigned long long)took);
 }
 
+/* The server restarted with --probes `probes` (the test's clients are not
+ * started yet). */
+static void restart_server(const char *probes) {
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+    const char *extra[] = {"--http",   "127.0.0.1:0", "--log-level", "debug",
+                           "--probes", probes,        NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
+    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000), "%s", srv.out);
+    hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+}
+
 /* Heartbeats every 2 s: the silence threshold (the worst gap + 1.5 s) comes
  * within 2 s of the timeout, so a node gone silent, with no collective to
- * point at it, is left to the timeout; its peers are asked before it, and it
- * is lost at the timeout with what they found. */
+ * point at it and no kernel probes (--probes udp: with them it is found at
+ * its worst gap + 0.25 s: the kernel-probe tests below), is left to the timeout; its peers
+ * are asked before it, and it is lost at the timeout with what they found. */
 Test(peerprobe, a_node_left_to_the_timeout_is_lost_at_it_when_no_peer_reaches_it) {
+    restart_server("udp");
     start_job("late", 2000);
     pump(4500, 0); /* two heartbeats: its gaps are known */
     rdzv_client_freeze(nodes[2].c);
@@ -214,4 +254,196 @@ Test(peerprobe, a_node_left_to_the_timeout_is_lost_at_it_when_no_peer_reaches_it
         cr_expect(strstr(nodes[0].over_msg, want[i]) != NULL, "'%s' not in: %s", want[i],
                   nodes[0].over_msg);
     cr_log_info("left to the timeout: told %llu ms after the freeze", (unsigned long long)took);
+}
+
+/* ---- kernel probes (rendezvous/rdzv_kprobe.h, docs/protocol.md rule 8) ---- */
+
+static uint64_t ready_at;
+
+/* Starts the job with heartbeats every 500 ms and runs it until the machine
+ * checks are done and every node's gaps are known. */
+static void start_kernel_job(const char *run) {
+    start_job(run, 500);
+    pump(2500, 0);
+    cr_assert_eq(metric("gpulaunch_rdzv_machine_checks_total{result=\"reached\"}"), NODES,
+                 "the nodes' TCP ports were not all checked: %s", srv.out);
+    ready_at = now_ms();
+}
+
+Test(peerprobe, a_vanished_node_is_found_by_kernel_probes_in_under_two_seconds) {
+    start_kernel_job("vanish");
+    rdzv_client_freeze(nodes[2].c); /* the host vanished: no UDP answer, no TCP port */
+    uint64_t t0 = now_ms();
+    while (nodes[0].over == 0 && now_ms() < t0 + 4000)
+        pump(10, 0);
+    uint64_t took = now_ms() - t0;
+    cr_assert_eq(nodes[0].over, 1, "node 0 was not told: %s", srv.out);
+    /* its last heartbeat up to 0.5 s before the freeze; 1.25 s of silence, the probes' 250 ms */
+    cr_expect(took >= 750 && took < 2100, "told %llu ms after the freeze",
+              (unsigned long long)took);
+    const char *want[] = {"node vanish-2 (127.0.0.1, node rank 2) sent nothing for ",
+                          "answered no ping within 250 ms; 2 of the 2 peer node(s) asked (",
+                          "reached neither it nor its machine within 250 ms (UDP and TCP probes)"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect(strstr(nodes[0].over_msg, want[i]) != NULL, "'%s' not in: %s", want[i],
+                  nodes[0].over_msg);
+    pump(200, 0);
+    cr_expect_eq(metric("gpulaunch_rdzv_probe_relays_total{result=\"unreached\"}"), 2);
+    cr_expect_eq(metric("gpulaunch_rdzv_probe_relays_total{result=\"machine\"}"), 0);
+    cr_log_info("vanished node, no collective: told %llu ms after the freeze with kernel probes",
+                (unsigned long long)took);
+}
+
+static void child_quiet(rdzv_client *c, const rdzv_assignment *a) { (void)c, (void)a; }
+
+/* Node 2 of job run in a process of its own (its launcher to be stopped):
+ * forked before this process's clients open their sockets. */
+static pid_t child_node(const char *run) {
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    uv_loop_t l;
+    uv_loop_init(&l);
+    rdzv_client_callbacks cb = {.on_assigned = child_quiet};
+    rdzv_client *c;
+    char err[256];
+    if (start_client(&l, run, NODES - 1, 500, &cb, &c, err, sizeof err) != GPL_OK)
+        _exit(3);
+    uv_run(&l, UV_RUN_DEFAULT);
+    _exit(0);
+}
+
+/* A launcher stopped (SIGSTOP) for 2.2 s, past the early threshold: its
+ * kernel completes the peers' connections, so it is left to the heartbeat
+ * rules and kept; stopped for good, it is lost by them (its worst gap is
+ * 2.2 s now, so its silence threshold comes near the timeout: the timeout
+ * judges, its peers asked first). */
+Test(peerprobe,
+     a_stopped_launcher_is_kept_past_the_early_threshold_and_lost_by_the_heartbeat_rules) {
+    pid_t pid = child_node("stopped");
+    cr_assert_gt(pid, 0);
+    start_nodes("stopped", 500, NODES - 1);
+    pump(2500, 0);
+    cr_assert_eq(metric("gpulaunch_rdzv_machine_checks_total{result=\"reached\"}"), NODES, "%s",
+                 srv.out);
+    kill(pid, SIGSTOP);
+    pump(2200, 0);
+    kill(pid, SIGCONT);
+    pump(1000, 0);
+    for (int i = 0; i < NODES - 1; i++)
+        cr_expect_eq(nodes[i].over, 0, "node %d: a stopped launcher's round ended: %s", i,
+                     nodes[i].over_msg);
+    cr_expect_geq(metric("gpulaunch_rdzv_probe_relays_total{result=\"machine\"}"), 2,
+                  "its machine was not probed: %s", srv.out);
+    kill(pid, SIGSTOP);
+    uint64_t t0 = now_ms();
+    while (nodes[0].over == 0 && now_ms() < t0 + 5000)
+        pump(10, 0);
+    uint64_t took = now_ms() - t0;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    cr_assert_eq(nodes[0].over, 1, "node 0 was not told: %s", srv.out);
+    cr_expect(took >= 4000 && took < 5800, "told %llu ms after the stop", (unsigned long long)took);
+    cr_expect(strstr(nodes[0].over_msg, "sent no heartbeat for ") != NULL &&
+                  strstr(nodes[0].over_msg, "nor did it answer the UDP probes of 2 peer node(s)") !=
+                      NULL &&
+                  strstr(nodes[0].over_msg, "reached neither") == NULL,
+              "%s\n%s", nodes[0].over_msg, srv.out);
+    cr_log_info("a stopped launcher: kept through 2.2 s; stopped for good, told after %llu ms",
+                (unsigned long long)took);
+}
+
+static int probe_ok;
+static uint64_t probe_end;
+static void on_probe(void *data, uint32_t id, int ok, uint32_t rtt_ms) {
+    (void)data, (void)id, (void)rtt_ms;
+    probe_ok = ok;
+    probe_end = now_ms();
+}
+
+/* Probes 127.0.0.1:port from a with flags; what it said and after how long. */
+static int probe_of(rdzv_peer *a, uint16_t to, uint32_t deadline_ms, uint16_t flags,
+                    uint64_t *took) {
+    probe_ok = -1;
+    uint64_t t0 = now_ms();
+    rdzv__peer_probe(a, 1, "127.0.0.1", to, deadline_ms, flags);
+    while (probe_ok < 0 && now_ms() < t0 + deadline_ms + 1000)
+        pump(5, 0);
+    *took = probe_end - t0;
+    return probe_ok;
+}
+
+Test(peerprobe, a_kernel_probe_tells_a_machine_a_closed_port_and_a_prober_out_of_descriptors) {
+    rdzv_peer *a, *b;
+    char err[160];
+    cr_assert_eq(rdzv__peer_open(&loop, on_probe, NULL, &a, err, sizeof err), GPL_OK, "%s", err);
+    cr_assert_eq(rdzv__peer_open(&loop, on_probe, NULL, &b, err, sizeof err), GPL_OK, "%s", err);
+    cr_assert(rdzv__peer_kernel(a) && rdzv__peer_kernel(b), "no TCP port of the same number");
+    uint64_t took;
+    cr_expect_eq(probe_of(a, rdzv__peer_port(b), 1000, RDZV_PROBE_MACHINE, &took),
+                 RDZV_PROBE_OK_MACHINE);
+    cr_expect(took < 200, "a machine check took %llu ms", (unsigned long long)took);
+    cr_expect_eq(probe_of(a, rdzv__peer_port(b), 1000, RDZV_PROBE_KERNEL, &took),
+                 RDZV_PROBE_OK_NODE, "the node itself answers UDP");
+    /* muted: no UDP answer and its TCP port closed (a refusal is no machine's word) */
+    rdzv__peer_mute(b);
+    pump(50, 0);
+    cr_expect_eq(probe_of(a, rdzv__peer_port(b), 300, RDZV_PROBE_KERNEL, &took),
+                 RDZV_PROBE_OK_NONE);
+    cr_expect(took >= 300 && took < 450, "ended %llu ms in (deadline 300 ms)",
+              (unsigned long long)took);
+    /* out of descriptors: this prober cannot say */
+    struct rlimit was, low;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+    int next = dup(0);
+    cr_assert_geq(next, 0);
+    close(next);
+    low = was;
+    low.rlim_cur = (rlim_t)next;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    int ok = probe_of(a, rdzv__peer_port(b), 300, RDZV_PROBE_MACHINE, &took);
+    setrlimit(RLIMIT_NOFILE, &was);
+    cr_expect_eq(ok, RDZV_PROBE_OK_UNABLE, "out of descriptors, it said %d", ok);
+    rdzv__peer_close(a);
+    rdzv__peer_close(b);
+    pump(50, 0);
+}
+
+/* A listener whose queue is full drops the SYN (as a lost one is): the
+ * probe's later attempts (every deadline / 4) reach it once there is room,
+ * where the first SYN's own retransmission (1 s) would come too late. */
+Test(peerprobe, a_kernel_probe_tries_again_when_its_first_syn_is_dropped) {
+    rdzv_peer *a;
+    char err[160];
+    cr_assert_eq(rdzv__peer_open(&loop, on_probe, NULL, &a, err, sizeof err), GPL_OK, "%s", err);
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    cr_assert_eq(bind(l, (struct sockaddr *)&sa, sizeof sa), 0);
+    cr_assert_eq(listen(l, 0), 0);
+    cr_assert_eq(getsockname(l, (struct sockaddr *)&sa, &len), 0);
+    int fill[3];
+    for (int i = 0; i < 3; i++) { /* the queue (1 with backlog 0) full, the rest dropped */
+        fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        (void)connect(fill[i], (struct sockaddr *)&sa, sizeof sa);
+    }
+    usleep(50000);
+    probe_ok = -1;
+    uint64_t t0 = now_ms();
+    rdzv__peer_probe(a, 1, "127.0.0.1", ntohs(sa.sin_port), 800, RDZV_PROBE_MACHINE);
+    pump(100, 0);
+    cr_expect_eq(probe_ok, -1, "the full queue took the first attempt");
+    int c = accept(l, NULL, NULL); /* room for one */
+    cr_assert_geq(c, 0);
+    while (probe_ok < 0 && now_ms() < t0 + 1800)
+        pump(5, 0);
+    uint64_t took = probe_end - t0;
+    cr_expect_eq(probe_ok, RDZV_PROBE_OK_MACHINE, "said %d", probe_ok);
+    cr_expect(took < 800, "reached %llu ms in (deadline 800 ms)", (unsigned long long)took);
+    close(c);
+    for (int i = 0; i < 3; i++)
+        close(fill[i]);
+    close(l);
+    rdzv__peer_close(a);
+    pump(50, 0);
 }

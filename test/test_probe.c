@@ -47,6 +47,27 @@ static void teardown(void) {
 
 TestSuite(probe, .init = setup, .fini = teardown, .timeout = 60);
 
+/* Node i is assigned, and the join's calibration ping answered when it
+ * says it answers probes (none is sent when it does not). */
+static void await_assigned(int i, int answers) {
+    int assigned = 0, pinged = 0;
+    uint64_t until = now_ms() + 3000;
+    while ((!assigned || (answers && !pinged)) && now_ms() < until) {
+        if (peer_recv(&P[i], 100) != 0)
+            continue;
+        if (P[i].last.type == RDZV_ASSIGNED)
+            assigned = 1;
+        if (P[i].last.type == RDZV_PING) {
+            pinged = 1;
+            rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
+            peer_send(&P[i], &pong);
+        }
+    }
+    cr_assert(assigned, "node %d not assigned", i);
+    cr_assert_eq(pinged, answers, "node %d: calibration ping %s", i,
+                 pinged ? "sent to a node that does not answer" : "missing");
+}
+
 /* n nodes of one static job, each saying it answers probes (or not), all
  * assigned; the join's calibration pings are answered. */
 static void round_of(const char *job, int n, int answers) {
@@ -61,24 +82,8 @@ static void round_of(const char *job, int n, int answers) {
         m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)n;
         peer_send(&P[i], &m);
     }
-    for (int i = 0; i < n; i++) {
-        int assigned = 0, pinged = 0;
-        uint64_t until = now_ms() + 3000;
-        while ((!assigned || (answers && !pinged)) && now_ms() < until) {
-            if (peer_recv(&P[i], 100) != 0)
-                continue;
-            if (P[i].last.type == RDZV_ASSIGNED)
-                assigned = 1;
-            if (P[i].last.type == RDZV_PING) {
-                pinged = 1;
-                rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
-                peer_send(&P[i], &pong);
-            }
-        }
-        cr_assert(assigned, "node %d not assigned", i);
-        cr_assert_eq(pinged, answers, "node %d: calibration ping %s", i,
-                     pinged ? "sent to a node that does not answer" : "missing");
-    }
+    for (int i = 0; i < n; i++)
+        await_assigned(i, answers);
 }
 
 static void say_wait(int i, uint32_t ms) {
@@ -323,7 +328,7 @@ Test(probe, a_silent_node_is_probed_before_the_timeout_and_lost_unless_it_answer
     cr_expect_eq(over, 0, "a node that answered was lost");
 }
 
-/* --probes takes on or off; anything else is refused, naming the option. */
+/* --probes takes on, udp or off; anything else is refused, naming the option. */
 Test(probe, a_bad_probes_value_is_refused) {
     proc bad;
     char *argv[] = {GPL_BUILD_DIR "/rendezvous/gpulaunch-rdzv",
@@ -335,12 +340,12 @@ Test(probe, a_bad_probes_value_is_refused) {
     cr_assert_eq(proc_start(&bad, argv, NULL), 0);
     int st = proc_wait(&bad, 5000);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d", st);
-    cr_expect(strstr(bad.out, "--probes takes on or off, not 'maybe'") != NULL, "%s", bad.out);
+    cr_expect(strstr(bad.out, "--probes takes on, udp or off, not 'maybe'") != NULL, "%s", bad.out);
 }
 
 /* The embedding API: a version-1 options struct (before probes) is taken,
  * with probes on; a version from the future is refused, saying which are
- * known. */
+ * known, and so is a probes value that is none of RDZV_PROBES_*. */
 Test(probe, options_version_1_is_taken_and_a_future_one_refused) {
     uv_loop_t loop;
     uv_loop_init(&loop);
@@ -373,8 +378,206 @@ Test(probe, options_version_1_is_taken_and_a_future_one_refused) {
     close(fd);
     rdzv_server_close(s);
     uv_run(&loop, UV_RUN_DEFAULT);
+    o.version = RDZV_SERVER_OPTIONS_VERSION;
+    o.probes = 3;
+    cr_expect_eq(rdzv_server_start(&loop, &o, &s, err, sizeof err), GPL_ERR_INVALID_ARG);
+    cr_expect(strstr(err,
+                     "rdzv_server_options.probes is 3: RDZV_PROBES_OFF (0), RDZV_PROBES_ON (1) "
+                     "or RDZV_PROBES_UDP (2)") != NULL,
+              "%s", err);
     o.version = RDZV_SERVER_OPTIONS_VERSION + 1;
     cr_expect_eq(rdzv_server_start(&loop, &o, &s, err, sizeof err), GPL_ERR_INVALID_ARG);
     cr_expect(strstr(err, "version must be 1 to 2") != NULL, "%s", err);
     uv_loop_close(&loop);
+}
+
+/* ---- kernel probes (docs/protocol.md, rule 8) ---- */
+
+/* How raw node i behaves: silent (sends and reads nothing: vanished), and
+ * what it says to a machine check, to a kernel probe and to a UDP-only probe
+ * of another node (RDZV_PROBE_OK_*); what it was asked and heard. */
+typedef struct rawnode {
+    int silent, check_ok, kernel_ok, udp_ok;
+    int checks, kernels, udps, over;
+} rawnode;
+static rawnode R[4];
+
+/* n nodes of one static job that make and answer kernel probes (a peer
+ * port each; raw nodes listen on none: what they say is set in R). */
+static void kernel_round_of(const char *job, int n) {
+    memset(R, 0, sizeof R);
+    for (int i = 0; i < n; i++) {
+        R[i].check_ok = RDZV_PROBE_OK_MACHINE;
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+        rdzv_msg m = {.type = RDZV_JOIN,
+                      .req_id = 9,
+                      .flags = RDZV_JOIN_PROBE | RDZV_JOIN_PEER | RDZV_JOIN_KERNEL};
+        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", job);
+        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", job, i);
+        snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", i + 1);
+        m.u.join.nproc = 1;
+        m.u.join.static_rank = i;
+        m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)n;
+        m.u.join.peer_port = (uint16_t)(40000 + i);
+        peer_send(&P[i], &m);
+    }
+    for (int i = 0; i < n; i++)
+        await_assigned(i, 1);
+}
+
+/* Runs nodes 0..n-1 for ms: the live ones beat every 500 ms, answer pings
+ * and say what R sets to probe requests. Returns early, 1, once node watch
+ * hears ROUND_OVER (left in P[watch].last). last_beat: when node `silent`
+ * last beat (set while it is not silent). */
+static int run_nodes(int n, int ms, int watch, uint64_t *last_beat) {
+    uint64_t until = now_ms() + (uint64_t)ms, next[4] = {0};
+    while (now_ms() < until) {
+        for (int i = 0; i < n; i++) {
+            if (R[i].silent)
+                continue;
+            if (now_ms() >= next[i]) {
+                rdzv_msg hb = {.type = RDZV_HEARTBEAT};
+                peer_send(&P[i], &hb);
+                next[i] = now_ms() + 500;
+                if (last_beat)
+                    last_beat[i] = now_ms();
+            }
+            while (peer_recv(&P[i], 2) == 0) {
+                const rdzv_msg *m = &P[i].last;
+                if (m->type == RDZV_PING) {
+                    rdzv_msg pong = {.type = RDZV_PONG, .req_id = m->req_id};
+                    peer_send(&P[i], &pong);
+                } else if (m->type == RDZV_PROBE_REQ) {
+                    rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = m->req_id};
+                    if (m->flags & RDZV_PROBE_MACHINE) {
+                        R[i].checks++;
+                        a.u.probe_ack.ok = (uint8_t)R[i].check_ok;
+                    } else if (m->flags & RDZV_PROBE_KERNEL) {
+                        R[i].kernels++;
+                        a.u.probe_ack.ok = (uint8_t)R[i].kernel_ok;
+                    } else {
+                        R[i].udps++;
+                        a.u.probe_ack.ok = (uint8_t)R[i].udp_ok;
+                    }
+                    peer_send(&P[i], &a);
+                } else if (m->type == RDZV_ROUND_OVER) {
+                    R[i].over = 1;
+                    if (i == watch)
+                        return 1;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static double metric_of(const char *name) {
+    static char body[65536];
+    cr_assert_eq(http_get_local(hport, "/metrics", body, sizeof body), 200);
+    return prom_value(body, name);
+}
+
+/* Three nodes beat for 2.5 s (their machine checks answered as R says),
+ * then node 2 falls silent; runs until node 0 hears ROUND_OVER or 4.5 s of
+ * silence. Returns the silence (ms) at which node 0 was told, 0: never. */
+static uint64_t silence_of_node_2(void) {
+    uint64_t beat[4] = {0};
+    cr_assert_eq(run_nodes(3, 2500, 0, beat), 0, "a round ended before the silence");
+    R[2].silent = 1;
+    uint64_t t0 = beat[2];
+    if (!run_nodes(3, 4500, 0, beat))
+        return 0;
+    return now_ms() - t0;
+}
+
+Test(probe, a_silent_node_whose_machine_no_peer_reaches_is_lost_at_the_early_threshold) {
+    kernel_round_of("early", 3);
+    uint64_t took = silence_of_node_2();
+    cr_assert(took, "a vanished node was not lost in 4.5 s: %s",
+              (proc_expect(&srv, "\x01", 10), srv.out));
+    /* silent 1.25 s (looked at every 250 ms), the probe's 250 ms, the peers' word */
+    cr_expect(took >= 1450 && took < 2100,
+              "lost after %llu ms of silence (1.25 s + 0.25 s expected)", (unsigned long long)took);
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect(strstr(msg, "node early-2 (10.0.0.3, node rank 2) sent nothing for ") != NULL, "%s",
+              msg);
+    cr_expect(strstr(msg, "and answered no ping within 250 ms; 2 of the 2 peer node(s) asked "
+                          "(") != NULL,
+              "%s", msg);
+    cr_expect(
+        strstr(msg, ") reached neither it nor its machine within 250 ms (UDP and TCP probes)") !=
+            NULL,
+        "%s", msg);
+    cr_expect_eq(R[0].kernels + R[1].kernels, 2, "kernel probes asked: %d, %d", R[0].kernels,
+                 R[1].kernels);
+    cr_expect_geq(R[0].checks + R[1].checks + R[2].checks, 3, "machine checks: %d",
+                  R[0].checks + R[1].checks + R[2].checks);
+    cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"reached\"}"), 3);
+    cr_expect_eq(metric_of("gpulaunch_rdzv_probe_relays_total{result=\"unreached\"}"), 2);
+}
+
+/* A stopped or starved launcher: its machine accepts the peers'
+ * connections, so the early probe ends nothing; the silence rules judge it
+ * (pinged at 2.5 s, lost when it answers that neither). */
+Test(probe, a_silent_node_whose_machine_answers_is_left_to_the_silence_rules) {
+    kernel_round_of("stopped", 3);
+    R[0].kernel_ok = R[1].kernel_ok = RDZV_PROBE_OK_MACHINE;
+    uint64_t took = silence_of_node_2();
+    cr_assert(took, "a silent node was not lost in 4.5 s");
+    cr_expect(took >= 2750 && took < 3500,
+              "lost after %llu ms of silence (2.5 s + 0.25 s expected)", (unsigned long long)took);
+    cr_expect_eq(R[0].kernels + R[1].kernels, 2);
+    cr_expect_eq(metric_of("gpulaunch_rdzv_probe_relays_total{result=\"machine\"}"), 2);
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect(strstr(msg, "reached neither it nor its machine") == NULL, "%s", msg);
+    cr_expect(strstr(msg, "and answered no ping within 250 ms") != NULL, "%s", msg);
+}
+
+/* Peers that could not try (out of descriptors) are no word on it. */
+Test(probe, peers_that_could_not_probe_end_nothing_early) {
+    kernel_round_of("unable", 3);
+    R[0].kernel_ok = R[1].kernel_ok = RDZV_PROBE_OK_UNABLE;
+    uint64_t took = silence_of_node_2();
+    cr_assert(took, "a silent node was not lost in 4.5 s");
+    cr_expect(took >= 2750 && took < 3500,
+              "lost after %llu ms of silence (2.5 s + 0.25 s expected)", (unsigned long long)took);
+    cr_expect_eq(metric_of("gpulaunch_rdzv_probe_relays_total{result=\"unable\"}"), 2);
+}
+
+/* A node whose kernel-probe port no peer reaches (a firewall that lets UDP
+ * alone through) is said once, with the port and the remedy, and is not
+ * probed early: a healthy node must not be taken for a lost machine. */
+Test(probe, a_node_whose_port_no_peer_reaches_is_said_and_not_probed_early) {
+    kernel_round_of("walled", 3);
+    for (int i = 0; i < 3; i++)
+        R[i].check_ok = RDZV_PROBE_OK_NONE;
+    uint64_t took = silence_of_node_2();
+    cr_assert(took, "a silent node was not lost in 4.5 s");
+    cr_expect(took >= 2750 && took < 3500,
+              "lost after %llu ms of silence (2.5 s + 0.25 s expected)", (unsigned long long)took);
+    cr_expect_eq(R[0].kernels + R[1].kernels, 0, "kernel probes asked of unchecked peers");
+    cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"unreached\"}"), 3);
+    cr_expect(proc_expect(&srv, "--probes udp to say that it cannot be", 1000), "%s", srv.out);
+    cr_expect(strstr(srv.out,
+                     "node walled-2's TCP port 40002 (the number of its UDP peer port) was not "
+                     "reached from node walled-") != NULL,
+              "%s", srv.out);
+}
+
+/* --probes udp: no machine check, no kernel probe, even of nodes that say
+ * they can. */
+Test(probe, with_probes_udp_no_kernel_probe_is_asked) {
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+    const char *extra[] = {"--http", "127.0.0.1:0", "--probes", "udp", NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
+    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000), "%s", srv.out);
+    hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+    kernel_round_of("udp", 3);
+    uint64_t took = silence_of_node_2();
+    cr_assert(took, "a silent node was not lost in 4.5 s");
+    cr_expect(took >= 2750 && took < 3500, "lost after %llu ms of silence",
+              (unsigned long long)took);
+    cr_expect_eq(R[0].checks + R[1].checks + R[2].checks, 0);
+    cr_expect_eq(R[0].kernels + R[1].kernels, 0);
 }

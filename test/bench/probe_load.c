@@ -1,7 +1,8 @@
 /* probe_load: what suspicion and probes cost the rendezvous server at scale
  * (docs/reliability.md, "Finding a vanished node"). A real gpulaunch-rdzv
  * process and --nodes simulated nodes, each a real client of the client
- * library on its own connection with its own UDP port for peer probes
+ * library on its own connection with its own UDP port for peer probes (and
+ * the TCP port of its number for kernel probes: a machine check each)
  * (--procs processes share them: a process's descriptors are limited), in
  * static jobs of --job-nodes nodes, heartbeats at the default 1 s. Once every
  * node is assigned, for --seconds:
@@ -24,11 +25,15 @@
  *              [--straggling PCT] [--cut PCT] */
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
@@ -75,6 +80,33 @@ static void on_round_over(rdzv_client *c, uint32_t round, uint32_t reason, uint3
 static void on_error(rdzv_client *c, gpl_result_t code, const char *message) {
     (void)c;
     fprintf(stderr, "probe_load: client error %d: %s\n", code, message);
+}
+
+/* Every simulated node holds a connection to the server and a TCP listener
+ * for kernel probes: at 16,384 nodes on one host that is more than the
+ * default ephemeral range (32768-60999) gives. As root the bench takes a
+ * network namespace of its own (the server, its child, too), its loopback
+ * up and the range wide; else it runs where it is, and says so. */
+static void own_netns(void) {
+    if (geteuid() != 0 || unshare(CLONE_NEWNET) != 0) {
+        fprintf(stderr, "probe_load: not root (or no network namespace): the host's port range "
+                        "bounds the nodes\n");
+        return;
+    }
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    if (fd < 0 || ioctl(fd, SIOCGIFFLAGS, &ifr) != 0 ||
+        (ifr.ifr_flags |= IFF_UP, ioctl(fd, SIOCSIFFLAGS, &ifr) != 0))
+        fprintf(stderr, "probe_load: loopback not up in the new namespace: %s\n", strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    int r = open("/proc/sys/net/ipv4/ip_local_port_range", O_WRONLY | O_CLOEXEC);
+    if (r < 0 || write(r, "1024 65535", 10) != 10)
+        fprintf(stderr, "probe_load: the port range stays: %s\n", strerror(errno));
+    if (r >= 0)
+        close(r);
 }
 
 static void raise_nofile(void) {
@@ -308,6 +340,7 @@ int main(int argc, char **argv) {
     if (O.cut && O.seconds > 3)
         O.seconds = 3; /* a cut link's node is lost at its heartbeat timeout (5 s) */
     signal(SIGPIPE, SIG_IGN);
+    own_netns();
     raise_nofile();
     figures off, on;
     int rc = run("off", &off) | run("on", &on);

@@ -59,11 +59,15 @@ typedef struct rdzv_server_options {
      * 0: the defaults below. */
     double straggler_threshold;
     uint32_t straggler_windows;
-    /* 1: a vanished or frozen node is probed and found before the heartbeat
-     * timeout when its peers wait for it or it falls silent (docs/protocol.md,
-     * suspicion and probes); 0: the heartbeat timeout alone (version 2) */
+    /* RDZV_PROBES_ON: a vanished or frozen node is probed and found before the
+     * heartbeat timeout when its peers wait for it or it falls silent, through
+     * its peers too, over UDP and TCP (docs/protocol.md, suspicion and probes);
+     * RDZV_PROBES_UDP: the same without kernel probes (TCP); RDZV_PROBES_OFF:
+     * the heartbeat timeout alone (version 2) */
     int probes;
 } rdzv_server_options;
+
+enum { RDZV_PROBES_OFF = 0, RDZV_PROBES_ON = 1, RDZV_PROBES_UDP = 2 };
 
 #define RDZV_DEFAULT_STRAGGLER_THRESHOLD 1.3
 #define RDZV_DEFAULT_STRAGGLER_WINDOWS 2
