@@ -30,7 +30,8 @@
  * several connections, so there each rank must be one of those and no two
  * nodes may hold it. The time a node stays silent before the server says so
  * must be between the silence that gets a node probed at the soonest
- * (rdzv_probe.h: a frozen node answers no probe) less one heartbeat interval
+ * (rdzv_probe.h: a vanished node answers no probe, and its machine accepts
+ * no peer's connection: the early threshold) less one heartbeat interval
  * and the heartbeat timeout plus one.
  *
  * Figures: rounds formed, decisions checked, violations, the time from the
@@ -419,14 +420,15 @@ static void catch_up(job *j, uint32_t reason, uint64_t now) {
         uint64_t silent = now - j->frozen_at;
         if (S.ndetect_lat < SOAK_SAMPLES_MAX)
             S.detect_lat[S.ndetect_lat++] = silent;
-        /* probed once silent past its threshold (at least RDZV_SILENCE_MIN_MS),
+        /* probed once silent past its threshold (at least RDZV_EARLY_MIN_MS: its
+         * machine is gone too, rdzv_client_freeze closes its kernel-probe port),
          * at the latest the heartbeat timeout */
-        if (silent + SOAK_HB_INTERVAL_MS + 100 < RDZV_SILENCE_MIN_MS ||
+        if (silent + SOAK_HB_INTERVAL_MS + 100 < RDZV_EARLY_MIN_MS ||
             silent > SOAK_HB_TIMEOUT_MS + SOAK_HB_INTERVAL_MS + SOAK_DETECT_SLACK_MS)
             violation(j, f,
                       "said silent %.2f s after it froze (probed after %.1f s of silence at the "
                       "soonest, timeout %.1f s, heartbeats every %.1f s)",
-                      (double)silent / 1000.0, RDZV_SILENCE_MIN_MS / 1000.0,
+                      (double)silent / 1000.0, RDZV_EARLY_MIN_MS / 1000.0,
                       SOAK_HB_TIMEOUT_MS / 1000.0, SOAK_HB_INTERVAL_MS / 1000.0);
         rdzv_round_out out = {0};
         rdzv_round_heartbeat_lost(&f->m, silent, now, &out);
