@@ -218,7 +218,7 @@ static void child(int first, int njobs, int in, int out, int probes) {
 }
 
 typedef struct figures {
-    double cpu_share, us_per_frame, in_per_s, out_per_s, answered, reached;
+    double cpu_share, us_per_frame, in_per_s, out_per_s, answered, reached, checked;
     int overs;
 } figures;
 
@@ -283,6 +283,8 @@ static int run(const char *probes, figures *f) {
         soak_server_metric(O.http_port, "gpulaunch_rdzv_probes_total{result=\"answered\"}") - ans0;
     f->reached =
         soak_server_metric(O.http_port, "gpulaunch_rdzv_probe_relays_total{result=\"reached\"}");
+    f->checked =
+        soak_server_metric(O.http_port, "gpulaunch_rdzv_machine_checks_total{result=\"reached\"}");
     f->cpu_share = cpu / secs;
     f->in_per_s = in / secs;
     f->out_per_s = out / secs;
@@ -299,9 +301,10 @@ static int run(const char *probes, figures *f) {
     waitpid(srv, NULL, 0);
     printf("probe_load: probes %-3s %d nodes in %d jobs formed in %.1f s; over %.1f s: server "
            "cpu %.1f %% of a core (%.2f us a frame), frames in %.0f/s, out %.0f/s; probes "
-           "answered %.0f, peers reached a suspect %.0f times; rounds ended %d\n",
+           "answered %.0f, peers reached a suspect %.0f times; rounds ended %d; kernel-probe "
+           "ports checked %.0f (before the window)\n",
            probes, O.nodes, jobs, formed_s, secs, f->cpu_share * 100, f->us_per_frame, f->in_per_s,
-           f->out_per_s, f->answered, f->reached, f->overs);
+           f->out_per_s, f->answered, f->reached, f->overs, f->checked);
     fflush(stdout);
     return rc;
 }
@@ -356,7 +359,9 @@ int main(int argc, char **argv) {
     const char *bad = O.straggling && on.answered < 1 ? "no waited-for node was probed"
                       : O.cut && on.reached < 1       ? "no peer reached a node whose link was cut"
                       : off.answered > 0              ? "probes were answered with --probes off"
-                                                      : NULL;
+                      : on.checked < O.nodes * 0.99
+                          ? "fewer than 99 % of the nodes' kernel-probe ports were checked"
+                          : NULL;
     if (bad) {
         fprintf(stderr, "probe_load: %s\n", bad);
         rc = 1;
