@@ -174,17 +174,15 @@ static void move(rdzv_client *c, uint32_t stall_ms) {
 }
 
 /* On every heartbeat: trouble (a retransmission timeout) keeps a spare open,
- * a stall moves the round (RDZV_MOVE_STALL_*); a spare not ready in time (and
- * not moved to), an idle one, or a drain past the server's bound goes. */
+ * a stall moves the round (RDZV_MOVE_STALL_*); a spare not ready in time, an
+ * idle one, or a drain past the server's bound goes. */
 void rdzv__client_check_stall(rdzv_client *c) {
     uint64_t now = gb_now_ms(), bound = (uint64_t)RDZV_KEEP_FACTOR * rdzv__client_hb_timeout_ms(c);
     if (c->drain && now - c->drain_since_ms >= bound) {
         rdzv__client_drop_drain(c);
         c->move_pending = 0; /* unanswered as long as the server bears: the next may try */
     }
-    /* a spare whose move's JOIN went with its AUTH is kept until it is ready or fails: the
-     * server may have moved the node to it already, and its close would end the round */
-    if (c->mv && !c->mv_ready && !(c->mv_go && c->mv_req) && now - c->mv_since_ms >= bound) {
+    if (c->mv && !c->mv_ready && now - c->mv_since_ms >= bound) {
         GB_INFO("rendezvous %s:%d: no spare connection within %.1f s; the old one stays", c->host,
                 c->o.port, (double)bound / 1000.0);
         rdzv__client_drop_move(c);
