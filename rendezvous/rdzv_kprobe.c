@@ -18,7 +18,7 @@ struct rdzv_kport {
     int fd, handles;
 };
 
-int rdzv__kport_bind(uint16_t port, int v6) {
+int rdzv__kport_listen(uint16_t port, int v6) {
     int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
@@ -40,7 +40,8 @@ int rdzv__kport_bind(uint16_t port, int v6) {
         a->sin_port = htons(port);
         len = sizeof *a;
     }
-    if (bind(fd, (const struct sockaddr *)&ss, len) != 0) {
+    /* listen here too: another socket may hold the number for listening alone */
+    if (bind(fd, (const struct sockaddr *)&ss, len) != 0 || listen(fd, RDZV_KPROBE_BACKLOG) != 0) {
         int e = errno;
         close(fd);
         errno = e;
@@ -61,17 +62,29 @@ static void on_readable(uv_poll_t *p, int status, int events);
 
 static void on_pause_end(uv_timer_t *t) {
     rdzv_kport *k = t->data;
-    uv_poll_start(&k->poll, UV_READABLE, on_readable);
+    if (uv_poll_start(&k->poll, UV_READABLE, on_readable) != 0)
+        uv_timer_start(&k->pause, on_pause_end, RDZV_KPROBE_PAUSE_MS, 0);
+}
+
+/* Stops looking at the listener for RDZV_KPROBE_PAUSE_MS, then looks again. */
+static void pause_for_a_while(rdzv_kport *k) {
+    uv_poll_stop(&k->poll);
+    uv_timer_start(&k->pause, on_pause_end, RDZV_KPROBE_PAUSE_MS, 0);
 }
 
 /* Takes every completed connection off the queue and closes it: the
- * handshake was the answer. Out of descriptors, the listener pauses (the
- * kernel goes on completing connections into the queue meanwhile). */
+ * handshake was the answer. Out of descriptors, or told of an error by the
+ * poll, the listener pauses and looks again (the kernel goes on completing
+ * connections into the queue meanwhile). */
 static void on_readable(uv_poll_t *p, int status, int events) {
     rdzv_kport *k = p->data;
     (void)events;
-    if (status < 0)
+    if (status < 0) { /* libuv stopped the poll: started again after the pause */
+        GB_DEBUG("kernel probe port: %s, looking again in %d ms", uv_strerror(status),
+                 RDZV_KPROBE_PAUSE_MS);
+        pause_for_a_while(k);
         return;
+    }
     for (;;) {
         int fd = accept4(k->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd >= 0) {
@@ -83,8 +96,7 @@ static void on_readable(uv_poll_t *p, int status, int events) {
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
             GB_DEBUG("kernel probe port: out of descriptors, looking again in %d ms",
                      RDZV_KPROBE_PAUSE_MS);
-            uv_poll_stop(&k->poll);
-            uv_timer_start(&k->pause, on_pause_end, RDZV_KPROBE_PAUSE_MS, 0);
+            pause_for_a_while(k);
         }
         return; /* EAGAIN: the queue is empty */
     }
@@ -92,11 +104,6 @@ static void on_readable(uv_poll_t *p, int status, int events) {
 
 int rdzv__kport_start(uv_loop_t *loop, int fd, rdzv_kport **out) {
     *out = NULL;
-    if (listen(fd, RDZV_KPROBE_BACKLOG) != 0) {
-        int r = uv_translate_sys_error(errno);
-        close(fd);
-        return r;
-    }
     rdzv_kport *k = calloc(1, sizeof *k);
     if (k == NULL) {
         close(fd);

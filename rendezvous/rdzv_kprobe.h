@@ -28,11 +28,11 @@
 typedef struct rdzv_kport rdzv_kport;
 
 /* A TCP socket bound to port on every address (v6: IPv6 and IPv4 on one
- * socket), not yet listening; -1 with errno set (EADDRINUSE: the number is
+ * socket) and listening; -1 with errno set (EADDRINUSE: the number is
  * taken). */
-int rdzv__kport_bind(uint16_t port, int v6);
-/* Listens on fd (rdzv__kport_bind's) on loop; takes fd. 0, or a libuv error
- * (fd closed). */
+int rdzv__kport_listen(uint16_t port, int v6);
+/* Accepts on fd (rdzv__kport_listen's) on loop; takes fd. 0, or a libuv
+ * error (fd closed). */
 int rdzv__kport_start(uv_loop_t *loop, int fd, rdzv_kport **out);
 /* Closes the listener; freed once its handles closed. */
 void rdzv__kport_close(rdzv_kport *k);

@@ -200,17 +200,22 @@ gpl_result_t rdzv__peer_open(uv_loop_t *loop, rdzv_peer_done_cb done, void *data
     p->handles = 2;
     /* the UDP port, and the TCP port of its number for kernel probes: a
      * number whose TCP port another program holds is given back for another */
-    int r = 0, fd = -1, kfd = -1;
+    int r = 0, fd = -1, kfd = -1, kerr = 0;
     for (int i = 0; i < RDZV_KPROBE_PORT_TRIES; i++) {
         if (fd >= 0)
             close(fd);
-        if ((fd = udp_socket(&p->v6)) < 0 || (p->port = port_of(fd)) == 0)
+        if ((fd = udp_socket(&p->v6)) < 0 || (p->port = port_of(fd)) == 0) {
+            r = errno ? uv_translate_sys_error(errno) : UV_EADDRNOTAVAIL;
             break;
-        if ((kfd = rdzv__kport_bind(p->port, p->v6)) >= 0 || errno != EADDRINUSE)
+        }
+        if ((kfd = rdzv__kport_listen(p->port, p->v6)) >= 0)
+            break;
+        kerr = errno; /* what the last try found, said below */
+        if (kerr != EADDRINUSE)
             break;
     }
-    if (fd < 0 || p->port == 0)
-        r = uv_translate_sys_error(errno);
+    if (r != 0 && fd >= 0)
+        close(fd); /* its port unknown */
     if (r == 0 && (r = uv_udp_open(&p->udp, fd)) != 0)
         close(fd);
     if (r == 0)
@@ -223,7 +228,7 @@ gpl_result_t rdzv__peer_open(uv_loop_t *loop, rdzv_peer_done_cb done, void *data
         rdzv__peer_close(p);
         return GPL_ERR_SYSTEM;
     }
-    int kr = kfd < 0 ? uv_translate_sys_error(errno) : rdzv__kport_start(loop, kfd, &p->kport);
+    int kr = kfd < 0 ? uv_translate_sys_error(kerr) : rdzv__kport_start(loop, kfd, &p->kport);
     if (kr != 0)
         GB_WARN("could not listen on TCP port %u for kernel probes (%s): a stopped or starved "
                 "launcher on this node is told from a lost machine only by the heartbeat rules, "
@@ -264,9 +269,12 @@ void rdzv__peer_probe(rdzv_peer *p, uint32_t id, const char *addr, uint16_t port
         GB_DEBUG("peer probe of %s:%u not sent: %s", addr, port,
                  pr == NULL ? "too many in flight" : "not an address this socket reaches");
         probe none = {.id = id, .start_ms = now};
-        /* to a server that asks kernel probes, a probe this node could not make says so */
+        /* a probe this node could not make says so (no word on the node): with its
+         * probes all in flight, or, to a server that asks kernel probes, any */
         finish(p, pr ? pr : &none,
-               flags && !p->muted && port != 0 ? RDZV_PROBE_OK_UNABLE : RDZV_PROBE_OK_NONE, now);
+               (pr == NULL || flags) && !p->muted && port != 0 ? RDZV_PROBE_OK_UNABLE
+                                                               : RDZV_PROBE_OK_NONE,
+               now);
         return;
     }
     pr->used = 1;

@@ -14,7 +14,7 @@
 #include "gpulaunch/gpl_error.h"
 
 #define RDZV_PEER_EVERY_MS 50          /* a probe's datagram is sent again this often */
-#define RDZV_PEER_MAX_PROBES 8         /* probes in flight at once; more are answered not ok */
+#define RDZV_PEER_MAX_PROBES 8         /* probes in flight at once; more: ok 3, no word */
 #define RDZV_PEER_MAX_DEADLINE_MS 5000 /* a longer deadline asked for is cut to this */
 
 typedef struct rdzv_peer rdzv_peer;

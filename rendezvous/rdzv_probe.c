@@ -20,6 +20,7 @@ static void unlist(member *m) {
     m->p.sent_ms = 0;
     m->p.suspected = 0;
     m->p.relayed = m->p.relay_nacks = m->p.relay_machine = m->p.relay_unable = 0;
+    m->p.checker_nack = 0;
     m->p.relay_names[0] = '\0';
 }
 
@@ -36,6 +37,7 @@ static void ping(member *m, uint64_t now, int suspected) {
     m->p.sent_ms = now ? now : 1;
     m->p.suspected = suspected;
     m->p.relayed = m->p.relay_nacks = m->p.relay_machine = m->p.relay_unable = 0;
+    m->p.checker_nack = 0;
     m->p.relay_names[0] = '\0';
     if (!m->p.listed) {
         LIST_INSERT_HEAD(&s->probing, m, plink);
@@ -62,6 +64,8 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
     member *m = c->m;
     if (m == NULL)
         return;
+    if (m->p.serial == 0)
+        m->p.serial = ++c->s->member_serial;
     m->p.answers = (join->flags & RDZV_JOIN_PROBE) != 0;
     m->p.wait_from_ms = 0; /* a new round: its workers wait in none of its collectives yet */
     uint16_t was = m->p.peer_port;
@@ -80,6 +84,8 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
         m->p.machine = 0;
         m->p.check_id = 0;
         m->p.check_at_ms = 0;
+        m->p.check_said = 0;
+        m->p.checker = 0;
     }
     if (m->p.answers && m->p.rtt_ms == 0 && m->p.sent_ms == 0)
         ping(m, gb_now_ms(), 0); /* calibration: its round trip, before it is ever suspected */
@@ -153,48 +159,98 @@ static uint32_t silence_ms(const member *m) {
     return t + RDZV_PROBE_MAX_MS >= m->rm.r->hb_timeout_ms ? UINT32_MAX : (uint32_t)t;
 }
 
-/* Whether x can make a kernel probe of a node of its round: its own port
- * was reached by a peer (so it is a launcher that makes them, with TCP
- * between the hosts), it is in the round and not itself suspected. */
+/* Whether x can make a kernel probe of a node of its round: a launcher
+ * that makes them (its JOIN said so) and showed that it can connect out (it
+ * reached a peer's port), in the round and not itself suspected. */
 static int kernel_prober(const member *x) {
-    return x->p.machine == 1 && x->p.peer_port && x->rm.active && !x->rm.done &&
+    return x->p.kernel && x->p.reaches && x->p.peer_port && x->rm.active && !x->rm.done &&
            !(x->p.sent_ms && x->p.suspected);
 }
 
-/* Whether m, silent for `silent` ms, is due for its early probe now: kernel
- * probes on, its own port checked, silent past its early threshold, which
- * leaves the heartbeat timeout's own ask of the peers its time, and at least
- * RDZV_EARLY_NACKS peers that can make kernel probes of it. */
-static int early_due(const member *m, uint64_t silent) {
+/* The member of r with this serial; NULL when it is not in r (or 0). */
+static member *by_serial(const rdzv_round *r, uint64_t serial) {
+    for (uint32_t i = 0; serial && i < r->nranks; i++)
+        if (r->ranks[i] && member_of(r->ranks[i])->p.serial == serial)
+            return member_of(r->ranks[i]);
+    return NULL;
+}
+
+/* Up to RDZV_PROBE_RELAYS peers of m's round to probe it, into xs: those
+ * with a UDP port that are not themselves suspected, on another host than m
+ * first, starting at `from` so that one node is not everyone's prober. For
+ * a kernel probe only kernel probers, m's checker first, and none when its
+ * checker cannot probe (only a peer that reached m's port can say that it
+ * no longer does). */
+static uint32_t pick_relays(const member *m, uint32_t from, int kernel,
+                            member *xs[RDZV_PROBE_RELAYS]) {
     const rdzv_round *r = m->rm.r;
+    uint32_t n = 0;
+    if (kernel) {
+        member *c = by_serial(r, m->p.checker);
+        if (c == NULL || c == m || !kernel_prober(c))
+            return 0;
+        xs[n++] = c;
+    }
+    for (int other_host = 1; other_host >= 0 && n < RDZV_PROBE_RELAYS; other_host--)
+        for (uint32_t k = 0; k < r->nranks && n < RDZV_PROBE_RELAYS; k++) {
+            rdzv_rmember *rm = r->ranks[(k + from) % r->nranks];
+            if (rm == NULL || rm == &m->rm || rm->done || !rm->active)
+                continue;
+            member *x = member_of(rm);
+            int same = strcmp(x->rm.hostname, m->rm.hostname) == 0;
+            if (x->p.peer_port == 0 || (x->p.sent_ms && x->p.suspected) || same == other_host ||
+                (kernel && (!kernel_prober(x) || x->p.serial == m->p.checker)))
+                continue;
+            xs[n++] = x;
+        }
+    return n;
+}
+
+/* The peers' deadline for an early probe of m through xs: m's own, or
+ * RDZV_PROBE_RTT_FACTOR x (its round trip + the slowest peer's) when that
+ * is longer (a peer far from it), at most RDZV_PROBE_MAX_MS. */
+static uint32_t early_ms(const member *m, member *const *xs, uint32_t n) {
+    uint32_t d = deadline_ms(m), worst = m->p.rtt_ms;
+    for (uint32_t i = 0; i < n; i++)
+        if (xs[i]->p.rtt_ms == 0 || xs[i]->p.rtt_ms > worst)
+            worst = xs[i]->p.rtt_ms ? xs[i]->p.rtt_ms : RDZV_PROBE_MAX_MS;
+    uint64_t w = (uint64_t)RDZV_PROBE_RTT_FACTOR * ((uint64_t)m->p.rtt_ms + worst);
+    if (m->p.rtt_ms == 0 || w > RDZV_PROBE_MAX_MS)
+        return RDZV_PROBE_MAX_MS;
+    return w > d ? (uint32_t)w : d;
+}
+
+/* Whether m, silent for `silent` ms, is due for its early probe now: kernel
+ * probes on, its own port checked, silent past its early threshold, at
+ * least RDZV_EARLY_NACKS peers that can make kernel probes of it (its
+ * checker among them; chosen into xs, *n), and the probe settled (the
+ * peers' deadline and grace) before the heartbeat timeout's own ask. */
+static int early_due(const member *m, uint64_t silent, member *xs[RDZV_PROBE_RELAYS], uint32_t *n) {
+    const rdzv_round *r = m->rm.r;
+    *n = 0;
     if (m->c->s->o.probes != RDZV_PROBES_ON || m->p.machine != 1 || m->p.early_done ||
         m->p.peer_kept_ms || m->p.gap_ms == 0)
         return 0;
     uint64_t t = (uint64_t)m->p.gap_ms + RDZV_EARLY_STALL_MS;
     if (t < RDZV_EARLY_MIN_MS)
         t = RDZV_EARLY_MIN_MS;
-    /* settled (its deadline and the peers' grace) before the timeout's own ask */
-    if (silent < t ||
-        t + deadline_ms(m) + RDZV_RELAY_GRACE_MS + RDZV_TIMEOUT_ASK_MS > r->hb_timeout_ms)
+    if (silent < t)
         return 0;
-    uint32_t probers = 0;
-    for (uint32_t i = 0; i < r->nranks && probers < RDZV_EARLY_NACKS; i++) {
-        const rdzv_rmember *rm = r->ranks[i];
-        if (rm && rm != &m->rm && kernel_prober(member_of((rdzv_rmember *)rm)))
-            probers++;
-    }
-    return probers >= RDZV_EARLY_NACKS;
+    *n = pick_relays(m, (uint32_t)m->p.serial, 1, xs);
+    return *n >= RDZV_EARLY_NACKS &&
+           t + early_ms(m, xs, *n) + RDZV_RELAY_GRACE_MS + RDZV_TIMEOUT_ASK_MS <= r->hb_timeout_ms;
 }
 
-static void relay(member *m, uint64_t now);
+static void relay(member *m, uint64_t now, member *const *xs, uint32_t n);
 
 void rdzv__probe_silent(member *m, uint64_t now) {
     if (!m->p.answers || (m->p.sent_ms && m->p.suspected) || m->rm.r == NULL)
         return;
     uint64_t silent = now - m->c->last_rx_ms, hb = m->rm.r->hb_timeout_ms;
-    uint32_t t = silence_ms(m);
+    uint32_t t = silence_ms(m), n = 0;
+    member *xs[RDZV_PROBE_RELAYS];
     int kind = RDZV_SUSPECT_SILENT;
-    if (silent < t && early_due(m, silent)) {
+    if (silent < t && early_due(m, silent, xs, &n)) {
         kind = RDZV_SUSPECT_EARLY; /* once in this silence */
         m->p.early_done = 1;
     } else if (t == UINT32_MAX || (m->p.peer_kept_ms && silent >= t)) {
@@ -217,7 +273,8 @@ void rdzv__probe_silent(member *m, uint64_t now) {
                                           : "");
     ping(m, now, kind);
     if (kind == RDZV_SUSPECT_TIMEOUT || kind == RDZV_SUSPECT_EARLY)
-        relay(m, now); /* at once: their word must come before the timeout, or is the point */
+        relay(m, now, kind == RDZV_SUSPECT_EARLY ? xs : NULL,
+              n); /* at once: their word must come before the timeout, or is the point */
 }
 
 int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
@@ -309,40 +366,61 @@ void rdzv__probe_ack(conn *c, const rdzv_msg *msg) {
     case RDZV_PROBE_OK_MACHINE: /* only asked with RDZV_PROBE_KERNEL (an early probe) */
         c->s->m.relays_machine++;
         m->p.relay_machine++;
+        c->m->p.reaches = 1;
         return;
-    case RDZV_PROBE_OK_UNABLE: /* no word on the suspect */
-        c->s->m.relays_unable++;
-        m->p.relay_unable++;
-        return;
-    default:
+    case RDZV_PROBE_OK_NONE:
         c->s->m.relays_unreached++;
         m->p.relay_nacks++;
+        if (m->p.checker && c->m->p.serial == m->p.checker)
+            m->p.checker_nack = 1;
+        return;
+    default: /* RDZV_PROBE_OK_UNABLE, or a code this server does not know: no word */
+        c->s->m.relays_unable++;
+        m->p.relay_unable++;
     }
 }
 
 /* ---- machine checks (kernel probes, rule 8) ---- */
 
 /* A peer to check m's kernel-probe port: one that makes kernel probes, on
- * another host than m where there is one, starting at a place that moves
- * with the check so that one node is not everyone's checker. */
+ * another host than m where there is one, one that has not shown yet that it
+ * reaches such ports first (so that every node soon has), starting at a
+ * place that moves with the check so that one node is not everyone's
+ * checker. */
 static member *checker(const member *m, uint32_t id) {
     const rdzv_round *r = m->rm.r;
-    for (int other_host = 1; other_host >= 0; other_host--)
+    for (int pass = 0; pass < 4; pass++) {
+        int other_host = pass < 2, fresh = pass % 2 == 0;
         for (uint32_t k = 0; k < r->nranks; k++) {
             rdzv_rmember *rm = r->ranks[(k + id) % r->nranks];
             if (rm == NULL || rm == &m->rm || rm->done || !rm->active)
                 continue;
             member *x = member_of(rm);
             if (x->p.kernel && x->p.peer_port && !(x->p.sent_ms && x->p.suspected) &&
-                (strcmp(x->rm.hostname, m->rm.hostname) != 0) == other_host)
+                (strcmp(x->rm.hostname, m->rm.hostname) != 0) == other_host &&
+                (!fresh || !x->p.reaches))
                 return x;
         }
+    }
     return NULL;
+}
+
+/* Whether m's round has a node on another host than m's that makes kernel
+ * probes. */
+static int other_host_in(const member *m) {
+    const rdzv_round *r = m->rm.r;
+    for (uint32_t i = 0; i < r->nranks; i++) {
+        const rdzv_rmember *rm = r->ranks[i];
+        if (rm && rm != &m->rm && !rm->done && member_of((rdzv_rmember *)rm)->p.kernel &&
+            strcmp(rm->hostname, m->rm.hostname) != 0)
+            return 1;
+    }
+    return 0;
 }
 
 void rdzv__probe_machine(member *m, uint64_t now) {
     rdzv_server *s = m->c->s;
-    if (s->o.probes != RDZV_PROBES_ON || !m->p.kernel || m->p.machine == 1 || m->rm.r == NULL)
+    if (s->o.probes != RDZV_PROBES_ON || !m->p.kernel || m->rm.r == NULL)
         return;
     if (m->p.check_id) {
         if (now - m->p.check_sent_ms < (uint64_t)RDZV_CHECK_MS + RDZV_RELAY_GRACE_MS)
@@ -352,8 +430,8 @@ void rdzv__probe_machine(member *m, uint64_t now) {
         m->p.check_at_ms = now + RDZV_CHECK_RETRY_MS;
         return;
     }
-    if (now < m->p.check_at_ms)
-        return;
+    if (now < m->p.check_at_ms || (m->p.sent_ms && m->p.suspected))
+        return; /* not due, or silent now: a suspicion's probes are about it */
     if (++s->probe_id == 0)
         s->probe_id = 1;
     member *x = checker(m, s->probe_id);
@@ -388,42 +466,55 @@ static void check_ack(conn *c, const rdzv_msg *msg) {
     case RDZV_PROBE_OK_MACHINE:
         s->m.checks_reached++;
         m->p.machine = 1;
+        m->p.checker = c->m->p.serial;
+        c->m->p.reaches = 1;
+        /* checked again later: the path may close; sooner when only its own
+         * host reached it and another host's peer may try now */
+        m->p.check_at_ms = now + (strcmp(c->m->rm.hostname, m->rm.hostname) == 0 && other_host_in(m)
+                                      ? RDZV_CHECK_RETRY_MS
+                                      : RDZV_CHECK_PASSED_MS);
         if (m->p.check_said)
             GB_WARN("job %s: node %s's TCP port %u is reached from node %s now: kernel probes "
                     "of it are on again",
                     r->run_id, m->rm.hostname, (unsigned)m->p.peer_port, c->m->rm.hostname);
         m->p.check_said = 0;
         return;
-    case RDZV_PROBE_OK_UNABLE:
+    case RDZV_PROBE_OK_NONE:
+        break;
+    default: /* RDZV_PROBE_OK_UNABLE, or a code this server does not know: no word */
         s->m.checks_unable++;
         m->p.check_at_ms = now + RDZV_CHECK_RETRY_MS;
         return;
-    default:
-        s->m.checks_unreached++;
-        m->p.machine = -1;
-        m->p.check_at_ms = now + RDZV_CHECK_AGAIN_MS;
-        if (!m->p.check_said)
-            GB_WARN("job %s: node %s's TCP port %u (the number of its UDP peer port) was not "
-                    "reached from node %s within %.1f s: kernel probes of it are off, so a "
-                    "vanished %s is found about a second later, by the UDP probes and the "
-                    "heartbeat rules; let TCP to that port through between the job's nodes (a "
-                    "firewall, a security group, a NetworkPolicy), or run gpulaunch-rdzv with "
-                    "--probes udp to say that it cannot be (checked again every %d s)",
-                    r->run_id, m->rm.hostname, (unsigned)m->p.peer_port, c->m->rm.hostname,
-                    RDZV_CHECK_MS / 1000.0, m->rm.hostname, RDZV_CHECK_AGAIN_MS / 1000);
-        m->p.check_said = 1;
     }
+    s->m.checks_unreached++;
+    m->p.machine = -1;
+    m->p.check_at_ms = now + RDZV_CHECK_AGAIN_MS;
+    if (!m->p.check_said)
+        GB_WARN("job %s: node %s's TCP port %u (the number of its UDP peer port) was not "
+                "reached from node %s within %.1f s: kernel probes of it are off, so a "
+                "vanished %s is found about a second later, by the UDP probes and the "
+                "heartbeat rules; let TCP to that port through between the job's nodes (a "
+                "firewall, a security group, a NetworkPolicy), or run gpulaunch-rdzv with "
+                "--probes udp to say that it cannot be (checked again every %d s)",
+                r->run_id, m->rm.hostname, (unsigned)m->p.peer_port, c->m->rm.hostname,
+                RDZV_CHECK_MS / 1000.0, m->rm.hostname, RDZV_CHECK_AGAIN_MS / 1000);
+    m->p.check_said = 1;
 }
 
-/* Asks up to RDZV_PROBE_RELAYS other nodes of m's round to probe it: those
- * with a UDP port that are not themselves suspected, on another host than m
- * first, starting at a place that moves with the probe so that one node is
- * not everyone's prober. */
-static void relay(member *m, uint64_t now) {
+/* Asks peers of m's round to probe it: xs (n of them) for an early probe
+ * (kernel probes too), else up to RDZV_PROBE_RELAYS that pick_relays
+ * chooses from a place that moves with the probe. */
+static void relay(member *m, uint64_t now, member *const *xs, uint32_t n) {
     rdzv_round *r = m->rm.r;
     uint64_t age = now - m->p.sent_ms;
     uint32_t d = deadline_ms(m);
     uint32_t left = age < d ? (uint32_t)(d - age) : 0;
+    member *pick[RDZV_PROBE_RELAYS];
+    int kernel = xs != NULL; /* its machine too, by peers that reach such ports */
+    if (!kernel) {
+        n = pick_relays(m, m->p.id, 0, pick);
+        xs = pick;
+    }
     if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
         /* until the timeout less the grace, but long enough for a round trip
          * on a slow link and a launcher's stall (a node kept past the timeout
@@ -433,42 +524,32 @@ static void relay(member *m, uint64_t now) {
         if (to < RDZV_TIMEOUT_RELAY_MIN_MS)
             to = RDZV_TIMEOUT_RELAY_MIN_MS;
         left = to > RDZV_PROBE_MAX_MS ? RDZV_PROBE_MAX_MS : (uint32_t)to;
+    } else if (kernel) {
+        uint32_t e = early_ms(m, xs, n); /* the peers' own round trips count too */
+        left = e > left ? e : left;
     }
     m->p.relay_ms = left > RDZV_RELAY_MIN_MS ? left : RDZV_RELAY_MIN_MS;
     m->p.relay_at_ms = now;
-    m->p.relayed = 1; /* asked (even of no one): asked once per probe */
-    int kernel = m->p.suspected == RDZV_SUSPECT_EARLY; /* its machine too, by checked peers */
-    uint32_t asked = 0;
     size_t off = 0;
-    for (int other_host = 1; other_host >= 0 && asked < RDZV_PROBE_RELAYS; other_host--) {
-        for (uint32_t k = 0; k < r->nranks && asked < RDZV_PROBE_RELAYS; k++) {
-            rdzv_rmember *rm = r->ranks[(k + m->p.id) % r->nranks];
-            if (rm == NULL || rm == &m->rm || rm->done || !rm->active)
-                continue;
-            member *x = member_of(rm);
-            int same = strcmp(x->rm.hostname, m->rm.hostname) == 0;
-            if (x->p.peer_port == 0 || (x->p.sent_ms && x->p.suspected) || same == other_host ||
-                (kernel && !kernel_prober(x)))
-                continue;
-            rdzv_msg q = {
-                .type = RDZV_PROBE_REQ, .flags = kernel ? RDZV_PROBE_KERNEL : 0, .req_id = m->p.id};
-            snprintf(q.u.probe_req.addr, sizeof q.u.probe_req.addr, "%s", m->p.peer_ip);
-            q.u.probe_req.port = m->p.peer_port;
-            q.u.probe_req.deadline_ms = m->p.relay_ms;
-            rdzv__send_msg(x->c, &q);
-            m->c->s->m.relays_sent++;
-            if (off < sizeof m->p.relay_names) {
-                int n = snprintf(m->p.relay_names + off, sizeof m->p.relay_names - off, "%s%s",
-                                 off ? ", " : "", x->rm.hostname);
-                off += n > 0 ? (size_t)n : 0;
-            }
-            asked++;
+    for (uint32_t i = 0; i < n; i++) {
+        member *x = xs[i];
+        rdzv_msg q = {
+            .type = RDZV_PROBE_REQ, .flags = kernel ? RDZV_PROBE_KERNEL : 0, .req_id = m->p.id};
+        snprintf(q.u.probe_req.addr, sizeof q.u.probe_req.addr, "%s", m->p.peer_ip);
+        q.u.probe_req.port = m->p.peer_port;
+        q.u.probe_req.deadline_ms = m->p.relay_ms;
+        rdzv__send_msg(x->c, &q);
+        m->c->s->m.relays_sent++;
+        if (off < sizeof m->p.relay_names) {
+            int k = snprintf(m->p.relay_names + off, sizeof m->p.relay_names - off, "%s%s",
+                             off ? ", " : "", x->rm.hostname);
+            off += k > 0 ? (size_t)k : 0;
         }
     }
-    m->p.relayed = asked ? asked : UINT32_MAX; /* UINT32_MAX: nobody to ask */
-    if (asked)
+    m->p.relayed = n ? n : UINT32_MAX; /* asked once per probe; UINT32_MAX: nobody to ask */
+    if (n)
         GB_DEBUG("%s answers no probe %u ms in: %u peer node(s) probe it (%s)", m->rm.hostname,
-                 (unsigned)age, asked, m->p.relay_names);
+                 (unsigned)age, n, m->p.relay_names);
 }
 
 void rdzv__probe_gone(member *m) { unlist(m); }
@@ -548,11 +629,13 @@ again:
         uint32_t d = deadline_ms(m);
         uint64_t age = now - m->p.sent_ms;
         if (m->p.suspected && !m->p.relayed && age >= d / 3 && m->p.peer_port)
-            relay(m, now);
+            relay(m, now, NULL, 0);
         if (age < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
             continue;
         if (m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
-            relay_heard(m) < m->p.relayed && age < (uint64_t)d + RDZV_RELAY_GRACE_MS)
+            relay_heard(m) < m->p.relayed &&
+            (age < (uint64_t)d + RDZV_RELAY_GRACE_MS ||
+             now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS))
             continue;          /* the peers' word first */
         if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */
             unlist(m);
@@ -573,13 +656,17 @@ again:
             continue;
         }
         if (m->p.suspected == RDZV_SUSPECT_EARLY &&
-            (m->p.relay_machine || m->p.relay_nacks < RDZV_EARLY_NACKS)) {
+            (m->p.relay_machine || m->p.relay_nacks < RDZV_EARLY_NACKS || !m->p.checker_nack)) {
             /* its machine lives (a stopped or starved launcher), or too few peers could
-             * say: the rules of a launcher's silence judge it, a second later */
+             * say, or not the one that reached it before: the rules of a launcher's
+             * silence judge it, a second later */
             GB_DEBUG("%s answered no early probe, but %s: left to the silence rules",
                      m->rm.hostname,
                      m->p.relay_machine ? "its machine accepted a peer's connection"
-                                        : "too few peers could say whether its machine lives");
+                     : m->p.relay_nacks < RDZV_EARLY_NACKS
+                         ? "too few peers could say whether its machine lives"
+                         : "the peer that reached its machine before did not say it no longer "
+                           "does");
             unlist(m);
             continue;
         }

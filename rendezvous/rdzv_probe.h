@@ -26,10 +26,14 @@
  * (a machine check, PROBE_REQ with RDZV_PROBE_MACHINE); a checked node silent
  * past its worst gap + RDZV_EARLY_STALL_MS (at least RDZV_EARLY_MIN_MS) is
  * probed early, directly and through up to RDZV_PROBE_RELAYS checked peers
- * that ping it and connect to its machine (RDZV_PROBE_KERNEL). Its machine
- * answering (a stopped or starved launcher) leaves it to the rules above; it
- * is lost early only when at least RDZV_EARLY_NACKS peers reached neither it
- * nor its machine. Part of the server: runs
+ * that ping it and connect to its machine (RDZV_PROBE_KERNEL): its checker
+ * (the peer that reached its port last) and others that showed they can
+ * connect out (they reached a peer's port), with a deadline that covers
+ * their round trips too. Its machine answering (a stopped or starved
+ * launcher) leaves it to the rules above; it is lost early only when at
+ * least RDZV_EARLY_NACKS of them, its checker among them, reached neither it
+ * nor its machine. A port reached is checked again every
+ * RDZV_CHECK_PASSED_MS. Part of the server: runs
  * on its loop, owned by rdzv_server.c (the sweep) and rdzv_job.c (members). */
 #ifndef GPULAUNCH_RDZV_PROBE_H
 #define GPULAUNCH_RDZV_PROBE_H
@@ -77,6 +81,10 @@
 #define RDZV_CHECK_MS 2000
 #define RDZV_CHECK_RETRY_MS 5000
 #define RDZV_CHECK_AGAIN_MS 60000
+/* A port reached is checked again this often (the path may have closed
+ * since), and sooner, after RDZV_CHECK_RETRY_MS, when only a peer on its own
+ * host reached it while the round has other hosts. */
+#define RDZV_CHECK_PASSED_MS 60000
 
 typedef struct conn conn;
 typedef struct member member;
@@ -110,7 +118,11 @@ typedef struct rdzv_probe {
     int early_done;         /* this silence's early probe was made (cleared by a frame) */
     int kernel;             /* its JOIN said RDZV_JOIN_KERNEL */
     int machine;            /* its kernel-probe port: 1 reached by a peer, -1 not, 0 unchecked */
+    int reaches;            /* it reached a peer's kernel-probe port (it can connect out) */
     int check_said;         /* a check that did not reach it was logged */
+    uint64_t serial;        /* this member, among every member the server had (never 0) */
+    uint64_t checker;       /* the serial of the peer that last reached its port (0: none) */
+    int checker_nack;       /* that peer said 0 (neither reached) for the probe in flight */
     uint32_t check_id;      /* the machine check in flight (0: none) */
     uint64_t check_sent_ms, check_at_ms; /* it was sent at; the next is due at */
 } rdzv_probe;

@@ -104,6 +104,7 @@ struct rdzv_server {
     uint64_t last_hb_scan_ms;
     LIST_HEAD(, member) probing; /* members with a probe in flight (rdzv_probe.c) */
     uint32_t probe_id;
+    uint64_t member_serial; /* the last rdzv_probe.serial given */
     rdzv_metrics m;
     uint8_t readbuf[64 * 1024];
     int readbuf_busy;

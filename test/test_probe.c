@@ -18,6 +18,7 @@
 static proc srv;
 static int port, hport;
 static peer *P;
+static int pong_delay_ms[4]; /* a node's calibration pong this late (await_assigned) */
 
 static void setup(void) {
     P = calloc(4, sizeof *P);
@@ -37,6 +38,7 @@ static double probes(const char *result) {
 }
 
 static void teardown(void) {
+    memset(pong_delay_ms, 0, sizeof pong_delay_ms);
     for (int i = 0; i < 4; i++)
         peer_close(&P[i]);
     free(P);
@@ -47,8 +49,9 @@ static void teardown(void) {
 
 TestSuite(probe, .init = setup, .fini = teardown, .timeout = 60);
 
-/* Node i is assigned, and the join's calibration ping answered when it
- * says it answers probes (none is sent when it does not). */
+/* Node i is assigned, and the join's calibration ping answered (after
+ * pong_delay_ms[i]: a node far from the server) when it says it answers
+ * probes (none is sent when it does not). */
 static void await_assigned(int i, int answers) {
     int assigned = 0, pinged = 0;
     uint64_t until = now_ms() + 3000;
@@ -59,6 +62,8 @@ static void await_assigned(int i, int answers) {
             assigned = 1;
         if (P[i].last.type == RDZV_PING) {
             pinged = 1;
+            if (pong_delay_ms[i])
+                usleep((useconds_t)pong_delay_ms[i] * 1000u);
             rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
             peer_send(&P[i], &pong);
         }
@@ -395,15 +400,21 @@ Test(probe, options_version_1_is_taken_and_a_future_one_refused) {
 
 /* How raw node i behaves: silent (sends and reads nothing: vanished), and
  * what it says to a machine check, to a kernel probe and to a UDP-only probe
- * of another node (RDZV_PROBE_OK_*); what it was asked and heard. */
+ * of another node (RDZV_PROBE_OK_*); to a kernel probe of a node whose port
+ * it checked, checker_ok when set; what it was asked and heard: checks,
+ * the nodes whose ports it checked (a bit each), kernel probes and the
+ * deadline of the last one, UDP probes, a round's end. */
 typedef struct rawnode {
-    int silent, check_ok, kernel_ok, udp_ok;
-    int checks, kernels, udps, over;
+    int silent, check_ok, kernel_ok, udp_ok, checker_ok_set, checker_ok;
+    int checks, checked, kernels, udps, over;
+    uint32_t kernel_deadline_ms;
 } rawnode;
 static rawnode R[4];
 
 /* n nodes of one static job that make and answer kernel probes (a peer
- * port each; raw nodes listen on none: what they say is set in R). */
+ * port each, 40000 + i; raw nodes listen on none: what they say is set in
+ * R); the nodes whose calibration pong is delayed (pong_delay_ms) are
+ * awaited last, so that the others' round trips stay short. */
 static void kernel_round_of(const char *job, int n) {
     memset(R, 0, sizeof R);
     for (int i = 0; i < n; i++) {
@@ -421,8 +432,10 @@ static void kernel_round_of(const char *job, int n) {
         m.u.join.peer_port = (uint16_t)(40000 + i);
         peer_send(&P[i], &m);
     }
-    for (int i = 0; i < n; i++)
-        await_assigned(i, 1);
+    for (int slow = 0; slow < 2; slow++)
+        for (int i = 0; i < n; i++)
+            if ((pong_delay_ms[i] != 0) == slow)
+                await_assigned(i, 1);
 }
 
 /* Runs nodes 0..n-1 for ms: the live ones beat every 500 ms, answer pings
@@ -449,12 +462,18 @@ static int run_nodes(int n, int ms, int watch, uint64_t *last_beat) {
                     peer_send(&P[i], &pong);
                 } else if (m->type == RDZV_PROBE_REQ) {
                     rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = m->req_id};
+                    int of = m->u.probe_req.port - 40000;
                     if (m->flags & RDZV_PROBE_MACHINE) {
                         R[i].checks++;
+                        R[i].checked |= of >= 0 && of < 4 ? 1 << of : 0;
                         a.u.probe_ack.ok = (uint8_t)R[i].check_ok;
                     } else if (m->flags & RDZV_PROBE_KERNEL) {
                         R[i].kernels++;
-                        a.u.probe_ack.ok = (uint8_t)R[i].kernel_ok;
+                        R[i].kernel_deadline_ms = m->u.probe_req.deadline_ms;
+                        a.u.probe_ack.ok = (uint8_t)(R[i].checker_ok_set && of >= 0 && of < 4 &&
+                                                             (R[i].checked & (1 << of))
+                                                         ? R[i].checker_ok
+                                                         : R[i].kernel_ok);
                     } else {
                         R[i].udps++;
                         a.u.probe_ack.ok = (uint8_t)R[i].udp_ok;
@@ -477,18 +496,20 @@ static double metric_of(const char *name) {
     return prom_value(body, name);
 }
 
-/* Three nodes beat for 2.5 s (their machine checks answered as R says),
- * then node 2 falls silent; runs until node 0 hears ROUND_OVER or 4.5 s of
+/* n nodes beat for 2.5 s (their machine checks answered as R says), then
+ * the last one falls silent; runs until node 0 hears ROUND_OVER or 4.5 s of
  * silence. Returns the silence (ms) at which node 0 was told, 0: never. */
-static uint64_t silence_of_node_2(void) {
+static uint64_t silence_of_last(int n) {
     uint64_t beat[4] = {0};
-    cr_assert_eq(run_nodes(3, 2500, 0, beat), 0, "a round ended before the silence");
-    R[2].silent = 1;
-    uint64_t t0 = beat[2];
-    if (!run_nodes(3, 4500, 0, beat))
+    cr_assert_eq(run_nodes(n, 2500, 0, beat), 0, "a round ended before the silence");
+    R[n - 1].silent = 1;
+    uint64_t t0 = beat[n - 1];
+    if (!run_nodes(n, 4500, 0, beat))
         return 0;
     return now_ms() - t0;
 }
+
+static uint64_t silence_of_node_2(void) { return silence_of_last(3); }
 
 Test(probe, a_silent_node_whose_machine_no_peer_reaches_is_lost_at_the_early_threshold) {
     kernel_round_of("early", 3);
@@ -580,4 +601,78 @@ Test(probe, with_probes_udp_no_kernel_probe_is_asked) {
               (unsigned long long)took);
     cr_expect_eq(R[0].checks + R[1].checks + R[2].checks, 0);
     cr_expect_eq(R[0].kernels + R[1].kernels, 0);
+}
+
+/* A peer that cannot connect out (its own machine checks of others find
+ * nothing) is never asked for a kernel probe, though its own port is
+ * reached: its word that it reached neither a node nor its machine says
+ * nothing of them. Four nodes, node 1's TCP does not leave its host, node 3
+ * falls silent: only peers that reached a port probe it (lost early when
+ * 2 of them, its checker among them, say so; else by the silence rules). */
+Test(probe, a_peer_that_never_reached_a_port_is_not_asked_for_a_kernel_probe) {
+    kernel_round_of("egress", 4);
+    R[1].check_ok = RDZV_PROBE_OK_NONE;
+    uint64_t took = silence_of_last(4);
+    cr_assert(took, "a silent node was not lost in 4.5 s");
+    cr_expect_eq(R[1].kernels, 0, "a peer that reached no port was asked for a kernel probe");
+    cr_expect(R[1].checks >= 1, "node 1 checked no port");
+    const char *msg = P[0].last.u.round_over.message;
+    const char *asked = strstr(msg, "peer node(s) asked (");
+    cr_expect(asked == NULL || strstr(asked, "egress-1") == NULL, "%s", msg);
+    cr_expect(took < 3500, "lost after %llu ms of silence", (unsigned long long)took);
+}
+
+/* The early verdict needs the word of the peer that reached the node's port
+ * before (its checker): the other peers' 0 alone may be a path of theirs
+ * that never worked. Four nodes, node 3 falls silent; its checker could not
+ * probe (ok 3), the two others reached neither: no early verdict. */
+Test(probe, an_early_verdict_needs_the_peer_that_reached_the_node_before) {
+    kernel_round_of("checker", 4);
+    for (int i = 0; i < 3; i++)
+        R[i].checker_ok_set = 1, R[i].checker_ok = RDZV_PROBE_OK_UNABLE;
+    uint64_t took = silence_of_last(4);
+    cr_assert(took, "a silent node was not lost in 4.5 s");
+    int checkers = 0, asked = 0;
+    for (int i = 0; i < 3; i++) {
+        checkers += (R[i].checked & 8) != 0;
+        asked += R[i].kernels;
+    }
+    cr_assert_eq(checkers, 1, "node 3's port checked by %d peers", checkers);
+    cr_expect_eq(asked, 3, "kernel probes asked: %d (its checker and 2 more expected)", asked);
+    cr_expect(took >= 2750 && took < 3500,
+              "lost after %llu ms of silence (the silence rules' 2.5 s + 0.25 s expected)",
+              (unsigned long long)took);
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect(strstr(msg, "reached neither it nor its machine") == NULL, "%s", msg);
+}
+
+/* The same, its checker reaching it no more either: lost at the early
+ * threshold, the checker's word among those named. */
+Test(probe, an_early_verdict_with_its_checkers_word_comes_at_the_threshold) {
+    kernel_round_of("checked", 4);
+    uint64_t took = silence_of_last(4);
+    cr_assert(took, "a vanished node was not lost in 4.5 s");
+    cr_expect(took >= 1450 && took < 2100, "lost after %llu ms of silence (1.25 s + 0.25 s)",
+              (unsigned long long)took);
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect(strstr(msg, "3 of the 3 peer node(s) asked (") != NULL, "%s", msg);
+}
+
+/* Peers far from the server (their round trips long): the peers' deadline
+ * of an early probe covers their round trips as well as the node's, not the
+ * node's 250 ms alone. Nodes 0 and 1 answer their calibration 120 ms late
+ * (node 1 later still: its ping waited for node 0's answer). */
+Test(probe, an_early_probes_peer_deadline_covers_the_peers_round_trips) {
+    pong_delay_ms[0] = pong_delay_ms[1] = 120;
+    kernel_round_of("far", 3);
+    uint64_t took = silence_of_node_2();
+    cr_assert(took, "a vanished node was not lost in 4.5 s");
+    uint32_t d = R[0].kernel_deadline_ms > R[1].kernel_deadline_ms ? R[0].kernel_deadline_ms
+                                                                   : R[1].kernel_deadline_ms;
+    cr_expect_eq(R[0].kernels + R[1].kernels, 2);
+    cr_expect(d >= 360 && d <= 2000,
+              "the peers were given %u ms (3 x (its round trip + theirs, 120-240 ms) expected)", d);
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect(strstr(msg, "and answered no ping within 250 ms; 2 of the 2 peer node(s)") != NULL,
+              "%s", msg);
 }
