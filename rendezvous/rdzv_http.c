@@ -122,8 +122,12 @@ char *rdzv_render_metrics(rdzv_server *s) {
     sb_printf(&b,
               "# HELP gpulaunch_rdzv_moves_total Nodes that moved their running round to a new "
               "connection because the old one stalled.\n"
-              "# TYPE gpulaunch_rdzv_moves_total counter\ngpulaunch_rdzv_moves_total %llu\n",
-              (unsigned long long)s->m.moves);
+              "# TYPE gpulaunch_rdzv_moves_total counter\ngpulaunch_rdzv_moves_total %llu\n"
+              "# HELP gpulaunch_rdzv_moves_back_total Nodes that went back to the connection they "
+              "moved from when their launcher closed the new one.\n"
+              "# TYPE gpulaunch_rdzv_moves_back_total counter\n"
+              "gpulaunch_rdzv_moves_back_total %llu\n",
+              (unsigned long long)s->m.moves, (unsigned long long)s->m.moves_back);
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
     /* what the server holds from malloc, not what the allocator keeps free:
      * back where it started once every job is gone (test/bench/rdzv_soak) */

@@ -562,6 +562,26 @@ void rdzv__job_request(conn *c, const rdzv_msg *msg) {
     }
 }
 
+int rdzv__job_conn_fallback(conn *c, const char *why) {
+    member *m = c->m;
+    if (m == NULL || m->c != c || m->was == NULL || m->was->closing || m->was->doomed)
+        return 0;
+    conn *old = m->was;
+    uint64_t now = gb_now_ms();
+    m->c = old;
+    m->was = NULL;
+    c->m = NULL;
+    if (old->last_rx_ms < c->last_rx_ms)
+        old->last_rx_ms = c->last_rx_ms; /* the node's silence goes on from its last frame */
+    c->s->m.moves_back++;
+    GB_INFO("job %s: %s (node rank %u) is back on the connection it moved from (%s on the new "
+            "one, %.1f s after the old one last carried anything): its launcher kept the old one, "
+            "a spare that was not ready in time; round %u goes on",
+            m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank, why,
+            (double)(now - old->last_rx_ms) / 1000.0, m->rm.r ? m->rm.r->round : 0u);
+    return 1;
+}
+
 void rdzv__job_conn_gone(conn *c, const char *why) {
     rdzv_waiter *w;
     while ((w = LIST_FIRST(&c->waiters)) != NULL)

@@ -399,7 +399,9 @@ static void read_frames(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     if (buf->base == (char *)s->readbuf)
         s->readbuf_busy = 0;
     if (nread < 0) {
-        conn_close(c, nread == UV_EOF ? "peer closed the connection" : uv_strerror((int)nread));
+        const char *why = nread == UV_EOF ? "peer closed the connection" : uv_strerror((int)nread);
+        (void)rdzv__job_conn_fallback(c, why); /* a spare given up on: the node stays */
+        conn_close(c, why);
         return;
     }
     if (nread == 0 || c->closing)

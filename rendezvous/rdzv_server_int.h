@@ -81,7 +81,8 @@ typedef struct rdzv_metrics {
     uint64_t checks_reached, checks_unreached, checks_unable, checks_no_answer;
     uint64_t frames_in, frames_out; /* every frame decoded and every frame sent */
     uint64_t moves;                 /* nodes that moved to a new connection in a running round */
-    uint64_t failures[7];           /* by rdzv_reason */
+    uint64_t moves_back;  /* ... and back to the old one, the new one closed by the node */
+    uint64_t failures[7]; /* by rdzv_reason */
 } rdzv_metrics;
 
 struct rdzv_server {
@@ -143,6 +144,10 @@ const char *rdzv__peer_of(conn *c);
 
 /* JOIN, ATTACH, KV_*, EVENT, FAIL, STATS and DONE of a connection past its handshake. */
 void rdzv__job_request(conn *c, const rdzv_msg *msg);
+/* The peer closed c, a node's connection, while the one the node moved from
+ * still stands: the node goes back to that one (its client gave up on c, a
+ * spare not ready in time, and kept the old one) and 1 is returned; else 0. */
+int rdzv__job_conn_fallback(conn *c, const char *why);
 /* c is closing: its waiters, its attachment and its node go. */
 void rdzv__job_conn_gone(conn *c, const char *why);
 /* The sweep: round deadlines, key waits and, with hb, heartbeats. */

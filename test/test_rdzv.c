@@ -473,6 +473,45 @@ Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
     cr_expect_lt(now_ms() - t0, 500);
 }
 
+/* A spare given up on: node 1's move JOIN reached the server on a new
+ * connection (the node moved) but its answer did not reach the launcher in
+ * time, which closes the spare and goes on on the old connection. The node
+ * goes back to the old one: the close ends nothing, the old one's
+ * heartbeats keep it past three timeouts, and its close then ends the round. */
+Test(rdzv, a_node_whose_new_connection_its_launcher_closed_goes_back_to_the_old_one) {
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
+        char h[16], inst[16];
+        snprintf(h, sizeof h, "mv-%d", i);
+        snprintf(inst, sizeof inst, "mv-%d-1234", i);
+        join_as(&P[i], h, inst, i, 0);
+    }
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
+    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
+    join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0, "the node did not move");
+    peer_close(&P[2]); /* given up on by the launcher */
+    rdzv_msg hb = {.type = RDZV_HEARTBEAT};
+    uint64_t t0 = now_ms();
+    int over = 0;
+    while (now_ms() - t0 < 1800 && !over) {
+        peer_send(&P[0], &hb);
+        peer_send(&P[1], &hb);
+        over = peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER;
+    }
+    cr_assert(!over, "the round ended when the new connection closed: %s",
+              P[0].last.u.round_over.message);
+    /* the old one is the node's again: its close ends the round, at once */
+    t0 = now_ms();
+    peer_close(&P[1]);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
+    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT, "%s",
+                 P[0].last.u.round_over.message);
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 1, "%s", P[0].last.u.round_over.message);
+    cr_expect_lt(now_ms() - t0, 500);
+}
+
 Test(rdzv, rejoin_after_failure_keeps_ranks_and_starts_round_two) {
     run_round("rj", 2);
     rdzv_msg f = {.type = RDZV_FAIL, .req_id = 3};
