@@ -227,6 +227,67 @@ int free_tcp_port(void) {
     return port;
 }
 
+/* The Markdown files of docs/ in the source tree in one string (malloc'd), NULL when unread. */
+static char *docs_text(void) {
+    DIR *d = opendir(GPL_SOURCE_DIR "/docs");
+    if (d == NULL)
+        return NULL;
+    char *all = NULL;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 4 || strcmp(e->d_name + l - 3, ".md") != 0)
+            continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/docs/%s", GPL_SOURCE_DIR, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        char chunk[65536];
+        size_t got;
+        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
+            char *p = realloc(all, n + got + 1);
+            if (p == NULL)
+                break;
+            all = p;
+            memcpy(all + n, chunk, got);
+            n += got;
+            all[n] = 0;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return all;
+}
+
+int prom_documented(const char *text, char *why, size_t len) {
+    char *docs = docs_text();
+    if (docs == NULL) {
+        snprintf(why, len, "could not read %s/docs", GPL_SOURCE_DIR);
+        return -1;
+    }
+    size_t w = 0;
+    why[0] = 0;
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "# HELP ", 7) != 0)
+            continue;
+        char name[128], a[140], b[140];
+        size_t k = 0;
+        for (const char *c = l + 7; *c && *c != ' ' && *c != '\n' && k + 1 < sizeof name; c++)
+            name[k++] = *c;
+        name[k] = 0;
+        snprintf(a, sizeof a, "`%s`", name);
+        snprintf(b, sizeof b, "`%s{", name);
+        if (strstr(docs, a) == NULL && strstr(docs, b) == NULL && w + 1 < len)
+            w += (size_t)snprintf(why + w, len - w, "%s%s", w ? ", " : "", name);
+        if (w >= len)
+            w = len - 1;
+    }
+    free(docs);
+    return why[0] ? -1 : 0;
+}
+
 void tmpdir_make(char *buf, size_t len, const char *prefix) {
     snprintf(buf, len, "/tmp/%s-XXXXXX", prefix);
     if (mkdtemp(buf) == NULL)

@@ -80,6 +80,10 @@ pid_t proc_find(pid_t parent, const char *a, const char *b);
  * twice, a malformed name, label set or value, a series twice. 0 when clean,
  * else -1 with the line in why. */
 int prom_check(const char *text, char *why, size_t len);
+/* Every family of a Prometheus text (its # HELP lines) named in backquotes
+ * (`name` or `name{...}`) somewhere in the project's docs' Markdown files: 0 when so,
+ * else -1 with the undocumented names in why. */
+int prom_documented(const char *text, char *why, size_t len);
 /* mkdtemp under /tmp, and rm -rf of it. */
 void tmpdir_make(char *buf, size_t len, const char *prefix);
 void tmpdir_remove(const char *dir);

@@ -717,6 +717,7 @@ Test(gpu_health, metrics_show_what_the_launcher_holds) {
     text += 4;
     char why[1100];
     cr_expect_eq(prom_check(text, why, sizeof why), 0, "%s\n%s", why, text);
+    cr_expect_eq(prom_documented(text, why, sizeof why), 0, "not in docs/*.md: %s", why);
     cr_expect_eq(sample(text, "process_open_fds"), (double)fds + 1, "outside %ld: %s", fds, text);
     cr_expect_eq(sample(text, "gpulaunch_threads"), (double)threads, "%s", text);
     cr_expect_eq(sample(text, "gpulaunch_workers"), 2, "%s", text);

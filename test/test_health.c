@@ -496,6 +496,12 @@ Test(health, checkpoint_figures_in_status_and_metrics) {
                             "h_sum 3.5\nh_count 2\n",
                             why, sizeof why),
                  0, "a histogram: %s", why);
+    /* and the docs check names what no doc has */
+    cr_assert_eq(prom_documented("# HELP gpulaunch_rdzv_jobs J.\n# HELP gpulaunch_no_such_x X.\n"
+                                 "# HELP gpulaunch_rank_straggler S.\n",
+                                 why, sizeof why),
+                 -1);
+    cr_assert_str_eq(why, "gpulaunch_no_such_x");
     start_server(NULL);
     node *nodes = start_nodes("ckpt", 2, 4);
     /* no launcher reports checkpoints */

@@ -736,6 +736,11 @@ Test(rdzv_http, metrics_status_healthz, .timeout = 30) {
     cr_expect_eq(http_get(hport, "/metrics", body), 200);
     cr_expect(strstr(body, "gpulaunch_rdzv_rounds_total 1\n") != NULL, "%s", body);
     cr_expect(strstr(body, "gpulaunch_rdzv_nodes 2\n") != NULL, "%s", body);
+    static char all[1 << 18]; /* the whole text: every family clean and in the docs */
+    cr_assert_eq(http_get_local(hport, "/metrics", all, sizeof all), 200);
+    char why[1024];
+    cr_expect_eq(prom_check(all, why, sizeof why), 0, "/metrics is not promtool-clean: %s", why);
+    cr_expect_eq(prom_documented(all, why, sizeof why), 0, "not in docs/*.md: %s", why);
     cr_expect_eq(http_get(hport, "/status", body), 200);
     cr_expect(strstr(body, "\"run_id\":\"web\"") && strstr(body, "\"hostname\":\"web-1\"") &&
                   strstr(body, "\"last_heartbeat_age_s\":"),

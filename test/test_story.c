@@ -34,6 +34,7 @@ static double metric(int port, const char *name) {
     cr_assert_eq(http_get_local(port, "/metrics", body, sizeof body), 200);
     char why[256];
     cr_expect_eq(prom_check(body, why, sizeof why), 0, "--metrics is not promtool-clean: %s", why);
+    cr_expect_eq(prom_documented(body, why, sizeof why), 0, "not in docs/*.md: %s", why);
     return prom_value(body, name);
 }
 
