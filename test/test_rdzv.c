@@ -398,12 +398,8 @@ static int closed_quietly(int fd, int ms) {
     return 0;
 }
 
-/* A node whose connection stalls moves its running round to a second one
- * (RDZV_CHALLENGE_MOVE): the round goes on, what still comes on the old
- * connection is the node's, the old one silent past twice the timeout is
- * closed and ends nothing, the new one's close does; a different launcher
- * (instance) cannot take the node's place. */
-Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
+/* Job "mv": nodes mv-0 and mv-1 (instances mv-N-1234) on P[0], P[1], in round 1. */
+static void run_moving_pair(void) {
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(peer_open(&P[i], port, NULL), 0);
         char h[16], inst[16];
@@ -413,6 +409,28 @@ Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
     }
     for (int i = 0; i < 2; i++)
         cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
+}
+
+/* Heartbeats on P[0..n-1] for three of join_as's timeouts (1.8 s); 1 when
+ * P[0] heard the round end meanwhile. */
+static int beat_for_three_timeouts(int n) {
+    rdzv_msg hb = {.type = RDZV_HEARTBEAT};
+    for (uint64_t t0 = now_ms(); now_ms() - t0 < 1800;) {
+        for (int i = 0; i < n; i++)
+            peer_send(&P[i], &hb);
+        if (peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER)
+            return 1;
+    }
+    return 0;
+}
+
+/* A node whose connection stalls moves its running round to a second one
+ * (RDZV_CHALLENGE_MOVE): the round goes on, what still comes on the old
+ * connection is the node's, the old one silent past twice the timeout is
+ * closed and ends nothing, the new one's close does; a different launcher
+ * (instance) cannot take the node's place. */
+Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
+    run_moving_pair();
     /* another launcher claiming node rank 1 is refused */
     cr_assert_eq(peer_open(&P[3], port, NULL), 0);
     join_as(&P[3], "mv-1", "mv-1-9999", 1, 1);
@@ -428,14 +446,8 @@ Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
     /* heartbeats on the new connection keep it: three timeouts pass; the old one still
      * speaks (a client drains it) */
     rdzv_msg hb = {.type = RDZV_HEARTBEAT};
-    uint64_t t0 = now_ms();
-    int over = 0;
-    while (now_ms() - t0 < 1800 && !over) {
-        peer_send(&P[0], &hb);
-        peer_send(&P[1], &hb);
-        peer_send(&P[2], &hb);
-        over = peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER;
-    }
+    uint64_t t0;
+    int over = beat_for_three_timeouts(3);
     cr_assert(!over, "the round ended after the move: %s", P[0].last.u.round_over.message);
     /* a request on the old connection is still the node's: its event reaches node 0 */
     rdzv_msg ev = {.type = RDZV_EVENT, .req_id = 5};
@@ -479,28 +491,13 @@ Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
  * goes back to the old one: the close ends nothing, the old one's
  * heartbeats keep it past three timeouts, and its close then ends the round. */
 Test(rdzv, a_node_whose_new_connection_its_launcher_closed_goes_back_to_the_old_one) {
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(peer_open(&P[i], port, NULL), 0);
-        char h[16], inst[16];
-        snprintf(h, sizeof h, "mv-%d", i);
-        snprintf(inst, sizeof inst, "mv-%d-1234", i);
-        join_as(&P[i], h, inst, i, 0);
-    }
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(peer_recv_type(&P[i], RDZV_ASSIGNED, 3000), 0);
+    run_moving_pair();
     cr_assert_eq(peer_open(&P[2], port, NULL), 0);
     join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
     cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0, "the node did not move");
     peer_close(&P[2]); /* given up on by the launcher */
-    rdzv_msg hb = {.type = RDZV_HEARTBEAT};
-    uint64_t t0 = now_ms();
-    int over = 0;
-    while (now_ms() - t0 < 1800 && !over) {
-        peer_send(&P[0], &hb);
-        peer_send(&P[1], &hb);
-        over = peer_recv(&P[0], 100) == 0 && P[0].last.type == RDZV_ROUND_OVER;
-    }
-    cr_assert(!over, "the round ended when the new connection closed: %s",
+    uint64_t t0;
+    cr_assert(!beat_for_three_timeouts(2), "the round ended when the new connection closed: %s",
               P[0].last.u.round_over.message);
     /* the old one is the node's again: its close ends the round, at once */
     t0 = now_ms();
