@@ -52,6 +52,8 @@ TestSuite(probe, .init = setup, .fini = teardown, .timeout = 60);
 /* Node i is assigned, and the join's calibration ping answered (after
  * pong_delay_ms[i]: a node far from the server) when it says it answers
  * probes (none is sent when it does not). */
+static void answer_probe(int i, const rdzv_msg *m);
+
 static void await_assigned(int i, int answers) {
     int assigned = 0, pinged = 0;
     uint64_t until = now_ms() + 3000;
@@ -67,6 +69,8 @@ static void await_assigned(int i, int answers) {
             rdzv_msg pong = {.type = RDZV_PONG, .req_id = P[i].last.req_id};
             peer_send(&P[i], &pong);
         }
+        if (P[i].last.type == RDZV_PROBE_REQ) /* a machine check, once the round runs */
+            answer_probe(i, &P[i].last);
     }
     cr_assert(assigned, "node %d not assigned", i);
     cr_assert_eq(pinged, answers, "node %d: calibration ping %s", i,
@@ -403,13 +407,37 @@ Test(probe, options_version_1_is_taken_and_a_future_one_refused) {
  * of another node (RDZV_PROBE_OK_*); to a kernel probe of a node whose port
  * it checked, checker_ok when set; what it was asked and heard: checks,
  * the nodes whose ports it checked (a bit each), kernel probes and the
- * deadline of the last one, UDP probes, a round's end. */
+ * deadline of the last one, UDP probes, a round's end; checks_of[j]: how
+ * often it was asked to check node j's port. */
 typedef struct rawnode {
     int silent, check_ok, kernel_ok, udp_ok, checker_ok_set, checker_ok;
-    int checks, checked, kernels, udps, over;
+    int checks, checked, checks_of[4], kernels, udps, over;
     uint32_t kernel_deadline_ms;
 } rawnode;
 static rawnode R[4];
+
+/* Raw node i answers the probe request m as R[i] says, and counts it. */
+static void answer_probe(int i, const rdzv_msg *m) {
+    rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = m->req_id};
+    int of = m->u.probe_req.port - 40000;
+    if (m->flags & RDZV_PROBE_MACHINE) {
+        R[i].checks++;
+        R[i].checked |= of >= 0 && of < 4 ? 1 << of : 0;
+        R[i].checks_of[of >= 0 && of < 4 ? of : 0] += of >= 0 && of < 4;
+        a.u.probe_ack.ok = (uint8_t)R[i].check_ok;
+    } else if (m->flags & RDZV_PROBE_KERNEL) {
+        R[i].kernels++;
+        R[i].kernel_deadline_ms = m->u.probe_req.deadline_ms;
+        a.u.probe_ack.ok =
+            (uint8_t)(R[i].checker_ok_set && of >= 0 && of < 4 && (R[i].checked & (1 << of))
+                          ? R[i].checker_ok
+                          : R[i].kernel_ok);
+    } else {
+        R[i].udps++;
+        a.u.probe_ack.ok = (uint8_t)R[i].udp_ok;
+    }
+    peer_send(&P[i], &a);
+}
 
 /* n nodes of one static job that make and answer kernel probes (a peer
  * port each, 40000 + i; raw nodes listen on none: what they say is set in
@@ -461,24 +489,7 @@ static int run_nodes(int n, int ms, int watch, uint64_t *last_beat) {
                     rdzv_msg pong = {.type = RDZV_PONG, .req_id = m->req_id};
                     peer_send(&P[i], &pong);
                 } else if (m->type == RDZV_PROBE_REQ) {
-                    rdzv_msg a = {.type = RDZV_PROBE_ACK, .req_id = m->req_id};
-                    int of = m->u.probe_req.port - 40000;
-                    if (m->flags & RDZV_PROBE_MACHINE) {
-                        R[i].checks++;
-                        R[i].checked |= of >= 0 && of < 4 ? 1 << of : 0;
-                        a.u.probe_ack.ok = (uint8_t)R[i].check_ok;
-                    } else if (m->flags & RDZV_PROBE_KERNEL) {
-                        R[i].kernels++;
-                        R[i].kernel_deadline_ms = m->u.probe_req.deadline_ms;
-                        a.u.probe_ack.ok = (uint8_t)(R[i].checker_ok_set && of >= 0 && of < 4 &&
-                                                             (R[i].checked & (1 << of))
-                                                         ? R[i].checker_ok
-                                                         : R[i].kernel_ok);
-                    } else {
-                        R[i].udps++;
-                        a.u.probe_ack.ok = (uint8_t)R[i].udp_ok;
-                    }
-                    peer_send(&P[i], &a);
+                    answer_probe(i, m);
                 } else if (m->type == RDZV_ROUND_OVER) {
                     R[i].over = 1;
                     if (i == watch)
@@ -656,6 +667,28 @@ Test(probe, an_early_verdict_with_its_checkers_word_comes_at_the_threshold) {
               (unsigned long long)took);
     const char *msg = P[0].last.u.round_over.message;
     cr_expect(strstr(msg, "3 of the 3 peer node(s) asked (") != NULL, "%s", msg);
+}
+
+/* A port reached is checked again a minute later (RDZV_CHECK_PASSED_MS):
+ * the path may have closed since (a firewall rule, a NetworkPolicy). Three
+ * nodes on three hosts, each checked once as the round starts and once
+ * more after 60 s, by a peer; nothing else asked of them. */
+Test(probe, a_port_reached_is_checked_again_a_minute_later, .timeout = 100) {
+    kernel_round_of("again", 3);
+    uint64_t t0 = now_ms();
+    cr_assert_eq(run_nodes(3, 58000, 0, NULL), 0, "a round ended");
+    for (int j = 0; j < 3; j++)
+        cr_expect_eq(R[0].checks_of[j] + R[1].checks_of[j] + R[2].checks_of[j], 1,
+                     "node %d's port checked %d times in the first 58 s", j,
+                     R[0].checks_of[j] + R[1].checks_of[j] + R[2].checks_of[j]);
+    cr_assert_eq(run_nodes(3, 64000 - (int)(now_ms() - t0), 0, NULL), 0, "a round ended");
+    for (int j = 0; j < 3; j++)
+        cr_expect_eq(R[0].checks_of[j] + R[1].checks_of[j] + R[2].checks_of[j], 2,
+                     "node %d's port checked %d times in 64 s", j,
+                     R[0].checks_of[j] + R[1].checks_of[j] + R[2].checks_of[j]);
+    for (int i = 0; i < 3; i++)
+        cr_expect_eq(R[i].checks_of[i], 0, "node %d was asked to check its own port", i);
+    cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"reached\"}"), 6);
 }
 
 /* Peers far from the server (their round trips long): the peers' deadline
