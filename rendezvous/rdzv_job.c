@@ -272,6 +272,7 @@ static int try_move(conn *c, job *j, const rdzv_msg *msg) {
     a.u.assigned.base_rank = rm->base_rank;
     a.u.assigned.world_size = jn->world_size;
     rdzv__send_msg(c, &a);
+    c->move_fresh = 1; /* until it carries anything more */
     return 1;
 }
 
@@ -564,10 +565,12 @@ void rdzv__job_request(conn *c, const rdzv_msg *msg) {
 
 int rdzv__job_conn_fallback(conn *c, const char *why) {
     member *m = c->m;
-    if (m == NULL || m->c != c || m->was == NULL || m->was->closing || m->was->doomed)
+    if (m == NULL || m->c != c || !c->move_fresh || m->was == NULL || m->was->closing ||
+        m->was->doomed)
         return 0;
     conn *old = m->was;
     uint64_t now = gb_now_ms();
+    double opened_s = (double)(now - c->accepted_ms) / 1000.0;
     m->c = old;
     m->was = NULL;
     c->m = NULL;
@@ -575,10 +578,10 @@ int rdzv__job_conn_fallback(conn *c, const char *why) {
         old->last_rx_ms = c->last_rx_ms; /* the node's silence goes on from its last frame */
     c->s->m.moves_back++;
     GB_INFO("job %s: %s (node rank %u) is back on the connection it moved from (%s on the new "
-            "one, %.1f s after the old one last carried anything): its launcher kept the old one, "
-            "a spare that was not ready in time; round %u goes on",
-            m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank, why,
-            (double)(now - old->last_rx_ms) / 1000.0, m->rm.r ? m->rm.r->round : 0u);
+            "one, opened %.1f s before, which carried nothing after the move): its launcher "
+            "gave up on it before the move's answer came and kept the old one; round %u goes on",
+            m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank, why, opened_s,
+            m->rm.r ? m->rm.r->round : 0u);
     return 1;
 }
 

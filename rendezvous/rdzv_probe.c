@@ -85,6 +85,7 @@ void rdzv__probe_joined(conn *c, const rdzv_msg *join) {
         m->p.check_id = 0;
         m->p.check_at_ms = 0;
         m->p.check_said = 0;
+        m->p.check_nos = 0;
         m->p.checker = 0;
     }
     if (m->p.answers && m->p.rtt_ms == 0 && m->p.sent_ms == 0)
@@ -163,7 +164,7 @@ static uint32_t silence_ms(const member *m) {
  * that makes them (its JOIN said so) and showed that it can connect out (it
  * reached a peer's port), in the round and not itself suspected. */
 static int kernel_prober(const member *x) {
-    return x->p.kernel && x->p.reaches && x->p.peer_port && x->rm.active && !x->rm.done &&
+    return x->p.kernel && x->p.reaches == 1 && x->p.peer_port && x->rm.active && !x->rm.done &&
            !(x->p.sent_ms && x->p.suspected);
 }
 
@@ -382,37 +383,43 @@ void rdzv__probe_ack(conn *c, const rdzv_msg *msg) {
 
 /* ---- machine checks (kernel probes, rule 8) ---- */
 
-/* A peer to check m's kernel-probe port: one that makes kernel probes, on
- * another host than m where there is one, one that has not shown yet that it
- * reaches such ports first (so that every node soon has), starting at a
- * place that moves with the check so that one node is not everyone's
- * checker. */
+/* Whether x, a peer of m's round, can check m's kernel-probe port: it makes
+ * kernel probes, runs in the round and is not itself suspected. */
+static int can_check(const member *x, const member *m) {
+    return x != m && x->p.kernel && x->p.peer_port && x->rm.active && !x->rm.done &&
+           !(x->p.sent_ms && x->p.suspected);
+}
+
+/* A peer to check m's kernel-probe port: on another host than m where there
+ * is one; among those, one whose reach is not known yet first (so that every
+ * node soon shows it), then one that reached a port, and last one that
+ * reached none and said of one that it did not (it may not connect out);
+ * starting at a place that moves with the check so that one node is not
+ * everyone's checker. */
 static member *checker(const member *m, uint32_t id) {
+    static const int order[3] = {0, 1, -1}; /* by reaches */
     const rdzv_round *r = m->rm.r;
-    for (int pass = 0; pass < 4; pass++) {
-        int other_host = pass < 2, fresh = pass % 2 == 0;
+    for (int pass = 0; pass < 6; pass++) {
+        int other_host = pass < 3, reaches = order[pass % 3];
         for (uint32_t k = 0; k < r->nranks; k++) {
             rdzv_rmember *rm = r->ranks[(k + id) % r->nranks];
-            if (rm == NULL || rm == &m->rm || rm->done || !rm->active)
+            if (rm == NULL)
                 continue;
             member *x = member_of(rm);
-            if (x->p.kernel && x->p.peer_port && !(x->p.sent_ms && x->p.suspected) &&
-                (strcmp(x->rm.hostname, m->rm.hostname) != 0) == other_host &&
-                (!fresh || !x->p.reaches))
+            if (can_check(x, m) && x->p.reaches == reaches &&
+                (strcmp(x->rm.hostname, m->rm.hostname) != 0) == other_host)
                 return x;
         }
     }
     return NULL;
 }
 
-/* Whether m's round has a node on another host than m's that makes kernel
- * probes. */
+/* Whether m's round has a peer on another host than m's that can check it. */
 static int other_host_in(const member *m) {
     const rdzv_round *r = m->rm.r;
     for (uint32_t i = 0; i < r->nranks; i++) {
-        const rdzv_rmember *rm = r->ranks[i];
-        if (rm && rm != &m->rm && !rm->done && member_of((rdzv_rmember *)rm)->p.kernel &&
-            strcmp(rm->hostname, m->rm.hostname) != 0)
+        rdzv_rmember *rm = r->ranks[i];
+        if (rm && can_check(member_of(rm), m) && strcmp(rm->hostname, m->rm.hostname) != 0)
             return 1;
     }
     return 0;
@@ -430,6 +437,10 @@ void rdzv__probe_machine(member *m, uint64_t now) {
         m->p.check_at_ms = now + RDZV_CHECK_RETRY_MS;
         return;
     }
+    const member *ck = m->p.machine == 1 ? by_serial(m->rm.r, m->p.checker) : NULL;
+    if (m->p.machine == 1 && (ck == NULL || ck->rm.done || !ck->rm.active) &&
+        m->p.check_at_ms > now + RDZV_CHECK_RETRY_MS)
+        m->p.check_at_ms = now; /* its checker left: no early probe of it without another */
     if (now < m->p.check_at_ms || (m->p.sent_ms && m->p.suspected))
         return; /* not due, or silent now: a suspicion's probes are about it */
     if (++s->probe_id == 0)
@@ -467,6 +478,7 @@ static void check_ack(conn *c, const rdzv_msg *msg) {
         s->m.checks_reached++;
         m->p.machine = 1;
         m->p.checker = c->m->p.serial;
+        m->p.check_nos = 0;
         c->m->p.reaches = 1;
         /* checked again later: the path may close; sooner when only its own
          * host reached it and another host's peer may try now */
@@ -487,6 +499,13 @@ static void check_ack(conn *c, const rdzv_msg *msg) {
         return;
     }
     s->m.checks_unreached++;
+    if (c->m->p.reaches != 1) { /* a peer not known to connect out: its word alone is not enough */
+        c->m->p.reaches = -1;
+        if (++m->p.check_nos < RDZV_CHECK_NOS) {
+            m->p.check_at_ms = now; /* another peer's word, at once */
+            return;
+        }
+    }
     m->p.machine = -1;
     m->p.check_at_ms = now + RDZV_CHECK_AGAIN_MS;
     if (!m->p.check_said)

@@ -85,6 +85,11 @@
  * since), and sooner, after RDZV_CHECK_RETRY_MS, when only a peer on its own
  * host reached it while the round has other hosts. */
 #define RDZV_CHECK_PASSED_MS 60000
+/* A peer that never reached a port and says a check did not reach one may
+ * be a peer whose own TCP does not leave its host: its word alone does not
+ * make a port unreached; that of a peer that reached one does, or the
+ * words of this many such peers, one after the other. */
+#define RDZV_CHECK_NOS 2
 
 typedef struct conn conn;
 typedef struct member member;
@@ -118,7 +123,11 @@ typedef struct rdzv_probe {
     int early_done;         /* this silence's early probe was made (cleared by a frame) */
     int kernel;             /* its JOIN said RDZV_JOIN_KERNEL */
     int machine;            /* its kernel-probe port: 1 reached by a peer, -1 not, 0 unchecked */
-    int reaches;            /* it reached a peer's kernel-probe port (it can connect out) */
+    int reaches;            /* 1: it reached a peer's kernel-probe port (it can connect out); -1: it
+                               reached none and said of one that it did not (it may not connect out);
+                               0: not known */
+    int check_nos;          /* checks of its port that peers not known to connect out said did not
+                               reach it, since one last did (RDZV_CHECK_NOS of them: not reached) */
     int check_said;         /* a check that did not reach it was logged */
     uint64_t serial;        /* this member, among every member the server had (never 0) */
     uint64_t checker;       /* the serial of the peer that last reached its port (0: none) */

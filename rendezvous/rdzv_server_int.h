@@ -43,6 +43,11 @@ struct conn {
     member *m;
     job *aj; /* attached job (worker connections) */
     uint32_t around;
+    /* a connection a node moved to that has carried nothing since the
+     * move's answer: no frame in (its client has not taken it up) and none
+     * out but pings and probe requests (nothing the node must hear). Only
+     * such a one, closed by the node, sends it back (rdzv__job_conn_fallback). */
+    int move_fresh;
     LIST_HEAD(, rdzv_waiter) waiters;
 };
 
@@ -144,9 +149,11 @@ const char *rdzv__peer_of(conn *c);
 
 /* JOIN, ATTACH, KV_*, EVENT, FAIL, STATS and DONE of a connection past its handshake. */
 void rdzv__job_request(conn *c, const rdzv_msg *msg);
-/* The peer closed c, a node's connection, while the one the node moved from
- * still stands: the node goes back to that one (its client gave up on c, a
- * spare not ready in time, and kept the old one) and 1 is returned; else 0. */
+/* The peer closed c, a node's connection that has carried nothing since the
+ * node moved to it (c->move_fresh), while the one the node moved from still
+ * stands: the node goes back to that one (its client gave up on c, a spare
+ * whose move was answered too late, and kept the old one) and 1 is
+ * returned; else 0. */
 int rdzv__job_conn_fallback(conn *c, const char *why);
 /* c is closing: its waiters, its attachment and its node go. */
 void rdzv__job_conn_gone(conn *c, const char *why);

@@ -588,7 +588,8 @@ Test(probe, a_node_whose_port_no_peer_reaches_is_said_and_not_probed_early) {
     cr_expect(took >= 2750 && took < 3500,
               "lost after %llu ms of silence (2.5 s + 0.25 s expected)", (unsigned long long)took);
     cr_expect_eq(R[0].kernels + R[1].kernels, 0, "kernel probes asked of unchecked peers");
-    cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"unreached\"}"), 3);
+    /* two peers' words each: none of them ever reached a port */
+    cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"unreached\"}"), 6);
     cr_expect(proc_expect(&srv, "--probes udp to say that it cannot be", 1000), "%s", srv.out);
     cr_expect(strstr(srv.out,
                      "node walled-2's TCP port 40002 (the number of its UDP peer port) was not "
@@ -617,9 +618,10 @@ Test(probe, with_probes_udp_no_kernel_probe_is_asked) {
 /* A peer that cannot connect out (its own machine checks of others find
  * nothing) is never asked for a kernel probe, though its own port is
  * reached: its word that it reached neither a node nor its machine says
- * nothing of them. Four nodes, node 1's TCP does not leave its host, node 3
- * falls silent: only peers that reached a port probe it (lost early when
- * 2 of them, its checker among them, say so; else by the silence rules). */
+ * nothing of them. Nor does its word in a machine check turn kernel probes
+ * of a node off: another peer checks at once, and reaches it. Four nodes,
+ * node 1's TCP does not leave its host, node 3 falls silent: only peers
+ * that reached a port probe it, and it is lost at the early threshold. */
 Test(probe, a_peer_that_never_reached_a_port_is_not_asked_for_a_kernel_probe) {
     kernel_round_of("egress", 4);
     R[1].check_ok = RDZV_PROBE_OK_NONE;
@@ -630,7 +632,12 @@ Test(probe, a_peer_that_never_reached_a_port_is_not_asked_for_a_kernel_probe) {
     const char *msg = P[0].last.u.round_over.message;
     const char *asked = strstr(msg, "peer node(s) asked (");
     cr_expect(asked == NULL || strstr(asked, "egress-1") == NULL, "%s", msg);
-    cr_expect(took < 3500, "lost after %llu ms of silence", (unsigned long long)took);
+    cr_expect(took >= 1450 && took < 2100, "lost after %llu ms of silence (1.25 s + 0.25 s)",
+              (unsigned long long)took);
+    cr_expect(!proc_expect(&srv, "was not reached from node egress-1", 500),
+              "a port said unreached on the word of a peer that cannot connect out: %s", srv.out);
+    cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"unreached\"}"),
+                 R[1].checks, "only node 1's checks found nothing");
 }
 
 /* The early verdict needs the word of the peer that reached the node's port

@@ -509,6 +509,28 @@ Test(rdzv, a_node_whose_new_connection_its_launcher_closed_goes_back_to_the_old_
     cr_expect_lt(now_ms() - t0, 500);
 }
 
+/* But not a node that was told something on the new connection (here an
+ * event of node 0's, pushed to every node): its launcher never read it
+ * there, so the close ends the round as before, at once. */
+Test(rdzv, a_node_told_news_on_its_new_connection_does_not_go_back) {
+    run_moving_pair();
+    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
+    join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0, "the node did not move");
+    rdzv_msg ev = {.type = RDZV_EVENT, .req_id = 5};
+    ev.u.event.kind = RDZV_EVENT_CHECKPOINT;
+    snprintf(ev.u.event.reason, sizeof ev.u.event.reason, "news");
+    peer_send(&P[0], &ev);
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_EVENT, 2000), 0, "the event did not reach node 1");
+    uint64_t t0 = now_ms();
+    peer_close(&P[2]);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
+    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT, "%s",
+                 P[0].last.u.round_over.message);
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 1);
+    cr_expect_lt(now_ms() - t0, 500);
+}
+
 Test(rdzv, rejoin_after_failure_keeps_ranks_and_starts_round_two) {
     run_round("rj", 2);
     rdzv_msg f = {.type = RDZV_FAIL, .req_id = 3};
