@@ -565,9 +565,17 @@ void rdzv__job_request(conn *c, const rdzv_msg *msg) {
 
 int rdzv__job_conn_fallback(conn *c, const char *why) {
     member *m = c->m;
-    if (m == NULL || m->c != c || !c->move_fresh || m->was == NULL || m->was->closing ||
-        m->was->doomed)
+    if (m == NULL || m->c != c || (m->was == NULL && !c->move_fresh))
+        return 0; /* not a node's, or not one that moved here */
+    if (!c->move_fresh || m->was == NULL || m->was->closing || m->was->doomed) {
+        GB_INFO("job %s: %s (node rank %u): the connection it moved to closed (%s) and it does "
+                "not go back: %s",
+                m->rm.r ? m->rm.r->run_id : "?", m->rm.hostname, m->rm.node_rank, why,
+                !c->move_fresh   ? c->move_spoiled
+                : m->was == NULL ? "the one it moved from is gone"
+                                 : "the one it moved from is closing");
         return 0;
+    }
     conn *old = m->was;
     uint64_t now = gb_now_ms();
     double opened_s = (double)(now - c->accepted_ms) / 1000.0;

@@ -121,7 +121,7 @@ void rdzv__send_msg(conn *c, const rdzv_msg *m) {
     }
     c->s->m.frames_out++;
     if (m->type != RDZV_PING && m->type != RDZV_PROBE_REQ)
-        c->move_fresh = 0; /* the node must hear this: c is its */
+        rdzv__conn_spoil(c, rdzv_type_name(m->type)); /* the node must hear this: c is its */
     send_frame(c, b->data, b->len);
 }
 
@@ -165,7 +165,7 @@ void rdzv__push_add(rdzv_push *p, conn *c, size_t off, size_t len) {
         return;
     p->items[p->n] = (rdzv_fan_item){.fd = -1, .off = (uint32_t)off, .len = (uint32_t)len};
     p->conns[p->n++] = c;
-    c->move_fresh = 0; /* a push is news the node must hear */
+    rdzv__conn_spoil(c, "a push"); /* news the node must hear */
 }
 
 void rdzv__push_send(rdzv_server *s, rdzv_push *p) {
@@ -257,7 +257,7 @@ static void handle_frame(conn *c, const uint8_t *p, size_t n) {
         return;
     }
     s->m.frames_in++;
-    c->move_fresh = 0; /* its client speaks on it */
+    rdzv__conn_spoil(c, "a frame from the node"); /* its client speaks on it */
     switch (c->state) {
     case C_HELLO:
         if (msg.type != RDZV_HELLO || msg.u.hello.magic != RDZV_MAGIC) {

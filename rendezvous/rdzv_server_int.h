@@ -48,8 +48,17 @@ struct conn {
      * out but pings and probe requests (nothing the node must hear). Only
      * such a one, closed by the node, sends it back (rdzv__job_conn_fallback). */
     int move_fresh;
+    const char *move_spoiled; /* what ended move_fresh first (for the log) */
     LIST_HEAD(, rdzv_waiter) waiters;
 };
+
+/* c carried what (a frame in, or out): no longer a fresh move target. */
+static inline void rdzv__conn_spoil(conn *c, const char *what) {
+    if (c->move_fresh) {
+        c->move_fresh = 0;
+        c->move_spoiled = what;
+    }
+}
 
 /* A node of a job: its round membership and its connection. */
 struct member {

@@ -332,7 +332,9 @@ Test(detect, an_adverse_bed_declares_no_healthy_node_lost_and_still_finds_real_f
                    .reform = 1,
                    .default_last_call = 1,
                    .print_every = "5"};
+    setenv("GPULAUNCH_LOG_LEVEL", "info", 1); /* the clients' spare connections and moves */
     start_job(&ja);
+    unsetenv("GPULAUNCH_LOG_LEVEL");
     static proc spin[2];
     char *busy[] = {"/bin/sh", "-c", "while :; do :; done", NULL};
     for (int i = 0; i < 2; i++)
