@@ -424,6 +424,24 @@ static int beat_for_three_timeouts(int n) {
     return 0;
 }
 
+/* Node 1 of run_moving_pair's job moves to a new connection, P[2]. */
+static void move_node_1_to_P2(void) {
+    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
+    join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
+    cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0, "the node did not move");
+}
+
+/* Closing p, node 1's connection, ends the round at once: node 0 hears it. */
+static void expect_round_over_at_close_of(peer *p) {
+    uint64_t t0 = now_ms();
+    peer_close(p);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
+    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT, "%s",
+                 P[0].last.u.round_over.message);
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 1, "%s", P[0].last.u.round_over.message);
+    cr_expect_lt(now_ms() - t0, 500);
+}
+
 /* A node whose connection stalls moves its running round to a second one
  * (RDZV_CHALLENGE_MOVE): the round goes on, what still comes on the old
  * connection is the node's, the old one silent past twice the timeout is
@@ -477,12 +495,7 @@ Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
     }
     cr_assert(!over, "the round ended: %s", P[0].last.u.round_over.message);
     /* the new one's does, at once */
-    t0 = now_ms();
-    peer_close(&P[2]);
-    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
-    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT);
-    cr_expect_eq(P[0].last.u.round_over.node_rank, 1);
-    cr_expect_lt(now_ms() - t0, 500);
+    expect_round_over_at_close_of(&P[2]);
 }
 
 /* A spare given up on: node 1's move JOIN reached the server on a new
@@ -492,21 +505,12 @@ Test(rdzv, a_node_moves_its_running_round_to_a_new_connection) {
  * heartbeats keep it past three timeouts, and its close then ends the round. */
 Test(rdzv, a_node_whose_new_connection_its_launcher_closed_goes_back_to_the_old_one) {
     run_moving_pair();
-    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
-    join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
-    cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0, "the node did not move");
+    move_node_1_to_P2();
     peer_close(&P[2]); /* given up on by the launcher */
-    uint64_t t0;
     cr_assert(!beat_for_three_timeouts(2), "the round ended when the new connection closed: %s",
               P[0].last.u.round_over.message);
     /* the old one is the node's again: its close ends the round, at once */
-    t0 = now_ms();
-    peer_close(&P[1]);
-    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
-    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT, "%s",
-                 P[0].last.u.round_over.message);
-    cr_expect_eq(P[0].last.u.round_over.node_rank, 1, "%s", P[0].last.u.round_over.message);
-    cr_expect_lt(now_ms() - t0, 500);
+    expect_round_over_at_close_of(&P[1]);
 }
 
 /* But not a node that was told something on the new connection (here an
@@ -514,21 +518,13 @@ Test(rdzv, a_node_whose_new_connection_its_launcher_closed_goes_back_to_the_old_
  * there, so the close ends the round as before, at once. */
 Test(rdzv, a_node_told_news_on_its_new_connection_does_not_go_back) {
     run_moving_pair();
-    cr_assert_eq(peer_open(&P[2], port, NULL), 0);
-    join_as(&P[2], "mv-1", "mv-1-1234", 1, 1);
-    cr_assert_eq(peer_recv_type(&P[2], RDZV_ASSIGNED, 2000), 0, "the node did not move");
+    move_node_1_to_P2();
     rdzv_msg ev = {.type = RDZV_EVENT, .req_id = 5};
     ev.u.event.kind = RDZV_EVENT_CHECKPOINT;
     snprintf(ev.u.event.reason, sizeof ev.u.event.reason, "news");
     peer_send(&P[0], &ev);
     cr_assert_eq(peer_recv_type(&P[2], RDZV_EVENT, 2000), 0, "the event did not reach node 1");
-    uint64_t t0 = now_ms();
-    peer_close(&P[2]);
-    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 2000), 0);
-    cr_expect_eq(P[0].last.u.round_over.reason, RDZV_REASON_DISCONNECT, "%s",
-                 P[0].last.u.round_over.message);
-    cr_expect_eq(P[0].last.u.round_over.node_rank, 1);
-    cr_expect_lt(now_ms() - t0, 500);
+    expect_round_over_at_close_of(&P[2]);
 }
 
 Test(rdzv, rejoin_after_failure_keeps_ranks_and_starts_round_two) {
