@@ -160,13 +160,17 @@ static uint32_t silence_ms(const member *m) {
     return t + RDZV_PROBE_MAX_MS >= m->rm.r->hb_timeout_ms ? UINT32_MAX : (uint32_t)t;
 }
 
+/* Whether x takes part in kernel probes of its round now: a launcher that
+ * makes them (its JOIN said so), in the round and not itself suspected. */
+static int kernel_peer(const member *x) {
+    return x->p.kernel && x->p.peer_port && x->rm.active && !x->rm.done &&
+           !(x->p.sent_ms && x->p.suspected);
+}
+
 /* Whether x can make a kernel probe of a node of its round: a launcher
  * that makes them (its JOIN said so) and showed that it can connect out (it
  * reached a peer's port), in the round and not itself suspected. */
-static int kernel_prober(const member *x) {
-    return x->p.kernel && x->p.reaches == 1 && x->p.peer_port && x->rm.active && !x->rm.done &&
-           !(x->p.sent_ms && x->p.suspected);
-}
+static int kernel_prober(const member *x) { return x->p.reaches == 1 && kernel_peer(x); }
 
 /* The member of r with this serial; NULL when it is not in r (or 0). */
 static member *by_serial(const rdzv_round *r, uint64_t serial) {
@@ -383,12 +387,8 @@ void rdzv__probe_ack(conn *c, const rdzv_msg *msg) {
 
 /* ---- machine checks (kernel probes, rule 8) ---- */
 
-/* Whether x, a peer of m's round, can check m's kernel-probe port: it makes
- * kernel probes, runs in the round and is not itself suspected. */
-static int can_check(const member *x, const member *m) {
-    return x != m && x->p.kernel && x->p.peer_port && x->rm.active && !x->rm.done &&
-           !(x->p.sent_ms && x->p.suspected);
-}
+/* Whether x, a peer of m's round, can check m's kernel-probe port. */
+static int can_check(const member *x, const member *m) { return x != m && kernel_peer(x); }
 
 /* A peer to check m's kernel-probe port: on another host than m where there
  * is one; among those, one whose reach is not known yet first (so that every

@@ -1,5 +1,6 @@
 /* Test helpers: see harness.h. */
 #include "harness.h"
+#include "browser.h"
 
 #include <dirent.h>
 #include <arpa/inet.h>
@@ -227,12 +228,15 @@ int free_tcp_port(void) {
     return port;
 }
 
-/* The Markdown files of docs/ in the source tree in one string (malloc'd), NULL when unread. */
-static char *docs_text(void) {
+/* The Markdown files of docs/ in the source tree in one string, read once
+ * a process (a test looks metrics up many times); NULL when unread. */
+static const char *docs_text(void) {
+    static char *all;
+    if (all)
+        return all;
     DIR *d = opendir(GPL_SOURCE_DIR "/docs");
     if (d == NULL)
         return NULL;
-    char *all = NULL;
     size_t n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
@@ -241,28 +245,22 @@ static char *docs_text(void) {
             continue;
         char path[512];
         snprintf(path, sizeof path, "%s/docs/%s", GPL_SOURCE_DIR, e->d_name);
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        char chunk[65536];
-        size_t got;
-        while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
-            char *p = realloc(all, n + got + 1);
-            if (p == NULL)
-                break;
+        char *t = browser_slurp(path);
+        size_t tl = t ? strlen(t) : 0;
+        char *p = t ? realloc(all, n + tl + 1) : NULL;
+        if (p) {
+            memcpy(p + n, t, tl + 1);
             all = p;
-            memcpy(all + n, chunk, got);
-            n += got;
-            all[n] = 0;
+            n += tl;
         }
-        fclose(f);
+        free(t);
     }
     closedir(d);
     return all;
 }
 
 int prom_documented(const char *text, char *why, size_t len) {
-    char *docs = docs_text();
+    const char *docs = docs_text();
     if (docs == NULL) {
         snprintf(why, len, "could not read %s/docs", GPL_SOURCE_DIR);
         return -1;
@@ -284,7 +282,6 @@ int prom_documented(const char *text, char *why, size_t len) {
         if (w >= len)
             w = len - 1;
     }
-    free(docs);
     return why[0] ? -1 : 0;
 }
 
