@@ -219,7 +219,7 @@ static void on_reform_taken(gl_reform *r, uint32_t round, double told_ms, double
                 "round ended, %.1f ms after this one was handed over)\n",
                 round, L.cfg.nproc, told_ms, taken_ms);
     gl_watchdog_round(&WD);
-    gl_story_began(round, r->first ? GL_ROUND_WARM : GL_ROUND_IN_PLACE);
+    gl_story_began(round, r->first ? GL_ROUND_WARM : GL_ROUND_IN_PLACE, r->handed_ns);
 }
 
 /* How the round began here, to the rendezvous (its job page and /metrics). */
@@ -400,7 +400,7 @@ static void on_assigned(rdzv_client *c, const rdzv_assignment *a) {
     }
     gl_gpumon_round();
     gl_watchdog_round(&WD);
-    gl_story_began(a->round, GL_ROUND_RESTART); /* the first round when none ended before */
+    gl_story_began(a->round, GL_ROUND_RESTART, 0); /* the first round when none ended before */
     gl_progress_start_stats(L.loop, L.cfg.stats_interval_s, stats_due, send_stats, NULL);
 }
 

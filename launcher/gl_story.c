@@ -23,6 +23,7 @@ static struct {
     uint32_t round;  /* the round being watched */
     enum gl_story_kind kind;
     uint64_t began_ns;
+    uint64_t handed_ns;    /* when the round was handed to the workers (a warm join's mark) */
     int64_t pending_first; /* the first step seen, told at the next tick (its state line first) */
     double pending_pause;
     int pending;
@@ -101,7 +102,7 @@ void gl_story_restart_why(const char *why, enum rdzv_restart_cause cause) {
 static gl_state_report state_now(void) {
     gl_state_report all = {.source = GL_STATE_NONE, .step = -1, .root = -1};
     uint64_t mark =
-        S.kind == GL_ROUND_IN_PLACE || S.kind == GL_ROUND_RESTART ? S.ended_ns : S.began_ns;
+        S.kind == GL_ROUND_IN_PLACE || S.kind == GL_ROUND_RESTART ? S.ended_ns : S.handed_ns;
     /* a peer's copy is what the round is said by: a worker that read a
      * checkpoint first and was then given its peers' newer state took that */
     for (int pass = 0; pass < 2 && all.source == GL_STATE_NONE; pass++)
@@ -234,7 +235,7 @@ static void on_tick(uv_timer_t *t) {
     }
 }
 
-void gl_story_began(uint32_t round, enum gl_story_kind kind) {
+void gl_story_began(uint32_t round, enum gl_story_kind kind, uint64_t handed_ns) {
     if (!S.inited)
         return;
     if (S.watching) /* the last one never stepped (or its step is still to be told) */
@@ -244,6 +245,7 @@ void gl_story_began(uint32_t round, enum gl_story_kind kind) {
     S.round = round;
     S.kind = kind == GL_ROUND_RESTART && S.ended_ns == 0 ? GL_ROUND_FIRST : kind;
     S.began_ns = gb_now_ns();
+    S.handed_ns = handed_ns && handed_ns < S.began_ns ? handed_ns : S.began_ns;
     for (int i = 0; i < S.nproc; i++) {
         gb_progress_slot *s = gl_progress_slot(i);
         S.base[i] = s ? atomic_load(&s->steps) : 0;

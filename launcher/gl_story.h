@@ -44,8 +44,11 @@ void gl_story_restart_why(const char *why, enum rdzv_restart_cause cause);
 /* The local workers run in `round` now, begun as kind (GL_ROUND_RESTART for
  * workers started for it is said GL_ROUND_FIRST when no round ended before):
  * its first step is watched for, then the line is said. Call after the
- * workers were started (their slots cleared) or took the round. */
-void gl_story_began(uint32_t round, enum gl_story_kind kind);
+ * workers were started (their slots cleared) or took the round. handed_ns:
+ * when the round was handed to the workers (gb_now_ns; 0: now): a warm
+ * joiner's state lines since then are this round's, also those read before
+ * its last worker's word that it took the round. */
+void gl_story_began(uint32_t round, enum gl_story_kind kind, uint64_t handed_ns);
 /* The Prometheus text (job label value already escaped) appended at p; its length. */
 size_t gl_story_metrics(char *p, size_t cap, const char *job);
 #endif
