@@ -215,6 +215,27 @@ int raw_connect(int port) {
     return fd;
 }
 
+int fd_closed_within(int fd, int ms, size_t *read) {
+    uint64_t t0 = now_ms();
+    char b[4096];
+    size_t total = 0;
+    int closed = 0;
+    do {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 10) > 0) {
+            ssize_t r = recv(fd, b, sizeof b, 0);
+            if (r <= 0) {
+                closed = 1;
+                break;
+            }
+            total += (size_t)r;
+        }
+    } while (now_ms() - t0 < (uint64_t)ms);
+    if (read)
+        *read = total;
+    return closed;
+}
+
 int free_tcp_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};

@@ -49,6 +49,9 @@ int peer_join(peer *p, const char *run, const char *host, int static_rank, uint3
               uint32_t min, uint32_t max, uint32_t last_call_ms);
 
 int raw_connect(int port);
+/* Whether the other side closed fd within ms (what it still sends is read
+ * and dropped, counted in *read when read is not NULL). */
+int fd_closed_within(int fd, int ms, size_t *read);
 uint64_t now_ms(void);
 /* Whether process pid ignores signal sig (/proc/PID/status SigIgn). */
 int proc_ignores(pid_t pid, int sig);
