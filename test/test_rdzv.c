@@ -11,7 +11,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 #include "harness.h"
 #include "rdzv_fanout.h"
 
