@@ -204,6 +204,13 @@ int peer_join(peer *p, const char *run, const char *host, int static_rank, uint3
     return peer_send(p, &m);
 }
 
+int rdzv_stop_with_peers(proc *srv, peer *peers, int n) {
+    for (int i = 0; i < n; i++)
+        peer_close(&peers[i]);
+    proc_kill(srv, SIGTERM);
+    return proc_wait(srv, 5000);
+}
+
 int raw_connect(int port) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};

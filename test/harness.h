@@ -47,6 +47,8 @@ int peer_recv(peer *p, int timeout_ms);
 int peer_recv_type(peer *p, uint16_t type, int timeout_ms);
 int peer_join(peer *p, const char *run, const char *host, int static_rank, uint32_t nproc,
               uint32_t min, uint32_t max, uint32_t last_call_ms);
+/* Closes peers[0..n-1], then stops the server (SIGTERM, 5 s): its wait status. */
+int rdzv_stop_with_peers(proc *srv, peer *peers, int n);
 
 int raw_connect(int port);
 /* Whether the other side closed fd within ms (what it still sends is read

@@ -19,11 +19,8 @@ static int port;
 static peer *P;
 
 static void stop(void) {
-    for (int i = 0; i < 8; i++)
-        peer_close(&P[i]);
+    int st = rdzv_stop_with_peers(&srv, P, 8);
     free(P);
-    proc_kill(&srv, SIGTERM);
-    int st = proc_wait(&srv, 5000);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit status %d: %s", st, srv.out);
 }
 

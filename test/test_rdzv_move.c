@@ -23,10 +23,7 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    for (int i = 0; i < PEERS; i++)
-        peer_close(&P[i]);
-    proc_kill(&srv, SIGTERM);
-    int st = proc_wait(&srv, 5000);
+    int st = rdzv_stop_with_peers(&srv, P, PEERS);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server exit status %d: %s", st, srv.out);
 }
 
