@@ -73,6 +73,7 @@ static void drop_conn(rdzv_client *c) {
     rdzv__client_drop_drain(c);
     c->stall_since_ms = 0;
     c->move_pending = 0;
+    c->respare = 0;
 }
 
 /* The connection failed or broke: try again after a backoff with jitter,
@@ -151,6 +152,10 @@ void rdzv__client_send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m) {
         rdzv_buf_free(&b);
         return;
     }
+    if (t == c->tcp)
+        c->tcp_sent += b.len;
+    else if (t == c->mv)
+        c->mv_sent += b.len;
     uv_buf_t ub = uv_buf_init((char *)b.data, (unsigned)b.len);
     int n = uv_try_write((uv_stream_t *)t, &ub, 1);
     if (n == (int)b.len) {
@@ -317,7 +322,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
                 c->cb.on_assigned(c, &c->a);
         } else if (m->req_id == c->mv_req && c->move_pending) {
             rdzv__client_move_confirmed(c);
-        } else if (m->req_id != c->mv_req) {
+        } else if (m->req_id > c->mv_req) { /* below: an earlier move's, on a drained one */
             GB_INFO("re-registered round %u with the restarted rendezvous", c->a.round);
         }
         return;
@@ -534,6 +539,7 @@ static void connect_addr(rdzv_client *c, const struct sockaddr *sa) {
     }
     snprintf(c->doing, sizeof c->doing, "connecting to %s", c->target);
     c->tcp = malloc(sizeof *c->tcp);
+    c->tcp_sent = c->join_end = 0;
     if (c->tcp == NULL) {
         fatal(c, GPL_ERR_NOMEM, "out of memory");
         return;

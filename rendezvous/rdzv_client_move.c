@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
+#include <sys/ioctl.h>
 
 #include "gb_log.h"
 #include "gb_time.h"
@@ -41,6 +42,8 @@ static void promote_move(rdzv_client *c) {
     c->drain_in = c->in;
     c->drain_since_ms = gb_now_ms();
     c->tcp = c->mv;
+    c->tcp_sent = c->mv_sent;
+    c->join_end = c->mv_join_end;
     c->in = c->mv_in;
     c->mv = NULL;
     c->mv_in = spare;
@@ -48,6 +51,7 @@ static void promote_move(rdzv_client *c) {
     c->mv_ready = c->mv_go = 0;
     c->moves++;
     c->move_pending = 1;
+    c->respare = 1;
     c->stall_since_ms = 0;
     GB_WARN("rendezvous %s:%d: round %u moved to a new connection: the old one's frames had "
             "waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow or "
@@ -72,6 +76,20 @@ static void send_move_join(rdzv_client *c) {
     rdzv__client_fill_join(c, &j);
     c->mv_req = c->join_req = j.req_id;
     rdzv__client_send_on(c, c->mv, &j);
+    c->mv_join_end = c->mv_sent;
+}
+
+/* Whether the server has the last move's JOIN: answered, or its bytes on
+ * the connection (fd) acknowledged by the server's kernel (sent less still
+ * queued: in libuv, and in the kernel unacknowledged). */
+static int move_joined(rdzv_client *c, int fd) {
+    if (!c->move_pending)
+        return 1;
+    int outq = 0;
+    if (c->join_end == 0 || ioctl(fd, TIOCOUTQ, &outq) != 0 || outq < 0)
+        return 0;
+    uint64_t queued = uv_stream_get_write_queue_size((uv_stream_t *)c->tcp) + (uint64_t)outq;
+    return c->tcp_sent >= queued && c->tcp_sent - queued >= c->join_end;
 }
 
 /* What comes on the spare before it is the connection. Asked to move before
@@ -125,8 +143,8 @@ static void on_move_connect(uv_connect_t *req, int status) {
     uv_read_start(h, rdzv__client_on_alloc, rdzv__client_on_read); /* the server speaks first */
 }
 
-/* A second connection to the server's address: the spare. */
-static void open_spare(rdzv_client *c) {
+/* A second connection to the server's address: the spare (why: the log's reason). */
+static void open_spare(rdzv_client *c, const char *why) {
     struct sockaddr_storage ss;
     int len = sizeof ss;
     if (uv_tcp_getpeername(c->tcp, (struct sockaddr *)&ss, &len) != 0)
@@ -146,9 +164,9 @@ static void open_spare(rdzv_client *c) {
     c->mv_since_ms = gb_now_ms();
     c->mv_ready = c->mv_go = 0;
     c->mv_req = 0;
-    GB_INFO("rendezvous %s:%d: the connection had a retransmission timeout: opening a spare one "
-            "to move to if it stalls",
-            c->host, c->o.port);
+    c->mv_sent = c->mv_join_end = 0;
+    GB_INFO("rendezvous %s:%d: %s: opening a spare one to move to if it stalls", c->host, c->o.port,
+            why);
     if (uv_tcp_connect(req, t, (struct sockaddr *)&ss, on_move_connect) != 0) {
         free(req);
         rdzv__client_drop_move(c);
@@ -158,7 +176,7 @@ static void open_spare(rdzv_client *c) {
 /* The move asked: at once on a ready spare, else when the spare is. */
 static void move(rdzv_client *c, uint32_t stall_ms) {
     if (c->mv == NULL)
-        open_spare(c);
+        open_spare(c, "the connection stalls");
     if (c->mv == NULL)
         return;
     c->mv_go = 1;
@@ -191,8 +209,14 @@ void rdzv__client_check_stall(rdzv_client *c) {
         now - c->trouble_ms >= RDZV_SPARE_IDLE_MS)
         rdzv__client_drop_move(c); /* the link has been good for a while */
     if (!c->server_move || c->state != CS_READY || !c->assigned || c->frozen ||
-        c->instance[0] == '\0' || (c->mv && c->mv_go) || c->move_pending)
-        return; /* one move at a time: the last one is not answered yet */
+        c->instance[0] == '\0' || (c->mv && c->mv_go))
+        return; /* one move at a time: the last one is under way */
+    /* after a move, a new spare at once: the connection moved to crosses
+     * the same link and may stall in its turn */
+    if (c->mv == NULL && c->respare) {
+        c->respare = 0;
+        open_spare(c, "the connection was moved to just now");
+    }
     uv_os_fd_t fd;
     struct tcp_info ti;
     socklen_t tlen = sizeof ti;
@@ -204,6 +228,11 @@ void rdzv__client_check_stall(rdzv_client *c) {
         return;
     }
     c->trouble_ms = now;
+    if (!move_joined(c, fd)) {
+        if (c->mv == NULL)
+            open_spare(c, "the connection had a retransmission timeout");
+        return; /* the last move's JOIN may still reach the server: it would land after this */
+    }
     if (c->stall_since_ms == 0) {
         /* first seen backing off: its oldest frame has waited at least the timeouts so far
          * (the RTO doubles with each: rto - rto / 2^backoff of them) */
@@ -216,5 +245,5 @@ void rdzv__client_check_stall(rdzv_client *c) {
     if (now - c->stall_since_ms >= stall)
         move(c, (uint32_t)(now - c->stall_since_ms));
     else if (c->mv == NULL)
-        open_spare(c);
+        open_spare(c, "the connection had a retransmission timeout");
 }

@@ -25,7 +25,10 @@
  * until RDZV_SPARE_IDLE_MS pass without one: a move is then one frame on it.
  * A spare not ready within RDZV_KEEP_FACTOR x the heartbeat timeout is given
  * up (the next trouble opens another); the old connection is drained until
- * the server closes it, at most as long. */
+ * the server closes it, at most as long. One move at a time: the next waits
+ * until the server has the last one's JOIN (its answer came, or the server's
+ * kernel acknowledged the JOIN's bytes): a connection moved to can stall in
+ * its turn before that answer crosses the same slow link. */
 #define RDZV_MOVE_STALL_DIV 2
 #define RDZV_MOVE_STALL_MIN_MS 1000
 #define RDZV_SPARE_IDLE_MS 300000
@@ -94,6 +97,11 @@ struct rdzv_client {
     uint32_t moves;   /* moves done (said in the log) */
     int move_pending; /* the last move's JOIN is not answered yet: the old connection stays
                          open (its close would reach the server as the node's) */
+    int respare;      /* a move was made: a new spare is opened at once */
+    uint64_t tcp_sent, mv_sent;     /* bytes given to the connection's and the spare's sends */
+    uint64_t join_end, mv_join_end; /* their bytes up to the end of the move's JOIN sent on
+                                       them (0: none): once the server's kernel acknowledged
+                                       them, the server has the node there */
 };
 
 /* rdzv_client.c */

@@ -262,19 +262,27 @@ int netbed_http_get(netbed *b, int host, int port, const char *path, char *out, 
 /* On the TUN fabric the host's own device goes down: its packets go
  * nowhere (a process on it that sends between the cut and its kill sees an
  * error; netbed_cut is followed by the kill at once). */
-int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port) {
-    char ns[40], to[40], cmd[768];
+int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port, int flags) {
+    char ns[40], to[40], back[160] = "", cmd[1024];
     ns_name(b, host, ns, sizeof ns);
     ns_name(b, to_host, to, sizeof to);
-    /* "ss -p" names the owner as users:(("comm",pid=..)); the local port is the third column.
-     * Dropped where they arrive, not as they leave: a packet dropped on its own host's output
-     * is never in flight, and TCP does not back off for it. */
+    if (flags & NETBED_STALL_BOTH)
+        snprintf(back, sizeof back,
+                 " && ip netns exec %s iptables -I INPUT -p tcp --sport %d --dport \"$p\" -j DROP",
+                 ns, port);
+    /* "ss -p" names the owner as users:(("comm",pid=..)); the local port is the third column;
+     * with -i each connection's second line says bytes_acked (1: the SYN alone). Dropped where
+     * they arrive, not as they leave: a packet dropped on its own host's output is never in
+     * flight, and TCP does not back off for it. */
     snprintf(cmd, sizeof cmd,
-             "ip netns exec %s ss -Htnp state established '( dport = :%d )' | "
-             "grep -F '((\"%s\",' | awk '{ n = split($3, a, \":\"); print a[n] }' | "
+             "ip netns exec %s ss -Htnpi state established '( dport = :%d )' | "
+             "awk -v used=%d '/users:\\(\\(\"%s\",/ { n = split($3, a, \":\"); p = a[n]; "
+             "getline; acked = 0; if (match($0, /bytes_acked:[0-9]+/)) "
+             "acked = substr($0, RSTART + 12, RLENGTH - 12) + 0; "
+             "if (!used || acked > 1) print p }' | "
              "while read p; do ip netns exec %s iptables -I INPUT -p tcp --sport \"$p\" "
-             "--dport %d -j DROP && echo \"$p\"; done",
-             ns, port, comm, to, port);
+             "--dport %d -j DROP%s && echo \"$p\"; done",
+             ns, port, (flags & NETBED_STALL_USED) != 0, comm, to, port, back);
     FILE *f = popen(cmd, "r");
     if (f == NULL)
         return -1;

@@ -58,9 +58,14 @@ int netbed_http_get(netbed *b, int host, int port, const char *path, char *out, 
 /* Stalls the TCP connections that process comm on host holds to port on
  * to_host: from now on what host sends on them is lost on the way (dropped
  * as it reaches to_host, iptables in that namespace), as a stream stalled in
- * TCP's backoff is; a new connection is not touched. Returns how many
+ * TCP's backoff is; a new connection is not touched. flags: NETBED_STALL_BOTH
+ * also loses what to_host sends on them (dropped as it reaches host);
+ * NETBED_STALL_USED only the connections on which host's data was
+ * acknowledged (not one that sent nothing yet). Returns how many
  * connections it stalled, -1 on error. */
-int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port);
+#define NETBED_STALL_BOTH 1
+#define NETBED_STALL_USED 2
+int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port, int flags);
 /* Writes a process's captured output to <dir>/<name>.log. */
 void netbed_save_log(netbed *b, const char *name, const proc *p);
 #endif

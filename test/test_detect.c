@@ -251,7 +251,7 @@ Test(detect, a_stalled_connection_moves_and_the_round_goes_on, .timeout = 150) {
                  "round 1 did not form: %s", nodes[1].out);
     usleep(2000000);
     uint64_t t_stall = now_ms();
-    int n = netbed_stall_tcp(&bed, 4, "gpulaunch", RDZV_HOST, (int)strtol(RDZV_PORT, NULL, 10));
+    int n = netbed_stall_tcp(&bed, 4, "gpulaunch", RDZV_HOST, (int)strtol(RDZV_PORT, NULL, 10), 0);
     cr_assert_eq(n, 1, "host4's launcher's connection to the rendezvous not stalled (%d)", n);
     int host4[1] = {4};
     uint64_t moved[1];
@@ -270,6 +270,63 @@ Test(detect, a_stalled_connection_moves_and_the_round_goes_on, .timeout = 150) {
                 (unsigned long long)moved[0], HB_TIMEOUT_S);
     cr_expect_lt(moved[0], (uint64_t)HB_TIMEOUT_S * 1000, "the move took %llu ms",
                  (unsigned long long)moved[0]);
+}
+
+/* D7b. The connection moved to stalls too, before the move's answer came
+ * back (the adverse hour's failure: the same slow link carries both). Host
+ * 4's stream stalls and the launcher moves; the server is stopped around the
+ * move, so its kernel acknowledges the move's JOIN but no answer is sent;
+ * the new connection then stalls both ways before the server goes on. The
+ * launcher moves again once its new connection stalls (its JOIN is known to
+ * be at the server), within half the timeout and a heartbeat or two, and no
+ * round ends. One move at a time used to wait for the answer, which never
+ * came, until twice the timeout had passed. */
+Test(detect, a_connection_moved_to_that_stalls_before_the_answer_moves_again, .timeout = 150) {
+    setup_bed("D7b-stalled-twice", NODES + 1, 0, 0);
+    start_server(1);
+    setenv("GPULAUNCH_LOG_LEVEL", "info", 1); /* host 4's spares */
+    job_args ja = {.nnodes = "4", .steps = "500", .sleep_ms = "50", .reform = 1};
+    for (int i = 1; i <= NODES; i++)
+        start_node(i, &ja);
+    unsetenv("GPULAUNCH_LOG_LEVEL");
+    uint64_t ms[NODES];
+    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", now_ms(), 30000, ms), NODES,
+                 "round 1 did not form: %s", nodes[1].out);
+    usleep(2000000);
+    int rport = (int)strtol(RDZV_PORT, NULL, 10), host4[1] = {4};
+    uint64_t t_stall = now_ms(), at[1];
+    cr_assert_eq(netbed_stall_tcp(&bed, 4, "gpulaunch", RDZV_HOST, rport, 0), 1,
+                 "host4's connection to the rendezvous not stalled");
+    /* its spare is ready a retransmission timeout later; the move comes at 2.5 s */
+    cr_assert_eq(expect_all(host4, 1, "opening a spare one", t_stall, 3000, at), 1, "no spare: %s",
+                 nodes[4].out);
+    usleep(2000000 - (useconds_t)(now_ms() - t_stall < 2000 ? (now_ms() - t_stall) * 1000 : 0));
+    kill(server.pid, SIGSTOP);
+    uint64_t t_stop = now_ms();
+    int moved = expect_all(host4, 1, "; move 1", t_stall, 6000, at);
+    int n = moved ? netbed_stall_tcp(&bed, 4, "gpulaunch", RDZV_HOST, rport,
+                                     NETBED_STALL_BOTH | NETBED_STALL_USED)
+                  : 0;
+    uint64_t t_stall2 = now_ms();
+    kill(server.pid, SIGCONT);
+    cr_assert(moved, "host4 did not move with the server stopped: %s", nodes[4].out);
+    cr_assert_geq(n, 2, "the connection moved to not stalled (%d stalled)", n);
+    uint64_t again[1];
+    cr_assert_eq(expect_all(host4, 1, "; move 2", t_stall2, 20000, again), 1,
+                 "host4 did not move again: %s", nodes[4].out);
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    for (int i = 1; i <= NODES; i++)
+        cr_expect(strstr(nodes[i].out, "is over") == NULL, "host%d: a round ended: %s", i,
+                  strstr(nodes[i].out, "is over"));
+    cr_log_info("D7b: host4 moved %llu ms after its stream stalled, the server stopped for %llu "
+                "ms, and moved again %llu ms after the connection it moved to stalled; no round "
+                "ended",
+                (unsigned long long)at[0], (unsigned long long)(t_stall2 - t_stop),
+                (unsigned long long)again[0]);
+    cr_expect_lt(again[0], (uint64_t)HB_TIMEOUT_S * 1000,
+                 "the second move took %llu ms (the first's answer was waited for)",
+                 (unsigned long long)again[0]);
 }
 
 /* ---- D5: the adverse bed ---- */

@@ -698,6 +698,33 @@ Test(probe, a_port_reached_is_checked_again_a_minute_later, .timeout = 100) {
     cr_expect_eq(metric_of("gpulaunch_rdzv_machine_checks_total{result=\"reached\"}"), 6);
 }
 
+/* A node whose checker leaves its round (here: finished, RDZV_DONE) is
+ * checked again at once by another peer, not a minute later: until then no
+ * early verdict could be had for it (that needs its checker's word). Three
+ * nodes; node 0's port checked once as the round starts; its checker says
+ * it is done; the third node is asked to check node 0's port within the
+ * sweep that sees it. */
+Test(probe, a_node_whose_checker_left_is_checked_again_at_once, .timeout = 30) {
+    kernel_round_of("left", 3);
+    cr_assert_eq(run_nodes(3, 3000, 0, NULL), 0, "a round ended");
+    int ck = R[1].checks_of[0] ? 1 : 2, other = 3 - ck;
+    cr_assert(R[ck].checks_of[0] == 1 && R[other].checks_of[0] == 0,
+              "node 0's port checked by node 1 %d and node 2 %d times in 3 s", R[1].checks_of[0],
+              R[2].checks_of[0]);
+    rdzv_msg done = {.type = RDZV_DONE, .req_id = 4};
+    peer_send(&P[ck], &done);
+    uint64_t t0 = now_ms();
+    while (R[other].checks_of[0] == 0 && now_ms() - t0 < 10000)
+        cr_assert_eq(run_nodes(3, 50, 0, NULL), 0, "a round ended");
+    uint64_t took = now_ms() - t0;
+    cr_expect_eq(R[other].checks_of[0], 1, "node 0's port was not checked again in %llu ms",
+                 (unsigned long long)took);
+    cr_expect_lt(took, 1500, "node 0's port checked again %llu ms after its checker left",
+                 (unsigned long long)took);
+    cr_expect_eq(R[ck].checks_of[0], 1, "the node that left was asked again");
+    cr_log_info("checked again %llu ms after its checker left", (unsigned long long)took);
+}
+
 /* Peers far from the server (their round trips long): the peers' deadline
  * of an early probe covers their round trips as well as the node's, not the
  * node's 250 ms alone. Nodes 0 and 1 answer their calibration 120 ms late
