@@ -289,8 +289,7 @@ int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
         now - m->p.peer_kept_ms <= hb)
         return 1;
     if (m->p.sent_ms && m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
-        relay_heard(m) < m->p.relayed &&
-        now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS)
+        relay_heard(m) < m->p.relayed && now < m->p.relay_at_ms + m->p.relay_wait_ms)
         return 1; /* the peers' word first (bounded by their deadline) */
     if (m->p.peer_kept_ms)
         snprintf(evidence, len,
@@ -534,20 +533,29 @@ static void relay(member *m, uint64_t now, member *const *xs, uint32_t n) {
         n = pick_relays(m, m->p.id, 0, pick);
         xs = pick;
     }
+    uint32_t prtt = 0; /* the slowest asked peer's worst round trip (unknown: a probe's most) */
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t x = xs[i]->p.rtt_ms ? xs[i]->p.rtt_ms : RDZV_PROBE_MAX_MS;
+        prtt = x > prtt ? x : prtt;
+    }
     if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
-        /* until the timeout less the grace, but long enough for a round trip
-         * on a slow link and a launcher's stall (a node kept past the timeout
-         * is asked again with the whole window) */
+        /* until the timeout less the grace, but long enough for a launcher's
+         * stall and the peers' round trips on a slow link (a node kept past
+         * the timeout is asked again with the whole window) */
         uint64_t silent = now - m->c->last_rx_ms, hb = r->hb_timeout_ms;
         uint64_t to = silent + RDZV_RELAY_GRACE_MS < hb ? hb - silent - RDZV_RELAY_GRACE_MS : 0;
+        uint64_t need = RDZV_SILENCE_STALL_MS + (uint64_t)RDZV_PROBE_RTT_FACTOR * prtt;
         if (to < RDZV_TIMEOUT_RELAY_MIN_MS)
             to = RDZV_TIMEOUT_RELAY_MIN_MS;
-        left = to > RDZV_PROBE_MAX_MS ? RDZV_PROBE_MAX_MS : (uint32_t)to;
+        if (to < need)
+            to = need;
+        left = to > RDZV_TIMEOUT_RELAY_MAX_MS ? RDZV_TIMEOUT_RELAY_MAX_MS : (uint32_t)to;
     } else if (kernel) {
         uint32_t e = early_ms(m, xs, n); /* the peers' own round trips count too */
         left = e > left ? e : left;
     }
     m->p.relay_ms = left > RDZV_RELAY_MIN_MS ? left : RDZV_RELAY_MIN_MS;
+    m->p.relay_wait_ms = m->p.relay_ms + prtt + RDZV_RELAY_GRACE_MS;
     m->p.relay_at_ms = now;
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -654,7 +662,7 @@ again:
         if (m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
             relay_heard(m) < m->p.relayed &&
             (age < (uint64_t)d + RDZV_RELAY_GRACE_MS ||
-             now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS))
+             now < m->p.relay_at_ms + m->p.relay_wait_ms))
             continue;          /* the peers' word first */
         if (!m->p.suspected) { /* a calibration unanswered: learnt at the next one */
             unlist(m);
@@ -663,7 +671,7 @@ again:
         if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
             /* judged by the heartbeat timeout, not here: what the peers found is kept for it */
             if (m->p.relayed && m->p.relayed != UINT32_MAX && relay_heard(m) < m->p.relayed &&
-                now < m->p.relay_at_ms + m->p.relay_ms + RDZV_RELAY_GRACE_MS)
+                now < m->p.relay_at_ms + m->p.relay_wait_ms)
                 continue;
             if (m->p.relayed && m->p.relayed != UINT32_MAX)
                 snprintf(m->p.unreached, sizeof m->p.unreached, "%u peer node(s) (%s) within %u ms",

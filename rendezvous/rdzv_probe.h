@@ -69,7 +69,16 @@
  * up to RDZV_PEER_KEEP_FACTOR x the timeout of silence to the rendezvous:
  * past that the rendezvous cannot tell it of a round's end, and it is lost. */
 #define RDZV_TIMEOUT_ASK_MS 2250
-#define RDZV_TIMEOUT_RELAY_MIN_MS 1750 /* their window: at least a launcher's stall + a grace */
+/* Their window: what is left until the timeout, at least
+ * RDZV_TIMEOUT_RELAY_MIN_MS, and at least a launcher's stall
+ * (RDZV_SILENCE_STALL_MS) + RDZV_PROBE_RTT_FACTOR x the slowest asked peer's
+ * worst round trip (the request's way to it, its probes' to the node and
+ * back, its word's back: a node stopped for a stall must still answer in
+ * it), at most RDZV_TIMEOUT_RELAY_MAX_MS. The verdict waits for their word
+ * that window + that round trip + RDZV_RELAY_GRACE_MS after they were asked
+ * (so the timeout can pass first on a slow link). */
+#define RDZV_TIMEOUT_RELAY_MIN_MS 1750
+#define RDZV_TIMEOUT_RELAY_MAX_MS 4000
 #define RDZV_PEER_AGAIN_MS 1000
 #define RDZV_PEER_KEEP_FACTOR RDZV_KEEP_FACTOR /* rdzv_codec.h: the client's bound too */
 /* Kernel probes: the early silence threshold, the peers' word it needs, and
@@ -113,6 +122,7 @@ typedef struct rdzv_probe {
     uint32_t relayed;       /* peers asked to probe it for the probe in flight */
     uint32_t relay_nacks;   /* of them, those that said they could not reach it */
     uint32_t relay_ms;      /* the deadline they were given */
+    uint32_t relay_wait_ms; /* their word is waited for this long after they were asked */
     char relay_names[96];   /* the first of them by name, for the verdict */
     uint64_t relay_at_ms;   /* when they were asked */
     uint64_t peer_kept_ms;  /* a peer's probe last reached it (0: never) */

@@ -71,7 +71,24 @@ void start_server(int verbose) {
     cr_assert(proc_expect(&server, "listening on", 5000), "server: %s", server.out);
 }
 
+static proc spin[2];
+static int nspin;
+
+void start_spinners(int n) {
+    char *busy[] = {"/bin/sh", "-c", "while :; do :; done", NULL};
+    for (; nspin < n && nspin < 2; nspin++)
+        cr_assert_eq(proc_start(&spin[nspin], busy, NULL), 0);
+}
+
+void stop_spinners(void) {
+    for (; nspin > 0; nspin--) {
+        proc_kill(&spin[nspin - 1], SIGKILL);
+        proc_wait(&spin[nspin - 1], 5000);
+    }
+}
+
 void teardown(void) {
+    stop_spinners();
     netbed_down(&bed);
     if (dir[0] && !getenv("GPL_KEEP_DIR")) /* GPL_KEEP_DIR=1: kept, to look at its checkpoints */
         tmpdir_remove(dir);

@@ -57,8 +57,13 @@ void start_server(int verbose);
 extern const char *server_probes;
 /* --http ADDR:PORT for the next start_server (NULL: none). */
 extern const char *server_http;
-/* The suite's fini: the bed down, the directory removed. */
+/* The suite's fini: spinners stopped, the bed down, the directory removed. */
 void teardown(void);
+/* n (at most 2) processes that keep a core busy each, beside the bed (on
+ * this machine's namespace), until stop_spinners or teardown (a test that
+ * fails half-way leaves none). */
+void start_spinners(int n);
+void stop_spinners(void);
 void start_node(int host, const job_args *ja);
 void save_logs(const char *tag);
 uint64_t max_ms(const uint64_t *v, int n);

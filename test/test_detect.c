@@ -392,10 +392,7 @@ Test(detect, an_adverse_bed_declares_no_healthy_node_lost_and_still_finds_real_f
     setenv("GPULAUNCH_LOG_LEVEL", "info", 1); /* the clients' spare connections and moves */
     start_job(&ja);
     unsetenv("GPULAUNCH_LOG_LEVEL");
-    static proc spin[2];
-    char *busy[] = {"/bin/sh", "-c", "while :; do :; done", NULL};
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(proc_start(&spin[i], busy, NULL), 0);
+    start_spinners(2);
     uint64_t t0 = now_ms(), next_stop = t0 + 2000;
     uint64_t seed = ADVERSE_SEED;
     int stops = 0, host;
@@ -461,10 +458,7 @@ Test(detect, an_adverse_bed_declares_no_healthy_node_lost_and_still_finds_real_f
                  "the survivors of host4 did not re-form: %s", nodes[1].out);
     uint64_t freeze_back = max_ms(again, 2);
     netbed_kill_host(&bed, 4);
-    for (int i = 0; i < 2; i++) {
-        proc_kill(&spin[i], SIGKILL);
-        proc_wait(&spin[i], 5000);
-    }
+    stop_spinners();
     save_logs("faults");
     cr_log_info("then on the same bed: host3 vanished: told %llu ms, re-formed %llu ms after; "
                 "host4 frozen: told %llu ms, re-formed %llu ms after",

@@ -413,6 +413,11 @@ typedef struct rawnode {
     int silent, check_ok, kernel_ok, udp_ok, checker_ok_set, checker_ok;
     int checks, checked, checks_of[4], kernels, udps, over;
     uint32_t kernel_deadline_ms;
+    uint32_t beat_ms;      /* its heartbeats this often (0: 500 ms) */
+    uint32_t udp_delay_ms; /* its word on a UDP probe this late (0: at once) */
+    uint32_t udp_deadline_ms;
+    rdzv_msg udp_pending; /* a word held back until udp_due */
+    uint64_t udp_due;
 } rawnode;
 static rawnode R[4];
 
@@ -434,7 +439,13 @@ static void answer_probe(int i, const rdzv_msg *m) {
                           : R[i].kernel_ok);
     } else {
         R[i].udps++;
+        R[i].udp_deadline_ms = m->u.probe_req.deadline_ms;
         a.u.probe_ack.ok = (uint8_t)R[i].udp_ok;
+        if (R[i].udp_delay_ms) {
+            R[i].udp_pending = a;
+            R[i].udp_due = now_ms() + R[i].udp_delay_ms;
+            return;
+        }
     }
     peer_send(&P[i], &a);
 }
@@ -476,10 +487,14 @@ static int run_nodes(int n, int ms, int watch, uint64_t *last_beat) {
         for (int i = 0; i < n; i++) {
             if (R[i].silent)
                 continue;
+            if (R[i].udp_due && now_ms() >= R[i].udp_due) {
+                peer_send(&P[i], &R[i].udp_pending);
+                R[i].udp_due = 0;
+            }
             if (now_ms() >= next[i]) {
                 rdzv_msg hb = {.type = RDZV_HEARTBEAT};
                 peer_send(&P[i], &hb);
-                next[i] = now_ms() + 500;
+                next[i] = now_ms() + (R[i].beat_ms ? R[i].beat_ms : 500);
                 if (last_beat)
                     last_beat[i] = now_ms();
             }
@@ -723,6 +738,42 @@ Test(probe, a_node_whose_checker_left_is_checked_again_at_once, .timeout = 30) {
                  (unsigned long long)took);
     cr_expect_eq(R[ck].checks_of[0], 1, "the node that left was asked again");
     cr_log_info("checked again %llu ms after its checker left", (unsigned long long)took);
+}
+
+/* At the heartbeat timeout the peers are given a launcher's stall (1.5 s)
+ * + 3 x their round trips to reach the node, and their word is waited for
+ * that long + a round trip: a node stopped as they were asked answers when
+ * it runs again, over slow links. Node 2 beats every 2 s (left to the
+ * timeout), nodes 0 and 1 are 300 ms from the server; node 2 falls silent;
+ * the peers' UDP probes reach it 2.8 s after they were asked (past the
+ * timeout: a stall and
+ * the way there and back): it is kept. */
+Test(probe, the_peers_at_the_timeout_are_given_a_stall_and_their_round_trips) {
+    proc_kill(&srv, SIGTERM);
+    proc_wait(&srv, 5000);
+    const char *extra[] = {"--http", "127.0.0.1:0", "--probes", "udp", NULL};
+    cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
+    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000), "%s", srv.out);
+    hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+    pong_delay_ms[0] = pong_delay_ms[1] = 300;
+    kernel_round_of("stall", 3);
+    R[2].beat_ms = 2000;
+    R[0].udp_ok = R[1].udp_ok = RDZV_PROBE_OK_NODE;
+    R[0].udp_delay_ms = R[1].udp_delay_ms = 2800;
+    uint64_t beat[4] = {0};
+    cr_assert_eq(run_nodes(3, 6500, 0, beat), 0, "a round ended before the silence");
+    R[2].silent = 1;
+    uint64_t t0 = beat[2];
+    int over = run_nodes(3, 7000, 0, beat);
+    uint32_t d =
+        R[0].udp_deadline_ms > R[1].udp_deadline_ms ? R[0].udp_deadline_ms : R[1].udp_deadline_ms;
+    cr_expect(R[0].udps + R[1].udps >= 1, "the peers were not asked");
+    cr_expect(d >= 2400 && d <= 4000,
+              "the peers were given %u ms (1.5 s + 3 x 300 ms or more expected)", d);
+    cr_expect(!over || now_ms() - t0 >= 9000, "the round ended after %llu ms of silence: %s",
+              (unsigned long long)(now_ms() - t0), P[0].last.u.round_over.message);
+    cr_log_info("the peers at the timeout were given %u ms; kept %llu ms", d,
+                (unsigned long long)(now_ms() - t0));
 }
 
 /* Peers far from the server (their round trips long): the peers' deadline
