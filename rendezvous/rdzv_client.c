@@ -539,7 +539,7 @@ static void connect_addr(rdzv_client *c, const struct sockaddr *sa) {
     }
     snprintf(c->doing, sizeof c->doing, "connecting to %s", c->target);
     c->tcp = malloc(sizeof *c->tcp);
-    c->tcp_sent = c->join_end = 0;
+    c->tcp_sent = c->join_end = c->acked_seen = 0;
     if (c->tcp == NULL) {
         fatal(c, GPL_ERR_NOMEM, "out of memory");
         return;

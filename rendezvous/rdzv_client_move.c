@@ -6,6 +6,7 @@
  * server closes it. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
 
@@ -44,6 +45,8 @@ static void promote_move(rdzv_client *c) {
     c->tcp = c->mv;
     c->tcp_sent = c->mv_sent;
     c->join_end = c->mv_join_end;
+    c->acked_seen = 0;
+    c->progress_ms = gb_now_ms();
     c->in = c->mv_in;
     c->mv = NULL;
     c->mv_in = spare;
@@ -54,9 +57,9 @@ static void promote_move(rdzv_client *c) {
     c->respare = 1;
     c->stall_since_ms = 0;
     GB_WARN("rendezvous %s:%d: round %u moved to a new connection: the old one's frames had "
-            "waited %.1f s unacknowledged (TCP backing off: the link to the rendezvous is slow or "
-            "lossy); move %u",
-            c->host, c->o.port, c->a.round, (double)c->mv_stall_ms / 1000.0, c->moves);
+            "waited %.1f s unacknowledged (%s; the link to the rendezvous is slow or lossy); "
+            "move %u",
+            c->host, c->o.port, c->a.round, (double)c->mv_stall_ms / 1000.0, c->mv_tcp, c->moves);
 }
 
 void rdzv__client_move_confirmed(rdzv_client *c) {
@@ -79,17 +82,33 @@ static void send_move_join(rdzv_client *c) {
     c->mv_join_end = c->mv_sent;
 }
 
-/* Whether the server has the last move's JOIN: answered, or its bytes on
- * the connection (fd) acknowledged by the server's kernel (sent less still
- * queued: in libuv, and in the kernel unacknowledged). */
-static int move_joined(rdzv_client *c, int fd) {
-    if (!c->move_pending)
-        return 1;
+/* The bytes the server's kernel acknowledged on the connection (fd): those
+ * sent less those still queued, in libuv and in the kernel unacknowledged;
+ * *queued those. -1 when not known. */
+static int64_t acked_bytes(rdzv_client *c, int fd, uint64_t *queued) {
     int outq = 0;
-    if (c->join_end == 0 || ioctl(fd, TIOCOUTQ, &outq) != 0 || outq < 0)
+    if (ioctl(fd, TIOCOUTQ, &outq) != 0 || outq < 0)
+        return -1;
+    *queued = uv_stream_get_write_queue_size((uv_stream_t *)c->tcp) + (uint64_t)outq;
+    return c->tcp_sent >= *queued ? (int64_t)(c->tcp_sent - *queued) : -1;
+}
+
+/* Whether the server has the last move's JOIN: answered, or its bytes
+ * acknowledged by the server's kernel (acked, from acked_bytes). */
+static int move_joined(const rdzv_client *c, int64_t acked) {
+    return !c->move_pending || (c->join_end && acked >= 0 && (uint64_t)acked >= c->join_end);
+}
+
+/* How long frames have waited on the connection with no byte of them
+ * acknowledged (0: none waits), from acked and queued (acked_bytes): seen at
+ * each heartbeat, so up to one interval short. */
+static uint64_t unacked_for(rdzv_client *c, int64_t acked, uint64_t queued, uint64_t now) {
+    if (acked < 0 || queued == 0 || (uint64_t)acked != c->acked_seen) {
+        c->acked_seen = acked < 0 ? 0 : (uint64_t)acked;
+        c->progress_ms = now;
         return 0;
-    uint64_t queued = uv_stream_get_write_queue_size((uv_stream_t *)c->tcp) + (uint64_t)outq;
-    return c->tcp_sent >= queued && c->tcp_sent - queued >= c->join_end;
+    }
+    return now - c->progress_ms;
 }
 
 /* What comes on the spare before it is the connection. Asked to move before
@@ -110,7 +129,7 @@ void rdzv__client_handle_move(rdzv_client *c, const rdzv_msg *m) {
         return;
     case RDZV_WELCOME:
         c->mv_ready = 1;
-        if (c->mv_go && c->mv_req && c->assigned)
+        if (c->mv_go && c->mv_join_end && c->assigned)
             promote_move(c); /* its JOIN went with its AUTH */
         else if (c->mv_go && c->assigned) {
             send_move_join(c);
@@ -163,8 +182,7 @@ static void open_spare(rdzv_client *c, const char *why) {
     c->mv_in.len = 0;
     c->mv_since_ms = gb_now_ms();
     c->mv_ready = c->mv_go = 0;
-    c->mv_req = 0;
-    c->mv_sent = c->mv_join_end = 0;
+    c->mv_sent = c->mv_join_end = 0; /* mv_req stays the last move's until it is answered */
     GB_INFO("rendezvous %s:%d: %s: opening a spare one to move to if it stalls", c->host, c->o.port,
             why);
     if (uv_tcp_connect(req, t, (struct sockaddr *)&ss, on_move_connect) != 0) {
@@ -174,16 +192,19 @@ static void open_spare(rdzv_client *c, const char *why) {
 }
 
 /* The move asked: at once on a ready spare, else when the spare is. */
-static void move(rdzv_client *c, uint32_t stall_ms) {
+static void move(rdzv_client *c, uint32_t stall_ms, const struct tcp_info *ti) {
     if (c->mv == NULL)
         open_spare(c, "the connection stalls");
     if (c->mv == NULL)
         return;
     c->mv_go = 1;
     c->mv_stall_ms = stall_ms;
-    GB_INFO("rendezvous %s:%d: frames on the connection wait unacknowledged for %.1f s (TCP backs "
-            "off on a slow or lossy link): moving round %u to %s",
-            c->host, c->o.port, (double)stall_ms / 1000.0, c->a.round,
+    snprintf(c->mv_tcp, sizeof c->mv_tcp,
+             "TCP: retransmission timeout %.1f s, %u backoff(s), smoothed round trip %.2f s",
+             ti->tcpi_rto / 1e6, (unsigned)ti->tcpi_backoff, ti->tcpi_rtt / 1e6);
+    GB_INFO("rendezvous %s:%d: frames on the connection wait unacknowledged for %.1f s (%s): "
+            "moving round %u to %s",
+            c->host, c->o.port, (double)stall_ms / 1000.0, c->mv_tcp, c->a.round,
             c->mv_ready ? "the spare connection" : "a new connection once it is ready");
     if (c->mv_ready) {
         send_move_join(c);
@@ -220,30 +241,44 @@ void rdzv__client_check_stall(rdzv_client *c) {
     uv_os_fd_t fd;
     struct tcp_info ti;
     socklen_t tlen = sizeof ti;
+    uint64_t queued = 0;
     if (uv_fileno((uv_handle_t *)c->tcp, &fd) != 0 ||
         getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tlen) != 0)
         return;
-    if (ti.tcpi_unacked == 0 || ti.tcpi_backoff == 0) {
+    int64_t acked = acked_bytes(c, fd, &queued);
+    uint32_t stall = rdzv__client_hb_timeout_ms(c) / RDZV_MOVE_STALL_DIV;
+    if (stall < RDZV_MOVE_STALL_MIN_MS)
+        stall = RDZV_MOVE_STALL_MIN_MS;
+    /* two signs: frames through a retransmission timeout (the backoff), or
+     * frames with nothing acknowledged for the stall + the smoothed round
+     * trip (a loss waiting out a retransmission timeout that slow round
+     * trips made long: no backoff yet); trouble from half of that */
+    uint64_t quiet = unacked_for(c, acked, queued, now), srtt = ti.tcpi_rtt / 1000;
+    int backoff = ti.tcpi_unacked != 0 && ti.tcpi_backoff != 0;
+    if (!backoff)
         c->stall_since_ms = 0; /* nothing outstanding, or acknowledged since its last timeout */
+    if (!backoff && quiet < stall)
         return;
-    }
     c->trouble_ms = now;
-    if (!move_joined(c, fd)) {
+    if (!move_joined(c, acked)) {
         if (c->mv == NULL)
             open_spare(c, "the connection had a retransmission timeout");
         return; /* the last move's JOIN may still reach the server: it would land after this */
     }
-    if (c->stall_since_ms == 0) {
-        /* first seen backing off: its oldest frame has waited at least the timeouts so far
-         * (the RTO doubles with each: rto - rto / 2^backoff of them) */
-        uint64_t rto = ti.tcpi_rto / 1000, waited = rto - (rto >> (ti.tcpi_backoff & 31));
-        c->stall_since_ms = now > waited ? now - waited : 1;
+    uint64_t waited = quiet >= stall + srtt ? quiet : 0;
+    if (backoff) {
+        if (c->stall_since_ms == 0) {
+            /* first seen backing off: its oldest frame has waited at least the timeouts so far
+             * (the RTO doubles with each: rto - rto / 2^backoff of them) */
+            uint64_t rto = ti.tcpi_rto / 1000, w = rto - (rto >> (ti.tcpi_backoff & 31));
+            c->stall_since_ms = now > w ? now - w : 1;
+        }
+        if (now - c->stall_since_ms >= stall && now - c->stall_since_ms > waited)
+            waited = now - c->stall_since_ms;
     }
-    uint32_t stall = rdzv__client_hb_timeout_ms(c) / RDZV_MOVE_STALL_DIV;
-    if (stall < RDZV_MOVE_STALL_MIN_MS)
-        stall = RDZV_MOVE_STALL_MIN_MS;
-    if (now - c->stall_since_ms >= stall)
-        move(c, (uint32_t)(now - c->stall_since_ms));
+    if (waited)
+        move(c, (uint32_t)waited, &ti);
     else if (c->mv == NULL)
-        open_spare(c, "the connection had a retransmission timeout");
+        open_spare(c, backoff ? "the connection had a retransmission timeout"
+                              : "frames on the connection wait unacknowledged");
 }

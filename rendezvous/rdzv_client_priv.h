@@ -29,7 +29,7 @@
  * until the server has the last one's JOIN (its answer came, or the server's
  * kernel acknowledged the JOIN's bytes): a connection moved to can stall in
  * its turn before that answer crosses the same slow link. */
-#define RDZV_MOVE_STALL_DIV 2
+#define RDZV_MOVE_STALL_DIV 2 /* also: frames unacknowledged that long + the smoothed RTT */
 #define RDZV_MOVE_STALL_MIN_MS 1000
 #define RDZV_SPARE_IDLE_MS 300000
 
@@ -88,16 +88,19 @@ struct rdzv_client {
     int mv_go;               /* the move is asked: the JOIN goes as soon as it can */
     uint64_t trouble_ms;     /* the last retransmission timeout seen on the connection; 0 none */
     uint32_t mv_stall_ms;    /* how long the old one had stalled when the move began */
+    char mv_tcp[112];        /* TCP_INFO's figures then, for the log */
     uint32_t mv_req;         /* the move's JOIN */
     uint64_t stall_since_ms; /* the connection's oldest frame unacknowledged through a
                                 retransmission timeout since about then; 0 none */
     uv_tcp_t *drain;         /* the connection moved from, read until the server closes it */
     rdzv_buf drain_in;
     uint64_t drain_since_ms;
-    uint32_t moves;   /* moves done (said in the log) */
-    int move_pending; /* the last move's JOIN is not answered yet: the old connection stays
-                         open (its close would reach the server as the node's) */
-    int respare;      /* a move was made: a new spare is opened at once */
+    uint32_t moves;       /* moves done (said in the log) */
+    int move_pending;     /* the last move's JOIN is not answered yet: the old connection stays
+                             open (its close would reach the server as the node's) */
+    int respare;          /* a move was made: a new spare is opened at once */
+    uint64_t acked_seen;  /* the connection's bytes acknowledged when last seen */
+    uint64_t progress_ms; /* ... and when they last grew, or nothing waited */
     uint64_t tcp_sent, mv_sent;     /* bytes given to the connection's and the spare's sends */
     uint64_t join_end, mv_join_end; /* their bytes up to the end of the move's JOIN sent on
                                        them (0: none): once the server's kernel acknowledged
