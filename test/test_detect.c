@@ -201,6 +201,13 @@ Test(detect, a_vanished_node_with_no_collective_is_found_by_kernel_probes_within
                   (unsigned long long)kernel);
 }
 
+/* No node's output says a round ended. */
+static void expect_no_round_ended(void) {
+    for (int i = 1; i <= NODES; i++)
+        cr_expect(strstr(nodes[i].out, "is over") == NULL, "host%d: a round ended: %s", i,
+                  strstr(nodes[i].out, "is over"));
+}
+
 /* A straggler (host 3's steps take 40x the others': the rest wait for it in
  * every all-reduce) and a launcher stopped for 1.5 s three times (host 2's;
  * its workers go on): the straggler is probed and answers, the stopped
@@ -224,9 +231,7 @@ Test(detect, a_slow_node_and_a_stopped_launcher_are_not_lost, .timeout = 200) {
     }
     expect_exit(all_nodes, NODES, 0, 60000);
     save_logs("run");
-    for (int i = 1; i <= NODES; i++)
-        cr_expect(strstr(nodes[i].out, "is over") == NULL, "host%d: a round ended: %s", i,
-                  strstr(nodes[i].out, "is over"));
+    expect_no_round_ended();
     proc_expect(&server, "\x01", 10);
     cr_expect(strstr(server.out, "node host3 (node rank ") &&
                   strstr(server.out, "answered a probe in"),
@@ -259,9 +264,7 @@ Test(detect, a_stalled_connection_moves_and_the_round_goes_on, .timeout = 150) {
                  "host4 did not move: %s", nodes[4].out);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
-    for (int i = 1; i <= NODES; i++)
-        cr_expect(strstr(nodes[i].out, "is over") == NULL, "host%d: a round ended: %s", i,
-                  strstr(nodes[i].out, "is over"));
+    expect_no_round_ended();
     proc_expect(&server, "\x01", 10);
     cr_expect(strstr(server.out, "host4 (node rank ") && strstr(server.out, ") moved to a new"),
               "the server did not say the move: %s", server.out);
@@ -316,9 +319,7 @@ Test(detect, a_connection_moved_to_that_stalls_before_the_answer_moves_again, .t
                  "host4 did not move again: %s", nodes[4].out);
     expect_exit(all_nodes, NODES, 0, 90000);
     save_logs("run");
-    for (int i = 1; i <= NODES; i++)
-        cr_expect(strstr(nodes[i].out, "is over") == NULL, "host%d: a round ended: %s", i,
-                  strstr(nodes[i].out, "is over"));
+    expect_no_round_ended();
     cr_log_info("D7b: host4 moved %llu ms after its stream stalled, the server stopped for %llu "
                 "ms, and moved again %llu ms after the connection it moved to stalled; no round "
                 "ended",

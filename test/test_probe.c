@@ -612,15 +612,20 @@ Test(probe, a_node_whose_port_no_peer_reaches_is_said_and_not_probed_early) {
               "%s", srv.out);
 }
 
-/* --probes udp: no machine check, no kernel probe, even of nodes that say
- * they can. */
-Test(probe, with_probes_udp_no_kernel_probe_is_asked) {
+/* The server again, with --probes udp (no machine checks, no kernel probes). */
+static void restart_with_probes_udp(void) {
     proc_kill(&srv, SIGTERM);
     proc_wait(&srv, 5000);
     const char *extra[] = {"--http", "127.0.0.1:0", "--probes", "udp", NULL};
     cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
     cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000), "%s", srv.out);
     hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+}
+
+/* --probes udp: no machine check, no kernel probe, even of nodes that say
+ * they can. */
+Test(probe, with_probes_udp_no_kernel_probe_is_asked) {
+    restart_with_probes_udp();
     kernel_round_of("udp", 3);
     uint64_t took = silence_of_node_2();
     cr_assert(took, "a silent node was not lost in 4.5 s");
@@ -749,12 +754,7 @@ Test(probe, a_node_whose_checker_left_is_checked_again_at_once, .timeout = 30) {
  * timeout: a stall and
  * the way there and back): it is kept. */
 Test(probe, the_peers_at_the_timeout_are_given_a_stall_and_their_round_trips) {
-    proc_kill(&srv, SIGTERM);
-    proc_wait(&srv, 5000);
-    const char *extra[] = {"--http", "127.0.0.1:0", "--probes", "udp", NULL};
-    cr_assert_eq(rdzv_start(&srv, &port, extra), 0, "server did not start: %s", srv.out);
-    cr_assert(proc_expect(&srv, " http 127.0.0.1:", 2000), "%s", srv.out);
-    hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
+    restart_with_probes_udp();
     pong_delay_ms[0] = pong_delay_ms[1] = 300;
     kernel_round_of("stall", 3);
     R[2].beat_ms = 2000;
