@@ -750,9 +750,8 @@ Test(probe, a_node_whose_checker_left_is_checked_again_at_once, .timeout = 30) {
  * that long + a round trip: a node stopped as they were asked answers when
  * it runs again, over slow links. Node 2 beats every 2 s (left to the
  * timeout), nodes 0 and 1 are 300 ms from the server; node 2 falls silent;
- * the peers' UDP probes reach it 2.8 s after they were asked (past the
- * timeout: a stall and
- * the way there and back): it is kept. */
+ * the peers' UDP probes reach it 2.8 s after they were asked (a stall and
+ * the way there and back, past the timeout): it is kept. */
 Test(probe, the_peers_at_the_timeout_are_given_a_stall_and_their_round_trips) {
     restart_with_probes_udp();
     pong_delay_ms[0] = pong_delay_ms[1] = 300;
