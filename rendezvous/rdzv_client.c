@@ -1,11 +1,8 @@
-/* The asynchronous rendezvous client, on the launcher's libuv loop: connect
- * with backoff and jitter, handshake, join, heartbeats, pushed messages, and
- * after a server restart a reconnect that re-registers the running round.
- * Moving the round to a new connection when this one stalls:
- * rdzv_client_move.c. */
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
+/* The asynchronous rendezvous client, on the launcher's libuv loop:
+ * handshake, join, heartbeats, pushed messages, the client's API, and after a
+ * server restart a join that re-registers the running round. Connecting and
+ * reconnecting with backoff: rdzv_client_connect.c; moving the round to a
+ * new connection when this one stalls: rdzv_client_move.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,15 +18,9 @@
 
 #define GB_COMPONENT "rdzv-client"
 
-#define RDZV_NOTICE_FIRST_MS 2000     /* an unreachable rendezvous is said after this ... */
-#define RDZV_NOTICE_EVERY_MS 10000    /* ... and again at this interval */
 #define RDZV_CLIENT_WAIT_EVERY_MS 250 /* a wait that goes on is said again this often */
 
-static void start_connect(rdzv_client *c);
-static void connect_addr(rdzv_client *c, const struct sockaddr *sa);
-static void on_retry(uv_timer_t *t) { start_connect(t->data); }
-
-static void client_unref(rdzv_client *c) {
+void rdzv__client_unref(rdzv_client *c) {
     if (--c->handles == 0) {
         rdzv_buf_free(&c->in);
         rdzv_buf_free(&c->mv_in);
@@ -44,10 +35,10 @@ static void on_handle_closed(uv_handle_t *h) {
     if (h != (uv_handle_t *)&c->retry && h != (uv_handle_t *)&c->hb &&
         h != (uv_handle_t *)&c->notice)
         free(h);
-    client_unref(c);
+    rdzv__client_unref(c);
 }
 
-static void fatal(rdzv_client *c, gpl_result_t code, const char *msg) {
+void rdzv__client_fatal(rdzv_client *c, gpl_result_t code, const char *msg) {
     if (c->failed || c->closing)
         return;
     c->failed = 1;
@@ -63,73 +54,6 @@ void rdzv__client_close_tcp(rdzv_client *c, uv_tcp_t **t) {
         uv_close((uv_handle_t *)*t, on_handle_closed);
         *t = NULL;
     }
-}
-
-static void drop_conn(rdzv_client *c) {
-    rdzv__client_close_tcp(c, &c->tcp);
-    c->in.len = 0;
-    c->state = CS_IDLE;
-    rdzv__client_drop_move(c); /* a reconnect re-registers the round itself */
-    rdzv__client_drop_drain(c);
-    c->stall_since_ms = 0;
-    c->move_pending = 0;
-    c->respare = 0;
-}
-
-/* The connection failed or broke: try again after a backoff with jitter,
- * until the retry budget of this outage is spent. */
-/* Never silent: an outage is said RDZV_NOTICE_FIRST_MS after it began, then
- * every RDZV_NOTICE_EVERY_MS, with what was tried and the time left. */
-static void on_notice(uv_timer_t *t) {
-    rdzv_client *c = t->data;
-    if (c->closing || c->failed || c->down_since_ms == 0)
-        return;
-    uint64_t now = gb_now_ms(), down = now - c->down_since_ms;
-    uint64_t left = c->o.connect_timeout_ms > down ? c->o.connect_timeout_ms - down : 0;
-    char now_doing[320];
-    snprintf(now_doing, sizeof now_doing, "%s: no answer yet", c->doing);
-    GB_WARN("rendezvous %s:%d not reached for %.1f s: %s; still trying for %.0f s (the join "
-            "timeout, --rdzv-conf join_timeout=SECONDS)",
-            c->host, c->o.port, (double)down / 1000.0, c->last_why[0] ? c->last_why : now_doing,
-            (double)left / 1000.0);
-    c->noticed = 1;
-}
-
-static void outage_begins(rdzv_client *c, uint64_t now) {
-    c->down_since_ms = now;
-    c->backoff_ms = 50;
-    c->noticed = 0;
-    c->last_why[0] = '\0';
-    uv_timer_start(&c->notice, on_notice, RDZV_NOTICE_FIRST_MS, RDZV_NOTICE_EVERY_MS);
-}
-
-static void schedule_retry(rdzv_client *c, const char *why) {
-    drop_conn(c);
-    if (c->closing || c->failed || c->frozen)
-        return;
-    uint64_t now = gb_now_ms();
-    if (c->down_since_ms == 0) {
-        outage_begins(c, now);
-        GB_WARN("rendezvous %s:%d: %s; reconnecting", c->host, c->o.port, why);
-    }
-    snprintf(c->last_why, sizeof c->last_why, "%s", why);
-    if (now - c->down_since_ms >= c->o.connect_timeout_ms) {
-        char msg[512];
-        snprintf(msg, sizeof msg,
-                 "could not reach the rendezvous at %s:%d for %.1f s (last error: %s); check "
-                 "--rdzv-endpoint / --master-addr, and that the launcher on that host (or the "
-                 "gpulaunch-rdzv server) is running",
-                 c->host, c->o.port, (double)(now - c->down_since_ms) / 1000.0, why);
-        fatal(c, GPL_ERR_TIMEOUT, msg);
-        return;
-    }
-    uint32_t d = c->backoff_ms / 2 + (uint32_t)(rand() % (int)(c->backoff_ms / 2 + 1));
-    if (c->backoff_ms < 2000)
-        c->backoff_ms *= 2;
-    uint64_t left = c->o.connect_timeout_ms - (now - c->down_since_ms);
-    if (d > left) /* the last try comes at the deadline, not up to 2 s after it */
-        d = (uint32_t)left;
-    uv_timer_start(&c->retry, on_retry, d, 0);
 }
 
 typedef struct wr {
@@ -268,7 +192,7 @@ int rdzv__client_answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m
                      "the rendezvous at %s:%d requires a token; set --rdzv-token-file or "
                      "GPULAUNCH_RDZV_TOKEN",
                      c->host, c->o.port);
-            fatal(c, GPL_ERR_AUTH, msg);
+            rdzv__client_fatal(c, GPL_ERR_AUTH, msg);
             return 0;
         }
         rdzv_auth_mac(c->token, c->o.token_len, m->u.challenge.nonce, a.u.auth.mac);
@@ -280,6 +204,16 @@ int rdzv__client_answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m
 uint32_t rdzv__client_hb_timeout_ms(const rdzv_client *c) {
     return c->jp.heartbeat_timeout_ms ? c->jp.heartbeat_timeout_ms
                                       : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
+}
+
+/* The node gains or loses its round: the connection's bound on
+ * unacknowledged data follows (RDZV_PENDING_KEEP_MS). */
+static void holds_round(rdzv_client *c, int yes) {
+    if (c->assigned == yes)
+        return;
+    c->assigned = yes;
+    if (c->tcp)
+        rdzv__client_tune(c, c->tcp);
 }
 
 static void handle(rdzv_client *c, const rdzv_msg *m) {
@@ -308,7 +242,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
             send_join(c);
         return;
     case RDZV_ASSIGNED:
-        c->assigned = 1;
+        holds_round(c, 1);
         c->pending = 0;
         c->a.round = m->u.assigned.round;
         c->a.node_rank = m->u.assigned.node_rank;
@@ -333,7 +267,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
             GB_DEBUG("ignoring the end of round %u: this node is past it", m->u.round_over.round);
             return;
         }
-        c->assigned = 0;
+        holds_round(c, 0);
         if (c->cb.on_round_over)
             c->cb.on_round_over(c, m->u.round_over.round, m->u.round_over.reason,
                                 m->u.round_over.node_rank, m->u.round_over.hostname,
@@ -378,7 +312,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
         if (m->u.error.code == GPL_ERR_ROUND_OVER && m->req_id == c->join_req && c->assigned) {
             /* The restarted server could not resume our round (or a move came after its end):
              * it is over. */
-            c->assigned = 0;
+            holds_round(c, 0);
             if (c->move_pending)
                 rdzv__client_move_confirmed(c);
             if (c->cb.on_round_over)
@@ -387,7 +321,7 @@ static void handle(rdzv_client *c, const rdzv_msg *m) {
             return;
         }
         if (m->req_id == c->join_req || c->state != CS_READY) {
-            fatal(c, (gpl_result_t)m->u.error.code, m->u.error.message);
+            rdzv__client_fatal(c, (gpl_result_t)m->u.error.code, m->u.error.message);
             return;
         }
         GB_WARN("rendezvous: %s", m->u.error.message);
@@ -419,7 +353,7 @@ static rdzv_buf *input_of(rdzv_client *c, uv_stream_t *st) {
  * moved from is done (the server closed it). */
 static void link_failed(rdzv_client *c, uv_stream_t *st, const char *why) {
     if (st == (uv_stream_t *)c->tcp)
-        schedule_retry(c, why);
+        rdzv__client_schedule_retry(c, why);
     else if (st == (uv_stream_t *)c->mv) {
         GB_INFO("rendezvous %s:%d: the new connection to move to failed (%s); the old one stays",
                 c->host, c->o.port, why);
@@ -466,115 +400,6 @@ void rdzv__client_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     }
     if (in)
         rdzv_buf_consume(in, off);
-}
-
-static void on_connect(uv_connect_t *req, int status) {
-    rdzv_client *c = req->data;
-    if (c->closing || req->handle != (uv_stream_t *)c->tcp)
-        return;
-    if (status < 0) {
-        char why[160];
-        snprintf(why, sizeof why, "connect to %s: %s", c->target, uv_strerror(status));
-        if (c->next_addr < c->naddrs) { /* the host's next address, at once */
-            snprintf(c->last_why, sizeof c->last_why, "%s", why);
-            drop_conn(c);
-            connect_addr(c, (struct sockaddr *)&c->addrs[c->next_addr++]);
-            return;
-        }
-        schedule_retry(c, why);
-        return;
-    }
-    rdzv__client_tune(c, c->tcp);
-    c->state = CS_HANDSHAKE;
-    uv_read_start((uv_stream_t *)c->tcp, rdzv__client_on_alloc,
-                  rdzv__client_on_read); /* the server speaks first */
-}
-
-void rdzv__client_tune(rdzv_client *c, uv_tcp_t *t) {
-    uv_tcp_nodelay(t, 1);
-    /* A path that goes silent (a cut link, a server host that vanished without
-     * closing anything) must not look alive for the 15 minutes of TCP's
-     * retransmissions: once the heartbeats sent on it stay unacknowledged for
-     * RDZV_KEEP_FACTOR x the heartbeat timeout (as long as the server keeps a
-     * node its peers still reach: a slow, lossy link is not given up on
-     * sooner), the connection fails and the client reconnects (a RESUME of a
-     * round that ended meanwhile comes back as round over). */
-    uv_os_fd_t fd;
-    unsigned ut = RDZV_KEEP_FACTOR * rdzv__client_hb_timeout_ms(c);
-    if (uv_fileno((uv_handle_t *)t, &fd) == 0)
-        (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut);
-}
-
-static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
-    rdzv_client *c = req->data;
-    client_unref(c);
-    if (c->closing) {
-        uv_freeaddrinfo(res);
-        return;
-    }
-    if (status < 0) {
-        char why[300];
-        snprintf(why, sizeof why, "cannot resolve %s: %s", c->host, uv_strerror(status));
-        uv_freeaddrinfo(res);
-        schedule_retry(c, why);
-        return;
-    }
-    c->naddrs = 0;
-    for (struct addrinfo *a = res; a && c->naddrs < RDZV_CLIENT_MAX_ADDRS; a = a->ai_next)
-        if (a->ai_addrlen <= sizeof c->addrs[0])
-            memcpy(&c->addrs[c->naddrs++], a->ai_addr, a->ai_addrlen);
-    uv_freeaddrinfo(res);
-    c->next_addr = 1;
-    connect_addr(c, (struct sockaddr *)&c->addrs[0]);
-}
-
-static void connect_addr(rdzv_client *c, const struct sockaddr *sa) {
-    char ip[64] = "?";
-    if (sa->sa_family == AF_INET6) {
-        uv_ip6_name((const struct sockaddr_in6 *)sa, ip, sizeof ip);
-        snprintf(c->target, sizeof c->target, "[%s]:%d", ip, c->o.port);
-    } else {
-        uv_ip4_name((const struct sockaddr_in *)sa, ip, sizeof ip);
-        snprintf(c->target, sizeof c->target, "%s:%d", ip, c->o.port);
-    }
-    snprintf(c->doing, sizeof c->doing, "connecting to %s", c->target);
-    c->tcp = malloc(sizeof *c->tcp);
-    c->tcp_sent = c->join_end = c->acked_seen = 0;
-    if (c->tcp == NULL) {
-        fatal(c, GPL_ERR_NOMEM, "out of memory");
-        return;
-    }
-    uv_tcp_init(c->loop, c->tcp);
-    c->tcp->data = c;
-    c->creq.data = c;
-    c->state = CS_CONNECTING;
-    int r = uv_tcp_connect(&c->creq, c->tcp, sa, on_connect);
-    if (r != 0)
-        schedule_retry(c, uv_strerror(r));
-}
-
-static void start_connect(rdzv_client *c) {
-    if (c->closing)
-        return;
-    /* a numeric address needs no resolver (and no thread pool) */
-    struct sockaddr_storage ss;
-    if (uv_ip4_addr(c->host, c->o.port, (struct sockaddr_in *)&ss) == 0 ||
-        uv_ip6_addr(c->host, c->o.port, (struct sockaddr_in6 *)&ss) == 0) {
-        c->naddrs = c->next_addr = 0;
-        connect_addr(c, (struct sockaddr *)&ss);
-        return;
-    }
-    snprintf(c->doing, sizeof c->doing, "resolving %s", c->host);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    char port[16];
-    snprintf(port, sizeof port, "%d", c->o.port);
-    c->gai.data = c;
-    c->handles++;
-    int r = uv_getaddrinfo(c->loop, &c->gai, on_resolved, c->host, port, &hints);
-    if (r != 0) {
-        client_unref(c);
-        schedule_retry(c, uv_strerror(r));
-    }
 }
 
 static void send_heartbeat(rdzv_client *c) {
@@ -633,8 +458,9 @@ gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
     uint32_t hb =
         jp->heartbeat_interval_ms ? jp->heartbeat_interval_ms : RDZV_DEFAULT_HEARTBEAT_INTERVAL_MS;
     uv_timer_start(&c->hb, on_heartbeat, hb, hb);
-    outage_begins(c, gb_now_ms()); /* not connected yet: said after 2 s like any outage */
-    start_connect(c);
+    rdzv__client_outage_begins(c,
+                               gb_now_ms()); /* not connected yet: said after 2 s like any outage */
+    rdzv__client_start_connect(c);
     *out = c;
     return GPL_OK;
 }
@@ -642,7 +468,7 @@ gpl_result_t rdzv_client_start(uv_loop_t *loop, const rdzv_client_options *o,
 void *rdzv_client_data(rdzv_client *c) { return c->cb.data; }
 
 void rdzv_client_rejoin(rdzv_client *c) {
-    c->assigned = 0;
+    holds_round(c, 0);
     /* a JOIN already waiting for the next round stands: that round is the one
      * asked for (a launcher whose re-formation failed after it had joined
      * restarts its workers into it); a second JOIN would be refused */
@@ -790,7 +616,7 @@ void rdzv_client_close(rdzv_client *c) {
     if (c == NULL || c->closing)
         return;
     c->closing = 1;
-    drop_conn(c);
+    rdzv__client_drop_conn(c);
     rdzv__peer_close(c->peer);
     c->peer = NULL;
     uv_timer_stop(&c->retry);

@@ -1,7 +1,8 @@
-/* The asynchronous rendezvous client's state, shared by its two files:
- * rdzv_client.c (connect, handshake, join, heartbeats, pushed messages,
- * reconnects) and rdzv_client_move.c (moving a running round to a second
- * connection when the first stalls). Not installed. */
+/* The asynchronous rendezvous client's state, shared by its three files:
+ * rdzv_client.c (handshake, join, heartbeats, pushed messages, the API),
+ * rdzv_client_connect.c (connecting, and reconnecting with backoff) and
+ * rdzv_client_move.c (moving a running round to a second connection when the
+ * first stalls). Not installed. */
 #ifndef GPULAUNCH_RDZV_CLIENT_PRIV_H
 #define GPULAUNCH_RDZV_CLIENT_PRIV_H
 
@@ -32,6 +33,16 @@
 #define RDZV_MOVE_STALL_DIV 2 /* also: frames unacknowledged that long + the smoothed RTT */
 #define RDZV_MOVE_STALL_MIN_MS 1000
 #define RDZV_SPARE_IDLE_MS 300000
+
+/* A node that holds no round (its JOIN on its way or waiting for the round
+ * to form) bears a connection's unacknowledged data this long before it
+ * gives the connection up (TCP_USER_TIMEOUT; a node in a round bears
+ * RDZV_KEEP_FACTOR x the heartbeat timeout, rdzv_codec.h): a new connection
+ * whose SYN was lost retransmits from 3 s, so on a slow, lossy link its
+ * JOIN can take longer than 10 s to arrive, and one given up on just before
+ * it arrived is taken into a round by the server and lost at once. Nothing
+ * waits for such a node but the round it would join. */
+#define RDZV_PENDING_KEEP_MS 30000
 
 enum cstate { CS_IDLE, CS_CONNECTING, CS_HANDSHAKE, CS_READY, CS_CLOSED };
 
@@ -108,6 +119,10 @@ struct rdzv_client {
 };
 
 /* rdzv_client.c */
+/* Says msg (to on_error, else the log) and ends the client; once. */
+void rdzv__client_fatal(rdzv_client *c, gpl_result_t code, const char *msg);
+/* A handle of the client's closed (or a resolve ended): frees it with the last. */
+void rdzv__client_unref(rdzv_client *c);
 void rdzv__client_close_tcp(rdzv_client *c, uv_tcp_t **t);
 /* Encodes m onto t (queued when the socket is full); nothing when frozen. */
 void rdzv__client_send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m);
@@ -115,12 +130,23 @@ void rdzv__client_send_on(rdzv_client *c, uv_tcp_t *t, rdzv_msg *m);
 int rdzv__client_answer_challenge(rdzv_client *c, uv_tcp_t *t, const rdzv_msg *m);
 /* The JOIN of this node: a RESUME of its round while it holds one. */
 void rdzv__client_fill_join(rdzv_client *c, rdzv_msg *m);
-/* TCP_NODELAY and the bound on unacknowledged data (TCP_USER_TIMEOUT). */
-void rdzv__client_tune(rdzv_client *c, uv_tcp_t *t);
 uint32_t rdzv__client_hb_timeout_ms(const rdzv_client *c);
 /* The read callbacks of every connection of the client. */
 void rdzv__client_on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void rdzv__client_on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf);
+
+/* rdzv_client_connect.c */
+/* Resolves the host (a numeric address needs no resolver) and connects. */
+void rdzv__client_start_connect(rdzv_client *c);
+/* An outage begins: said after RDZV_NOTICE_FIRST_MS, then every RDZV_NOTICE_EVERY_MS. */
+void rdzv__client_outage_begins(rdzv_client *c, uint64_t now);
+/* Closes the connection and gives up a move or a drain (a reconnect re-registers). */
+void rdzv__client_drop_conn(rdzv_client *c);
+/* The connection failed for why: a retry after a backoff, or fatal at the join timeout. */
+void rdzv__client_schedule_retry(rdzv_client *c, const char *why);
+/* TCP_NODELAY and the bound on unacknowledged data (TCP_USER_TIMEOUT):
+ * again whenever the node gains or loses its round. */
+void rdzv__client_tune(rdzv_client *c, uv_tcp_t *t);
 
 /* rdzv_client_move.c */
 void rdzv__client_drop_move(rdzv_client *c);

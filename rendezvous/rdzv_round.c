@@ -369,6 +369,19 @@ void rdzv_round_describe(const rdzv_round *r, uint64_t now, char *out, size_t le
 
 /* ---- events ---- */
 
+/* The member of r waiting for its round with the same launcher (instance)
+ * on another connection: the one a reconnect left behind, or NULL. */
+static rdzv_rmember *pending_twin(rdzv_round *r, const rdzv_rmember *m, const char *instance) {
+    rdzv_rmember *o;
+    if (instance[0] == '\0')
+        return NULL;
+    LIST_FOREACH(o, &r->pending, plink) {
+        if (o != m && strcmp(o->instance, instance) == 0)
+            return o;
+    }
+    return NULL;
+}
+
 /* Whether msg may join r, before anything changes: GPL_OK or the refusal. */
 static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_msg *msg, char *err,
                                size_t errlen) {
@@ -379,6 +392,16 @@ static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_
         return GPL_ERR_STATE;
     }
     int resume = (msg->flags & RDZV_JOIN_RESUME) != 0;
+    const rdzv_rmember *twin = resume ? NULL : pending_twin(r, m, jn->instance);
+    if (twin && twin->join_req > msg->req_id) {
+        /* sent before the JOIN that waits: it crossed a slow link on a connection its
+         * launcher has given up (nobody reads this) */
+        snprintf(err, errlen,
+                 "node %s (instance %s) already waits in job %s with a later join on another "
+                 "connection: this connection's join is stale",
+                 jn->hostname, jn->instance, r->run_id);
+        return GPL_ERR_STATE;
+    }
     if (!resume && ((jn->min_nodes && jn->min_nodes != r->min_nodes) ||
                     (jn->max_nodes && jn->max_nodes != r->max_nodes) ||
                     (jn->static_rank >= 0) != r->is_static)) {
@@ -509,9 +532,12 @@ gpl_result_t rdzv_round_join(rdzv_round *r, rdzv_rmember *m, const rdzv_msg *msg
     gpl_result_t rc = join_check(r, m, msg, err, errlen);
     if (rc != GPL_OK)
         return rc;
-    if (r->is_static && !(msg->flags & RDZV_JOIN_RESUME) && r->static_slots[jn->static_rank])
-        /* The same instance joined again on a new connection: the old one is stale. */
-        member_unpend(r->static_slots[jn->static_rank]);
+    rdzv_rmember *twin = (msg->flags & RDZV_JOIN_RESUME) ? NULL : pending_twin(r, m, jn->instance);
+    if (twin) { /* the same launcher joined again on a new connection: the old one is stale */
+        GB_INFO("job %s: %s joined again on a new connection; its join on the old one is dropped",
+                r->run_id, jn->hostname);
+        member_unpend(twin);
+    }
     if (m->r != r) {
         if (m->r)
             rdzv_round_leave(m, "it joined another job", now, out);

@@ -292,6 +292,13 @@ int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int por
     return pclose(f) == 0 ? n : -1;
 }
 
+int netbed_unstall_tcp(netbed *b, int host, int to_host) {
+    char ns[40], to[40];
+    ns_name(b, host, ns, sizeof ns);
+    ns_name(b, to_host, to, sizeof to);
+    return sh("ip netns exec %s iptables -F INPUT && ip netns exec %s iptables -F INPUT", ns, to);
+}
+
 int netbed_cut(netbed *b, int host) {
     char ns[40];
     ns_name(b, b->link_pid ? host : -1, ns, sizeof ns);

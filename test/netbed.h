@@ -66,6 +66,9 @@ int netbed_http_get(netbed *b, int host, int port, const char *path, char *out, 
 #define NETBED_STALL_BOTH 1
 #define NETBED_STALL_USED 2
 int netbed_stall_tcp(netbed *b, int host, const char *comm, int to_host, int port, int flags);
+/* Ends every stall netbed_stall_tcp made between host and to_host: what
+ * was lost since is retransmitted as TCP's backoff lets it. */
+int netbed_unstall_tcp(netbed *b, int host, int to_host);
 /* Writes a process's captured output to <dir>/<name>.log. */
 void netbed_save_log(netbed *b, const char *name, const proc *p);
 #endif

@@ -332,6 +332,54 @@ Test(detect, a_connection_moved_to_that_stalls_before_the_answer_moves_again, .t
                  (unsigned long long)again[0]);
 }
 
+/* D7c. A node waiting for its round keeps a connection that stalls for
+ * longer than a node in a round bears (twice the heartbeat timeout): hosts
+ * 1-3 wait for host 4; host 1's connection to the rendezvous loses
+ * everything both ways for 2 x the timeout + 3 s, then the link heals; once
+ * TCP's backoff has let the connection through again (its retransmissions
+ * at 0.2 s x 2^k: the one after 25.4 s), host 4 comes. Round 1 forms on the
+ * four with host 1 on its first connection, and no round ends. A node that
+ * gave the connection up at twice the timeout (the adverse bed's start: a
+ * new connection's JOIN reached the server just after its node had given it
+ * up) was taken into the round on a dead connection and lost at once, or
+ * waited twice, on both connections. */
+Test(detect, a_node_waiting_for_its_round_keeps_a_stalled_connection, .timeout = 150) {
+    setup_bed("D7c-waiting-stalled", NODES + 1, 0, 0);
+    start_server(1);
+    job_args ja = {.nnodes = "4", .steps = "200", .sleep_ms = "20", .reform = 1};
+    for (int i = 1; i < NODES; i++)
+        start_node(i, &ja);
+    cr_assert(proc_expect(&server, "joined, 3 pending", 30000), "hosts 1-3 did not join: %s",
+              server.out);
+    int rport = (int)strtol(RDZV_PORT, NULL, 10);
+    uint64_t t_stall = now_ms();
+    cr_assert_eq(netbed_stall_tcp(&bed, 1, "gpulaunch", RDZV_HOST, rport, NETBED_STALL_BOTH), 1,
+                 "host1's connection to the rendezvous not stalled");
+    while (now_ms() - t_stall < (2 * HB_TIMEOUT_S + 3) * 1000ull) {
+        drain_all();
+        usleep(100000);
+    }
+    cr_assert_eq(netbed_unstall_tcp(&bed, 1, RDZV_HOST), 0);
+    while (now_ms() - t_stall < 28000) {
+        drain_all();
+        usleep(100000);
+    }
+    start_node(4, &ja);
+    uint64_t t4 = now_ms(), ms[NODES];
+    cr_assert_eq(expect_all(all_nodes, NODES, "round 1: node rank", t4, 30000, ms), NODES,
+                 "round 1 did not form on the four: %s", nodes[1].out);
+    expect_exit(all_nodes, NODES, 0, 90000);
+    save_logs("run");
+    expect_no_round_ended();
+    cr_expect(strstr(nodes[1].out, "reconnecting") == NULL,
+              "host1 gave its connection up while it waited: %s", nodes[1].out);
+    proc_expect(&server, "\x01", 10);
+    cr_expect(strstr(server.out, "lost its connection") == NULL, "the server: %s", server.out);
+    cr_log_info("D7c: host1 waited through a %d s stall both ways on its connection and was in "
+                "round 1 %llu ms after host 4 started, on that connection",
+                2 * HB_TIMEOUT_S + 3, (unsigned long long)max_ms(ms, NODES));
+}
+
 /* ---- D5: the adverse bed ---- */
 
 #define ADVERSE_DEFAULT_S 60 /* CI; GPL_ADVERSE_S=3600 for the hour (docs/reliability.md) */

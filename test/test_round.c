@@ -721,3 +721,31 @@ Test(round, a_loss_while_a_joiner_is_held_takes_it_into_the_re_formed_round) {
     cr_assert_eq(R.state, RDZV_R_RUNNING);
     cr_assert_eq(R.npending, 0);
 }
+
+/* A launcher that gave up its connection while it waited (a path silent for
+ * RDZV_PENDING_KEEP_MS) joins again on a new one: the JOIN that waits on the
+ * old connection is stale and goes, so the round does not take the node
+ * twice (once on a connection nobody reads). A JOIN sent before the one that
+ * waits, arriving late across a slow link, is refused and changes nothing. */
+Test(round, a_launcher_joining_again_on_a_new_connection_replaces_its_waiting_join) {
+    job(2, 3, LC, 0);
+    char err[RDZV_MAX_MSG + 1] = "";
+    cr_assert_eq(join(0, 1), GPL_OK);
+    rdzv_msg again = jmsg("job", 0);
+    again.req_id = 150; /* the launcher's later JOIN, on a new connection */
+    rdzv_round_out_reset(&O);
+    cr_assert_eq(rdzv_round_join(&R, &M[6], &again, 2, &O, err, sizeof err), GPL_OK);
+    cr_assert(!M[0].pending && M[6].pending && R.npending == 1, "npending %u", R.npending);
+    rdzv_msg late = jmsg("job", 0);
+    late.req_id = 120; /* sent between the two, on a third connection given up too */
+    rdzv_round_out_reset(&O);
+    cr_assert_eq(rdzv_round_join(&R, &M[7], &late, 3, &O, err, sizeof err), GPL_ERR_STATE);
+    cr_assert(strstr(err, "node n0 (instance n0-i)") && strstr(err, "stale"), "%s", err);
+    cr_assert(M[7].r == NULL && M[6].pending && R.npending == 1, "a refusal changes nothing");
+    cr_assert_eq(join(1, 4), GPL_OK);
+    tick(4 + LC);
+    const rdzv_decision *d = find(RDZV_DO_ASSIGN);
+    cr_assert(d && d->nmembers == 2, "%u members", d ? d->nmembers : 0);
+    cr_assert(d->members[0] == &M[6] || d->members[1] == &M[6], "the new connection's member");
+    cr_assert(d->members[0] != &M[0] && d->members[1] != &M[0], "the stale one was taken");
+}
