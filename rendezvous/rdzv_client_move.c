@@ -221,7 +221,10 @@ void rdzv__client_check_stall(rdzv_client *c) {
         rdzv__client_drop_drain(c);
         c->move_pending = 0; /* unanswered as long as the server bears: the next may try */
     }
-    if (c->mv && !c->mv_ready && now - c->mv_since_ms >= bound) {
+    /* a spare that carried the move's JOIN is not given up here: the server may have moved
+     * the node to it already (its answer on the way over a slow link), and closing it would end
+     * the node there; only its own failure (TCP_USER_TIMEOUT, a reset) ends it */
+    if (c->mv && !c->mv_ready && c->mv_join_end == 0 && now - c->mv_since_ms >= bound) {
         GB_INFO("rendezvous %s:%d: no spare connection within %.1f s; the old one stays", c->host,
                 c->o.port, (double)bound / 1000.0);
         rdzv__client_drop_move(c);

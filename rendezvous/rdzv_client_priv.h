@@ -25,7 +25,9 @@
  * ready, a spare, from the first retransmission timeout it sees in a round
  * until RDZV_SPARE_IDLE_MS pass without one: a move is then one frame on it.
  * A spare not ready within RDZV_KEEP_FACTOR x the heartbeat timeout is given
- * up (the next trouble opens another); the old connection is drained until
+ * up (the next trouble opens another), unless the move's JOIN went on it (the
+ * server may have moved the node there: only the spare's own failure ends
+ * it); the old connection is drained until
  * the server closes it, at most as long. One move at a time: the next waits
  * until the server has the last one's JOIN (its answer came, or the server's
  * kernel acknowledged the JOIN's bytes): a connection moved to can stall in
