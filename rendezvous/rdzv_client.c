@@ -147,6 +147,8 @@ void rdzv__client_fill_join(rdzv_client *c, rdzv_msg *mp) {
 static void send_join(rdzv_client *c) {
     rdzv_msg m;
     rdzv__client_fill_join(c, &m);
+    if (c->pending && !c->assigned) /* its JOIN on a connection since given up was not answered */
+        m.flags |= RDZV_JOIN_AGAIN;
     c->join_req = m.req_id;
     c->want_join = 0;
     c->pending = !c->assigned;

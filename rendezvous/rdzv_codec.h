@@ -97,6 +97,9 @@ typedef struct rdzv_bytes {
     16u /* with RDZV_JOIN_PEER: the TCP port of the same number listens (its kernel answers a      \
          * connection while the launcher is stopped), and this node makes kernel probes            \
          * (PROBE_REQ with RDZV_PROBE_KERNEL or RDZV_PROBE_MACHINE) */
+#define RDZV_JOIN_AGAIN                                                                            \
+    32u /* this launcher's earlier JOIN for a new round went unanswered on a connection it has     \
+         * since given up: a pending one of its instance there is stale (docs/protocol.md) */
 
 /* Flags on RDZV_CHALLENGE: what this server takes besides version 2's
  * messages (an older server sends 0; its clients never send these). */

@@ -383,16 +383,19 @@ static rdzv_rmember *pending_twin(rdzv_round *r, const rdzv_rmember *m, const ch
 }
 
 /* Whether msg may join r, before anything changes: GPL_OK or the refusal. */
-static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_msg *msg, char *err,
-                               size_t errlen) {
+static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_msg *msg,
+                               rdzv_rmember **twin_out, char *err, size_t errlen) {
     const __typeof__(msg->u.join) *jn = &msg->u.join;
+    *twin_out = NULL;
     if (m->r && (m->pending || m->active)) {
         snprintf(err, errlen, "this connection already joined job %s; rejoin after the round ends",
                  m->r->run_id);
         return GPL_ERR_STATE;
     }
     int resume = (msg->flags & RDZV_JOIN_RESUME) != 0;
-    const rdzv_rmember *twin = resume ? NULL : pending_twin(r, m, jn->instance);
+    /* looked for only when the launcher says it joined before: a walk of the pending list */
+    rdzv_rmember *twin =
+        resume || !(msg->flags & RDZV_JOIN_AGAIN) ? NULL : pending_twin(r, m, jn->instance);
     if (twin && twin->join_req > msg->req_id) {
         /* sent before the JOIN that waits: it crossed a slow link on a connection its
          * launcher has given up (nobody reads this) */
@@ -428,6 +431,8 @@ static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_
                      jn->addr, jn->instance);
             return GPL_ERR_EXISTS;
         }
+        if (twin == NULL) /* the same launcher on a new connection, found without a walk */
+            twin = r->static_slots[jn->static_rank];
     }
     if (resume && (jn->nnodes == 0 || jn->nnodes > r->max_nodes)) {
         snprintf(err, errlen, "node %s re-registers a round of %u nodes in job %s of at most %u",
@@ -446,6 +451,7 @@ static gpl_result_t join_check(rdzv_round *r, const rdzv_rmember *m, const rdzv_
             return GPL_ERR_ROUND_OVER;
         }
     }
+    *twin_out = twin; /* a pending one of the same launcher: stale, the caller unpends it */
     return GPL_OK;
 }
 
@@ -529,10 +535,10 @@ void rdzv_round_node(rdzv_rmember *m, uint32_t flags, uint64_t now, rdzv_round_o
 gpl_result_t rdzv_round_join(rdzv_round *r, rdzv_rmember *m, const rdzv_msg *msg, uint64_t now,
                              rdzv_round_out *out, char *err, size_t errlen) {
     const __typeof__(msg->u.join) *jn = &msg->u.join;
-    gpl_result_t rc = join_check(r, m, msg, err, errlen);
+    rdzv_rmember *twin;
+    gpl_result_t rc = join_check(r, m, msg, &twin, err, errlen);
     if (rc != GPL_OK)
         return rc;
-    rdzv_rmember *twin = (msg->flags & RDZV_JOIN_RESUME) ? NULL : pending_twin(r, m, jn->instance);
     if (twin) { /* the same launcher joined again on a new connection: the old one is stale */
         GB_INFO("job %s: %s joined again on a new connection; its join on the old one is dropped",
                 r->run_id, jn->hostname);

@@ -433,7 +433,7 @@ Test(round, static_ranks_heterogeneous_nproc_and_refusals) {
     cr_assert_eq(rdzv_round_join(&R, &M[5], &el, 3, &O, err, sizeof err), GPL_ERR_CONFIG);
     cr_assert(strstr(err, "elastic") && strstr(err, "static"), "%s", err);
     /* the same instance on a new connection replaces its stale self */
-    rdzv_msg again = jmsg("job", 0);
+    rdzv_msg again = jmsg("job", 0); /* (no AGAIN flag: its rank's slot names it) */
     rdzv_round_out_reset(&O);
     cr_assert_eq(rdzv_round_join(&R, &M[6], &again, 4, &O, err, sizeof err), GPL_OK);
     cr_assert(!M[0].pending && M[6].pending && R.npending == 2);
@@ -733,11 +733,13 @@ Test(round, a_launcher_joining_again_on_a_new_connection_replaces_its_waiting_jo
     cr_assert_eq(join(0, 1), GPL_OK);
     rdzv_msg again = jmsg("job", 0);
     again.req_id = 150; /* the launcher's later JOIN, on a new connection */
+    again.flags = RDZV_JOIN_AGAIN;
     rdzv_round_out_reset(&O);
     cr_assert_eq(rdzv_round_join(&R, &M[6], &again, 2, &O, err, sizeof err), GPL_OK);
     cr_assert(!M[0].pending && M[6].pending && R.npending == 1, "npending %u", R.npending);
     rdzv_msg late = jmsg("job", 0);
     late.req_id = 120; /* sent between the two, on a third connection given up too */
+    late.flags = RDZV_JOIN_AGAIN;
     rdzv_round_out_reset(&O);
     cr_assert_eq(rdzv_round_join(&R, &M[7], &late, 3, &O, err, sizeof err), GPL_ERR_STATE);
     cr_assert(strstr(err, "node n0 (instance n0-i)") && strstr(err, "stale"), "%s", err);
