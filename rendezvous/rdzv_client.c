@@ -599,6 +599,11 @@ void rdzv_client_freeze(rdzv_client *c) {
     rdzv_client_freeze_link(c);
 }
 
+void rdzv_client_stop_peer(rdzv_client *c, int stopped) {
+    if (c != NULL && !c->closing)
+        rdzv__peer_stop(c->peer, stopped);
+}
+
 void rdzv_client_freeze_link(rdzv_client *c) {
     if (c == NULL || c->closing)
         return;

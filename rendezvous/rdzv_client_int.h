@@ -12,5 +12,8 @@ void rdzv_client_freeze(rdzv_client *c);
 /* Only the link to the rendezvous goes silent (as above); the node still
  * answers its peers' probes: a link bad between the server and it alone. */
 void rdzv_client_freeze_link(rdzv_client *c);
+/* Its peers' probes go unanswered (stopped 1) or are answered again (0), as
+ * those of a launcher SIGSTOPped and let go; its machine answers throughout. */
+void rdzv_client_stop_peer(rdzv_client *c, int stopped);
 
 #endif

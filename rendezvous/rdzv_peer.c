@@ -305,6 +305,11 @@ void rdzv__peer_mute(rdzv_peer *p) {
     p->kport = NULL;
 }
 
+void rdzv__peer_stop(rdzv_peer *p, int stopped) {
+    if (p != NULL)
+        p->muted = stopped; /* its machine (the TCP port) still answers */
+}
+
 void rdzv__peer_close(rdzv_peer *p) {
     if (p == NULL)
         return;

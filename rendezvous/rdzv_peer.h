@@ -41,6 +41,9 @@ void rdzv__peer_probe(rdzv_peer *p, uint32_t id, const char *addr, uint16_t port
 /* Answers and probes nothing more, its TCP port closed: the host vanished (a
  * test's hook). */
 void rdzv__peer_mute(rdzv_peer *p);
+/* Answers nothing while stopped, its TCP port open: a stopped launcher (a
+ * test's hook). */
+void rdzv__peer_stop(rdzv_peer *p, int stopped);
 /* Closes the port; done is not called again; freed once its handles closed. */
 void rdzv__peer_close(rdzv_peer *p);
 

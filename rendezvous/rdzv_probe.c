@@ -538,18 +538,26 @@ static void relay(member *m, uint64_t now, member *const *xs, uint32_t n) {
         uint32_t x = xs[i]->p.rtt_ms ? xs[i]->p.rtt_ms : RDZV_PROBE_MAX_MS;
         prtt = x > prtt ? x : prtt;
     }
+    /* long enough for a launcher's stall and the peers' round trips: a node
+     * stopped just as they were asked must still answer in it */
+    uint64_t need = RDZV_SILENCE_STALL_MS + (uint64_t)RDZV_PROBE_RTT_FACTOR * prtt;
+    if (need > RDZV_TIMEOUT_RELAY_MAX_MS)
+        need = RDZV_TIMEOUT_RELAY_MAX_MS;
     if (m->p.suspected == RDZV_SUSPECT_TIMEOUT) {
-        /* until the timeout less the grace, but long enough for a launcher's
-         * stall and the peers' round trips on a slow link (a node kept past
+        /* until the timeout less the grace, and that long (a node kept past
          * the timeout is asked again with the whole window) */
         uint64_t silent = now - m->c->last_rx_ms, hb = r->hb_timeout_ms;
         uint64_t to = silent + RDZV_RELAY_GRACE_MS < hb ? hb - silent - RDZV_RELAY_GRACE_MS : 0;
-        uint64_t need = RDZV_SILENCE_STALL_MS + (uint64_t)RDZV_PROBE_RTT_FACTOR * prtt;
         if (to < RDZV_TIMEOUT_RELAY_MIN_MS)
             to = RDZV_TIMEOUT_RELAY_MIN_MS;
         if (to < need)
             to = need;
         left = to > RDZV_TIMEOUT_RELAY_MAX_MS ? RDZV_TIMEOUT_RELAY_MAX_MS : (uint32_t)to;
+    } else if (m->p.suspected == RDZV_SUSPECT_SILENT) {
+        /* silence alone, no collective pointing at it: its link may have held
+         * its frames (a loss waiting out a long retransmission timeout) while
+         * its launcher stops as they are asked; their answer is the evidence */
+        left = need > left ? (uint32_t)need : left;
     } else if (kernel) {
         uint32_t e = early_ms(m, xs, n); /* the peers' own round trips count too */
         left = e > left ? e : left;

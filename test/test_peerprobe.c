@@ -230,6 +230,39 @@ static void restart_server(const char *probes) {
     hport = (int)strtol(strstr(srv.out, " http 127.0.0.1:") + 16, NULL, 10);
 }
 
+/* A silence of the link and a launcher's stop together (the adverse hour's
+ * 20th try): node 2's frames stop reaching the server (a loss waiting out a
+ * long retransmission timeout), and as the silence rule's ping goes out and
+ * its peers are asked, its launcher stops for 1.2 s. Their window covers a
+ * launcher's stall (1.5 s + 3 x their round trips): they reach it when it runs
+ * again and it is kept. The old window (what was left of the ping's 250 ms)
+ * ended the round 3 s into the silence. UDP probes alone (--probes udp):
+ * kernel probes would have reached it early, before the stop. */
+Test(peerprobe, a_launcher_stopped_as_its_peers_are_asked_is_reached_when_it_runs_again) {
+    restart_server("udp");
+    start_job("stall", 500);
+    pump(1500, 0); /* its gaps known: 0.5 s, the silence threshold 2.5 s */
+    rdzv_client_freeze_link(nodes[2].c);
+    uint64_t t0 = now_ms();
+    /* no collective waits: the silence rule pings it (its peers asked 100 ms later) */
+    int probed = 0;
+    while (!probed && now_ms() < t0 + 4000) {
+        pump(2, 0);
+        probed = proc_expect(&srv, "stall-2 sent nothing for", 2);
+    }
+    cr_assert(probed, "not probed: %s", srv.out);
+    rdzv_client_stop_peer(nodes[2].c, 1);
+    pump(1200, 0);
+    rdzv_client_stop_peer(nodes[2].c, 0);
+    pump(600, 0); /* before the heartbeat timeout's own verdict */
+    for (int i = 0; i < NODES; i++)
+        cr_expect_eq(nodes[i].over, 0, "node %d: the round ended %llu ms into the silence: %s", i,
+                     (unsigned long long)(now_ms() - t0), nodes[i].over_msg);
+    cr_expect(proc_expect(&srv, "suspected (silent), answered node stall-", 500),
+              "no peer reached it when its launcher ran again: %s", srv.out);
+    cr_expect_geq(metric("gpulaunch_rdzv_probe_relays_total{result=\"reached\"}"), 1);
+}
+
 /* Heartbeats every 2 s: the silence threshold (the worst gap + 1.5 s) comes
  * within 2 s of the timeout, so a node gone silent, with no collective to
  * point at it and no kernel probes (--probes udp: with them it is found at
