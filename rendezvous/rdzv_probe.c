@@ -144,6 +144,8 @@ void rdzv__probe_rx(member *m, uint64_t gap_ms) {
     m->p.peer_kept_ms = 0; /* heard from: kept by its own word, not its peers' */
     m->p.early_done = 0;   /* a new silence may be probed early */
     m->p.unreached[0] = '\0';
+    m->p.missed_ms = 0; /* its pings unanswered in the silence before: moot now */
+    m->p.missed_n = 0;
     uint64_t most = m->rm.r ? m->rm.r->hb_timeout_ms : RDZV_DEFAULT_HEARTBEAT_TIMEOUT_MS;
     uint32_t gap = (uint32_t)(gap_ms > most ? most : gap_ms); /* longer: dropped anyway */
     uint32_t decayed = m->p.gap_ms - m->p.gap_ms / RDZV_GAP_DECAY;
@@ -282,25 +284,53 @@ void rdzv__probe_silent(member *m, uint64_t now) {
               n); /* at once: their word must come before the timeout, or is the point */
 }
 
+/* " and answered no ping within D ms (N in this silence)": the pings of m
+ * unanswered in this silence, the one in flight included once its deadline
+ * passed (" and has not answered a ping of X ms ago" before); "" when none.
+ * Returns the length written. */
+static int ping_evidence(const member *m, uint64_t now, char *out, size_t len) {
+    uint32_t d = deadline_ms(m);
+    int flying = m->p.sent_ms && m->p.suspected;
+    uint64_t age = flying ? now - m->p.sent_ms : 0;
+    uint32_t n = m->p.missed_n + (flying && age >= d && m->p.missed_ms != m->p.sent_ms);
+    int k = 0;
+    if (n)
+        k = snprintf(out, len, " and answered no ping within %u ms (%u in this silence)", d, n);
+    else if (flying)
+        k = snprintf(out, len, " and has not answered a ping of %u ms ago", (unsigned)age);
+    else
+        out[0] = '\0';
+    return k < 0 ? 0 : k;
+}
+
 int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len) {
     evidence[0] = '\0';
     uint64_t silent = now - m->c->last_rx_ms, hb = m->rm.r ? m->rm.r->hb_timeout_ms : 0;
     if (m->p.peer_kept_ms && silent <= (uint64_t)RDZV_PEER_KEEP_FACTOR * hb &&
         now - m->p.peer_kept_ms <= hb)
         return 1;
-    if (m->p.sent_ms && m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
-        relay_heard(m) < m->p.relayed && now < m->p.relay_at_ms + m->p.relay_wait_ms)
+    int flying = m->p.sent_ms && m->p.suspected;
+    if (flying && m->p.relayed && m->p.relayed != UINT32_MAX && relay_heard(m) < m->p.relayed &&
+        now < m->p.relay_at_ms + m->p.relay_wait_ms)
         return 1; /* the peers' word first (bounded by their deadline) */
-    if (m->p.peer_kept_ms)
+    if (m->p.peer_kept_ms) {
         snprintf(evidence, len,
                  "; its peers' UDP probes last reached it %.1f s ago, and the rendezvous has not "
                  "heard from it for %u x the timeout",
                  (double)(now - m->p.peer_kept_ms) / 1000.0, (unsigned)RDZV_PEER_KEEP_FACTOR);
-    else if (m->p.unreached[0])
-        snprintf(evidence, len, "; nor did it answer the UDP probes of %s", m->p.unreached);
-    else if (m->p.sent_ms && m->p.suspected == RDZV_SUSPECT_TIMEOUT && m->p.relayed &&
-             m->p.relayed != UINT32_MAX) /* their bound just passed, before the probe sweep */
-        snprintf(evidence, len,
+        return 0;
+    }
+    /* judged by the timeout, whatever suspicion it was pinged on (one in
+     * flight, or ones found moot: the job did not wait for it alone): its
+     * unanswered pings and the peers asked, whose bound just passed or
+     * passed before the timeout, are the evidence */
+    size_t k = (size_t)ping_evidence(m, now, evidence, len);
+    if (k >= len)
+        return 0;
+    if (m->p.unreached[0])
+        snprintf(evidence + k, len - k, "; nor did it answer the UDP probes of %s", m->p.unreached);
+    else if (flying && m->p.relayed && m->p.relayed != UINT32_MAX)
+        snprintf(evidence + k, len - k,
                  "; nor did it answer the UDP probes of %u peer node(s) (%s) within %u ms",
                  m->p.relayed, m->p.relay_names, m->p.relay_ms);
     return 0;
@@ -667,6 +697,10 @@ again:
             relay(m, now, NULL, 0);
         if (age < (m->p.suspected ? d : RDZV_PROBE_MAX_MS))
             continue;
+        if (m->p.suspected && m->p.missed_ms != m->p.sent_ms) {
+            m->p.missed_ms = m->p.sent_ms; /* unanswered: evidence if the timeout judges it */
+            m->p.missed_n++;
+        }
         if (m->p.suspected && m->p.relayed && m->p.relayed != UINT32_MAX &&
             relay_heard(m) < m->p.relayed &&
             (age < (uint64_t)d + RDZV_RELAY_GRACE_MS ||

@@ -128,6 +128,9 @@ typedef struct rdzv_probe {
     uint64_t peer_kept_ms;  /* a peer's probe last reached it (0: never) */
     char unreached[128];    /* the peers whose probes before the timeout did not reach it ("":
                                none asked, or one reached it since) */
+    uint64_t missed_ms;     /* the last suspicion's ping of this silence past its deadline
+                               unanswered was sent at (0: none; a frame clears it) */
+    uint32_t missed_n;      /* such pings in this silence */
     uint32_t relay_machine; /* of the peers asked, those that reached only its machine (TCP) */
     uint32_t relay_unable;  /* ... and those that could not probe */
     int early_done;         /* this silence's early probe was made (cleared by a frame) */
@@ -175,7 +178,8 @@ void rdzv__probe_pong(conn *c, const rdzv_msg *msg);
 void rdzv__probe_ack(conn *c, const rdzv_msg *msg);
 /* The heartbeat sweep, for a node silent past the timeout: 1 when it is
  * kept (its peers reach it, or their word on it is still to come), else 0
- * with what its peers found in evidence ("" when none were asked). */
+ * with what its probes found in evidence, to follow "sent no heartbeat for
+ * X s (timeout Y s)" ("" when it was neither pinged nor its peers asked). */
 int rdzv__probe_kept(member *m, uint64_t now, char *evidence, size_t len);
 /* c's member goes: off the server's list. */
 void rdzv__probe_gone(member *m);

@@ -250,6 +250,30 @@ Test(probe, a_silent_node_is_lost_only_when_the_job_is_blocked_on_it) {
     cr_expect_lt(now_ms() - t0, 1000);
 }
 
+/* Node 3 vanishes while node 2 computes (answers its pings, never waits):
+ * each unanswered ping of node 3 is moot (the job does not wait for it
+ * alone), so the heartbeat timeout judges it; its verdict still names the
+ * pings it did not answer, not a bare "sent no heartbeat". */
+Test(probe, a_node_judged_at_the_timeout_after_moot_pings_names_them) {
+    round_of("moot", 4, 1);
+    uint64_t t0 = now_ms();
+    int over = 0, pings3 = 0;
+    while (now_ms() - t0 < 8000 && !over) {
+        say_wait(0, 300);
+        say_wait(1, 300);
+        listen_all(2, 3, 50, &over); /* node 2 answers its pings */
+        int o3 = 0;
+        pings3 += listen_for(3, 10, 0, &o3); /* node 3 reads them and says nothing */
+        over |= o3;
+    }
+    cr_expect_geq(pings3, 2, "node 3 was pinged %d times", pings3);
+    cr_assert_eq(peer_recv_type(&P[0], RDZV_ROUND_OVER, 3000), 0, "node 0 was not told");
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect_eq(P[0].last.u.round_over.node_rank, 3, "%s", msg);
+    cr_expect(strstr(msg, "answered no ping within 250 ms") != NULL, "%s", msg);
+    cr_log_info("%d pings of node 3; %s", pings3, msg);
+}
+
 /* The same, the straggler slow to answer: node 2 answers each ping 150 ms
  * late (within its 250 ms deadline), so it is often a suspect whose answer
  * is on its way when node 3's deadline passes. Node 3's verdict waits for
@@ -773,6 +797,31 @@ Test(probe, the_peers_at_the_timeout_are_given_a_stall_and_their_round_trips) {
               (unsigned long long)(now_ms() - t0), P[0].last.u.round_over.message);
     cr_log_info("the peers at the timeout were given %u ms; kept %llu ms", d,
                 (unsigned long long)(now_ms() - t0));
+}
+
+/* A node suspected by its silence alone, whose peers' word never comes: their
+ * window (a stall and 3 of their round trips, 600 ms each here) ends past the
+ * 5 s timeout, and the verdict waits for it; it names the unanswered ping
+ * and the peers asked. */
+Test(probe, a_verdict_past_the_timeout_names_the_ping_and_the_peers_asked) {
+    restart_with_probes_udp();
+    pong_delay_ms[0] = pong_delay_ms[1] = 600;
+    kernel_round_of("word", 3);
+    R[0].udp_delay_ms = R[1].udp_delay_ms = 60000; /* their word comes after the test */
+    uint64_t beat[4] = {0};
+    cr_assert_eq(run_nodes(3, 2500, 0, beat), 0, "a round ended before the silence");
+    R[2].silent = 1;
+    uint64_t t0 = beat[2];
+    cr_assert(run_nodes(3, 9000, 0, beat), "a silent node was not lost in 9 s");
+    uint64_t took = now_ms() - t0;
+    const char *msg = P[0].last.u.round_over.message;
+    cr_expect(R[0].udps + R[1].udps >= 2, "the peers were not asked");
+    cr_expect(took >= 5000, "lost after %llu ms of silence, before the peers' window ended: %s",
+              (unsigned long long)took, msg);
+    cr_expect(strstr(msg, "answered no ping within 250 ms") != NULL, "%s", msg);
+    cr_expect(strstr(msg, "nor did it answer the UDP probes of 2 peer node(s) (word-") != NULL,
+              "%s", msg);
+    cr_log_info("lost after %llu ms of silence: %s", (unsigned long long)took, msg);
 }
 
 /* Peers far from the server (their round trips long): the peers' deadline
