@@ -648,13 +648,14 @@ static void sweep_heartbeats(job *j, uint64_t now, rdzv_round_out *out) {
         rdzv__probe_machine(member_of(m), now);
         rdzv__probe_silent(member_of(m), now);
         if (now - c->last_rx_ms > j->r.hb_timeout_ms) {
-            char peers[256], ev[512];
-            if (rdzv__probe_kept(member_of(m), now, peers, sizeof peers))
-                continue; /* its peers reach it: its link to the rendezvous alone is bad */
-            if (peers[0]) {
+            char probed[256], ev[512];
+            if (rdzv__probe_kept(member_of(m), now, probed, sizeof probed))
+                continue; /* its peers reach it (its link to the rendezvous alone is bad),
+                             or their word is still to come */
+            if (probed[0]) {
                 snprintf(ev, sizeof ev, "sent no heartbeat for %.1f s (timeout %.1f s)%s",
                          (double)(now - c->last_rx_ms) / 1000.0, j->r.hb_timeout_ms / 1000.0,
-                         peers);
+                         probed);
                 rdzv_round_unresponsive(m, ev, now, out);
             } else {
                 rdzv_round_heartbeat_lost(m, now - c->last_rx_ms, now, out);
