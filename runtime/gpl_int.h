@@ -12,6 +12,10 @@
 
 #define GPL_MAX_LOCAL 256             /* ranks on one node */
 #define GPL_SHM_SLOT_BYTES (4u << 20) /* staging bytes per rank per chunk */
+/* a segment never initialised whose name carries no creator (an older
+ * version's) is removed as stale once this old: a creator writes its header
+ * within milliseconds of creating it */
+#define GPL_SHM_UNINIT_STALE_S 600
 #define GPL_DEFAULT_TIMEOUT_MS 300000u
 #define GPL_DEFAULT_SMALL_BYTES (32u << 10)
 #define GPL_DEFAULT_CHUNK_BYTES (256u << 10) /* per all-reduce step; at most half a slot */

@@ -57,8 +57,33 @@ static gpl_result_t map_seg(gpl_comm_t c, int fd) {
     return GPL_OK;
 }
 
-/* Removes /dev/shm/gpulaunch-* segments whose creator is dead. Returns how
- * many; report lists them. */
+/* The creator's pid from a segment's name ("...-p<pid>-<8 hex>"), or 0 for a
+ * name without one (written by an older version). */
+static pid_t pid_of_name(const char *name) {
+    const char *last = strrchr(name, '-');
+    if (last == NULL || strlen(last + 1) != 8 || last == name)
+        return 0;
+    const char *p = last - 1;
+    while (p > name && *p >= '0' && *p <= '9')
+        p--;
+    if (p == name || *p != 'p' || p[-1] != '-' || p + 1 == last)
+        return 0;
+    long v = strtol(p + 1, NULL, 10);
+    return v > 0 && v <= INT_MAX ? (pid_t)v : 0;
+}
+
+/* The creator of a segment, or 0 when it cannot be known: the header's when
+ * it was initialised, else the one its name carries (a creator killed between
+ * creating the segment and writing the header leaves it uninitialised). */
+static pid_t creator_of(const char *name, const gpl_shm_hdr *h, ssize_t r) {
+    if (r == (ssize_t)sizeof *h && h->pid[0] > 0)
+        return h->pid[0];
+    return pid_of_name(name);
+}
+
+/* Removes /dev/shm/gpulaunch-* segments whose creator is dead, and those that
+ * were never initialised and name no creator (older versions) once they are
+ * GPL_SHM_UNINIT_STALE_S old. Returns how many; report lists them. */
 int gpl_shm_clean_stale(char *report, size_t len) {
     DIR *d = opendir("/dev/shm");
     if (d == NULL)
@@ -77,11 +102,15 @@ int gpl_shm_clean_stale(char *report, size_t len) {
         if (fd < 0)
             continue;
         gpl_shm_hdr h;
+        memset(&h, 0, sizeof h);
         ssize_t r = pread(fd, &h, sizeof h, 0);
+        struct stat st;
+        int have_st = fstat(fd, &st) == 0;
         close(fd);
-        if (r != (ssize_t)sizeof h || h.pid[0] <= 0)
+        pid_t creator = creator_of(e->d_name, &h, r);
+        if (creator > 0 && !pid_dead(creator))
             continue;
-        if (!pid_dead(h.pid[0]))
+        if (creator <= 0 && (!have_st || time(NULL) - st.st_mtime < GPL_SHM_UNINIT_STALE_S))
             continue;
         if (shm_unlink(name) == 0) {
             n++;
@@ -115,8 +144,10 @@ gpl_result_t gpl_shm_setup(gpl_comm_t c) {
                     "jobs: %s\n",
                     n, stale);
         unsigned rnd = (unsigned)(gb_now_ns() ^ ((uint64_t)getpid() << 16));
-        snprintf(c->shm_name, sizeof c->shm_name, "/" SHM_PREFIX "%.64s-r%d-n%d-%08x", c->run_id,
-                 c->round, c->node_rank, rnd);
+        /* the creator's pid in the name too: a segment left before its header
+         * was written is still known to be stale (gpl_shm_clean_stale) */
+        snprintf(c->shm_name, sizeof c->shm_name, "/" SHM_PREFIX "%.64s-r%d-n%d-p%d-%08x",
+                 c->run_id, c->round, c->node_rank, (int)getpid(), rnd);
         for (char *p = c->shm_name + 1; *p; p++)
             if (*p == '/')
                 *p = '_';

@@ -3,12 +3,17 @@
  * in double precision, bitwise agreement across ranks, gradient buckets,
  * timeouts and dead peers. */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpl_int.h"
@@ -476,4 +481,96 @@ Test(shm, stale_segments_of_dead_jobs_are_removed) {
     cr_expect(access(stale, F_OK) != 0, "stale segment still there");
     cr_expect(access(live, F_OK) == 0, "a live job's segment was removed");
     unlink(live);
+}
+
+/* A segment as a creator killed between creating it and writing its header
+ * leaves it: sized, all zeros. No Criterion assertions: ranks call it too.
+ * Returns 0 or an errno. */
+static int blank_seg(const char *path, time_t age_s) {
+    static const char zeros[sizeof(gpl_shm_hdr)];
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return errno;
+    size_t n = fwrite(zeros, 1, sizeof zeros, f);
+    if (fclose(f) != 0 || n != sizeof zeros)
+        return EIO;
+    if (age_s > 0) {
+        struct timespec ts[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+        if (utimensat(AT_FDCWD, path, ts, 0) != 0)
+            return errno;
+    }
+    return 0;
+}
+
+static void write_blank_seg(const char *path, time_t age_s) {
+    int e = blank_seg(path, age_s);
+    cr_assert_eq(e, 0, "%s: %s", path, strerror(e));
+}
+
+Test(shm, segments_whose_creator_died_before_writing_the_header_are_removed) {
+    pid_t p = fork();
+    if (p == 0)
+        _exit(0);
+    waitpid(p, NULL, 0);
+    int me = (int)getpid();
+    char dead[160], alive[160], old_young[160], old_aged[160];
+    /* named as gpl_init names them: the creator's pid before the random part */
+    snprintf(dead, sizeof dead, "/dev/shm/gpulaunch-blank%d-r1-n0-p%d-0000abcd", me, (int)p);
+    snprintf(alive, sizeof alive, "/dev/shm/gpulaunch-blank%d-r1-n1-p%d-0000abce", me, me);
+    /* an older version's names carry no pid: judged by their age */
+    snprintf(old_young, sizeof old_young, "/dev/shm/gpulaunch-blank%d-r1-n2-0000abcf", me);
+    snprintf(old_aged, sizeof old_aged, "/dev/shm/gpulaunch-blank%d-r1-n3-0000abd0", me);
+    write_blank_seg(dead, 0);
+    write_blank_seg(alive, 0);
+    write_blank_seg(old_young, 0);
+    write_blank_seg(old_aged, GPL_SHM_UNINIT_STALE_S + 60);
+    char rep[1024];
+    cr_expect_geq(gpl_shm_clean_stale(rep, sizeof rep), 2);
+    cr_expect(access(dead, F_OK) != 0, "a dead creator's blank segment is still there (%s)", rep);
+    cr_expect(access(old_aged, F_OK) != 0, "an old blank segment is still there (%s)", rep);
+    cr_expect(access(alive, F_OK) == 0, "a live creator's segment being set up was removed");
+    cr_expect(access(old_young, F_OK) == 0, "a young blank segment was removed");
+    unlink(alive);
+    unlink(old_young);
+}
+
+/* The names gpl_init gives: local rank 0 leaves a blank segment named as its
+ * own (as if killed before the header), which stays while it runs and goes
+ * once it has exited. */
+static int leave_blank_seg(gpl_comm_t c, void *arg, char *msg, size_t len) {
+    char *path = arg;
+    if (c->local_rank != 0)
+        return 0;
+    /* another random part: gpl_finalize removes the segment's own name */
+    snprintf(path, 192, "/dev/shm%.*sffffffff", (int)strlen(c->shm_name) - 8, c->shm_name);
+    int e = blank_seg(path, 0);
+    if (e != 0) {
+        snprintf(msg, len, "%s: %s", path, strerror(e));
+        return 1;
+    }
+    gpl_shm_clean_stale(NULL, 0);
+    int kept = access(path, F_OK) == 0;
+    snprintf(msg, len, "%s %s while its creator runs", c->shm_name, kept ? "kept" : "removed");
+    if (!kept)
+        return 1;
+    unlink(path);
+    e = blank_seg(path, 0);
+    if (e != 0)
+        snprintf(msg, len, "%s: %s", path, strerror(e));
+    return e != 0;
+}
+
+Test(shm, a_blank_segment_under_gpl_inits_name_is_judged_by_its_creator) {
+    char *path = mmap(NULL, 192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(path != MAP_FAILED);
+    path[0] = '\0';
+    rt_result res;
+    cr_assert_eq(rt_run(1, 2, leave_blank_seg, path, NULL, &res, 20000), 0, "%s", res.msg[0]);
+    cr_assert(path[0] != '\0');
+    cr_expect(access(path, F_OK) == 0, "%s: gone before the check", path);
+    char rep[512];
+    gpl_shm_clean_stale(rep, sizeof rep);
+    cr_expect(access(path, F_OK) != 0, "%s left after its creator exited (%s)", path, rep);
+    unlink(path);
+    munmap(path, 192);
 }
