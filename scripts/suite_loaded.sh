@@ -7,8 +7,12 @@
 #   scripts/suite_loaded.sh [RUNS] [BUILD_DIR]       (default 5, build/test)
 #
 # Each run's ctest output is kept in BUILD_DIR/loaded/run-N.log (a failed
-# run's network-namespace bed logs in run-N-fault-logs/). Ends with
-# each run's time and failed tests, and the tests that failed at least once.
+# run's network-namespace bed logs in run-N-fault-logs/). After each run it
+# looks for what the tests must not leave behind (the runtime's /dev/shm
+# segments, the beds' network namespaces, the tests' /tmp/gpl-* folders, a
+# process of the build still running): anything new since the run began
+# fails the run, is listed and removed. Ends with each run's time and failed
+# tests, and the tests that failed at least once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
@@ -30,15 +34,43 @@ trap stop_load EXIT
 sh -c 'while :; do :; done' &
 load_pid=$!
 
+# what a run's tests own and must not leave behind, one line each
+leftovers() {
+  ls -d /dev/shm/gpulaunch-* /tmp/gpl-* 2>/dev/null || true
+  ip netns list 2>/dev/null | awk '$1 ~ /^gplt/ {print "netns " $1}'
+  local b
+  b=$(cd "$dir" && pwd)
+  pgrep -af "^$b/" | sed 's/^/process /' || true
+}
+remove_left() {
+  local l
+  while read -r l; do
+    case "$l" in
+    "netns "*) ip netns del "${l#netns }" 2>/dev/null || true ;;
+    "process "*) l=${l#process }; kill -9 "${l%% *}" 2>/dev/null || true ;;
+    /*) rm -rf "$l" ;;
+    esac
+  done
+}
+
 summary=()
 declare -A failed_in=()
 for i in $(seq 1 "$runs"); do
   log="$dir/loaded/run-$i.log"
+  before=$(leftovers | sort)
   t0=$(date +%s)
   rc=0
   (cd "$dir" && ctest --output-on-failure -j"$jobs" --timeout 300) >"$log" 2>&1 || rc=$?
   took=$(($(date +%s) - t0))
   fails=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (.*/\1/p' "$log" | tr '\n' ' ')
+  sleep 2 # a test's last children reaped
+  left=$(comm -13 <(echo "$before") <(leftovers | sort) | grep -v '^$' || true)
+  if [ -n "$left" ]; then
+    rc=1
+    fails="${fails}left-behind "
+    { echo "== left behind by run $i:"; echo "$left"; } | tee -a "$log"
+    echo "$left" | remove_left
+  fi
   # the next run's beds write over the nodes' logs: a failed run's are kept beside its log
   if [ "$rc" != 0 ] && [ -d "$dir/test/fault-logs" ]; then
     rm -rf "$dir/loaded/run-$i-fault-logs"
