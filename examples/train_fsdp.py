@@ -192,6 +192,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="a lost or added node re-forms the survivors in place (gpulaunch.ShardedElastic)")
     ap.add_argument("--hold", action="append", default=[], metavar="R:S",
                     help="tests: rank R waits before step S until its round is over (once)")
+    ap.add_argument("--hold-copy", default=None, metavar="W:R",
+                    help="tests: in a re-formation into a world of W, rank R waits as its shards are about "
+                         "to move, until that round is over (once)")
     ap.add_argument("--dcp-save", default=None, help="also save the final state with DCP's FileSystemWriter")
     ap.add_argument("--dcp-load", default=None, help="start from DCP's FileSystemReader checkpoint instead")
     a = ap.parse_args(argv)
@@ -199,8 +202,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error("--steps and --checkpoint-every must be >= 0, --global-batch >= 1")
     try:
         a.hold = {(int(h.split(":")[0]), int(h.split(":")[1])) for h in a.hold}
+        a.hold_copy = tuple(int(x) for x in a.hold_copy.split(":")) if a.hold_copy else None
+        if a.hold_copy is not None and len(a.hold_copy) != 2:
+            raise ValueError(a.hold_copy)
     except (ValueError, IndexError):
-        ap.error("--hold takes RANK:STEP")
+        ap.error("--hold takes RANK:STEP, --hold-copy WORLD:RANK")
     if a.reform and (a.dcp_load or a.dcp_save):
         ap.error("--reform does not go with --dcp-load or --dcp-save")
     return a
@@ -302,8 +308,19 @@ def main(argv: list[str]) -> int:
             model, optim = build(fill)  # load() and save() reach the current ones
             return model, optim
 
+        copy_held = False
+
+        def on_copy(step: int) -> None:
+            nonlocal copy_held
+            print(f"rank {el.rank}: moving step {step}'s shards into a world of {el.world_size}", flush=True)
+            if a.hold_copy == (el.world_size, el.rank) and not copy_held:
+                copy_held = True
+                print(f"rank {el.rank} holding in the copy", flush=True)
+                while not el.round_over:
+                    time.sleep(0.01)
+
         el = gl.ShardedElastic(built, backend=backend, checkpointer=ckpt, get_extra=get_extra,
-                               set_extra=set_extra, mirror_every=a.mirror_every)
+                               set_extra=set_extra, mirror_every=a.mirror_every, on_copy=on_copy)
         if not el.enabled and el.rank == 0:
             print("train_fsdp: --reform: not under a gpulaunch that hands rounds over: a lost node "
                   "restarts the workers", file=sys.stderr)

@@ -102,12 +102,16 @@ class ShardedElastic(Elastic):
     parameters are filled from memory right after (True: it may make the
     model on the meta device and allocate it with to_empty() instead of
     initializing it, most of a large model's re-formation otherwise; its
-    buffers it must still set). el.model and el.optimizer are the current ones. Other
-    arguments: Elastic's (no ddp_kwargs or comm_hook: FSDP2 does the
-    collectives)."""
+    buffers it must still set). el.model and el.optimizer are the current ones.
+    on_copy(step): called on every rank of a re-formation once the step is
+    agreed and the new model built, as the shards are about to move (a
+    program's progress line). Other arguments: Elastic's (no ddp_kwargs or
+    comm_hook: FSDP2 does the collectives)."""
 
-    def __init__(self, build: Callable[..., tuple[Any, Any]], mirror_every: int = 0, **kw: Any) -> None:
+    def __init__(self, build: Callable[..., tuple[Any, Any]], mirror_every: int = 0,
+                 on_copy: Optional[Callable[[int], None]] = None, **kw: Any) -> None:
         super().__init__(None, None, **kw)
+        self._on_copy = on_copy  # told the agreed step as the shards are about to move
         if mirror_every < 0:
             raise ValueError("mirror_every must be >= 0 (0: no copies in peers' memory)")
         self._build = build
@@ -125,7 +129,9 @@ class ShardedElastic(Elastic):
         self.build_s = 0.0  # the last build()'s time
         self._plan: Optional[_Plan] = None
         self._place: Optional[tuple[int, int, int]] = None  # (world, rank, shards) the state was built in
-        self._old: Optional[tuple[dict[str, Any], Any]] = None  # the last round's parameters and optimizer
+        # the last filled state (parameters, optimizer, place) while the current model is not
+        # filled yet: kept through a re-formation cut off before its copy ended
+        self._old: Optional[tuple[dict[str, Any], Any, Optional[tuple[int, int, int]]]] = None
         self._sharded: dict[str, Any] = {}  # this round's sharded parameters by name
         self._freed = False  # FSDP2's collectives wait through the round guard
 
@@ -214,8 +220,10 @@ class ShardedElastic(Elastic):
         that can skip their initialization); the mesh's own connections
         count as the group's (the watcher shuts them down too when the round
         ends)."""
-        if self.model is not None:
-            self._old = (self._sharded, self.optimizer)
+        if self.model is not None and self._old is None:
+            # the current model holds the state; when _old is set, the current one was
+            # never filled (a copy cut off) and the state is still the old one's
+            self._old = (self._sharded, self.optimizer, self._place)
         t0 = time.monotonic()
         self.model, self.optimizer = self._build(fill) if self._build_fill else self._build()
         self.build_s = time.monotonic() - t0
@@ -252,7 +260,8 @@ class ShardedElastic(Elastic):
         if self._source is not None and hasattr(self._source, "close"):
             self._source.close()  # an agreement cut off by a round's end: made again
         self._source = None
-        held = self._place if done >= 0 and self.model is not None else None
+        place = self._old[2] if self._old is not None else self._place  # where the state was built
+        held = place if done >= 0 and self.model is not None else None
         mine = (done if held is not None else -1, held)
         infos: list[Any] = [None] * self.world_size
         dist.all_gather_object(infos, mine)
@@ -335,11 +344,16 @@ class ShardedElastic(Elastic):
         DTensor, Shard = tensor_mod.DTensor, tensor_mod.Shard
 
         self._via = self.backend
+        if self._on_copy is not None:
+            self._on_copy(plan.step)
         source: Any = self._source
         if source is None:  # the last round's shards in this process (a replica's, or its own)
-            old_params, old_opt = self._old if self._old is not None else ({}, None)
+            old_params, old_opt = self._old[:2] if self._old is not None else ({}, None)
             source = _snapshot.LiveSource(t, old_params, old_opt,
                                  self._get_extra() if self._get_extra is not None and old_opt is not None else None)
+        # the last round's optimizer state, dropped after the copy, can become the new one's
+        # where this rank keeps its rows; a copy in peers' memory (MirrorSource) is not ours
+        reuse = isinstance(source, _snapshot.LiveSource)
         # the structure (every rank builds the same model; the optimizer's state and
         # hyperparameters are the holders')
         head: list[Any] = [None]
@@ -352,11 +366,16 @@ class ShardedElastic(Elastic):
         def old_local(name: str, key: Optional[str], j: int) -> Any:
             return source.local(name, key, j).to(dev)
 
-        def move(name: str, key: Optional[str], shape: tuple[int, ...], dtype: Any, like: Any) -> Any:
+        def move(name: str, key: Optional[str], shape: tuple[int, ...], dtype: Any, like: Any,
+                 dst: Any = None) -> Any:
             """This rank's rows of the new layout of one tensor (like: the new
             parameter, whose mesh and placements it takes): each row range
             from a rank that holds it at the agreed step, itself when it
-            does, by point-to-point transfers of the overlaps only."""
+            does, by point-to-point transfers of the overlaps only. dst: where
+            they go (the new parameter's local rows), else a new tensor, or,
+            when this rank's rows are the whole of an old shard it holds in
+            its own last round's tensors (reuse), that tensor itself: the
+            optimizer's state moves without a copy."""
             n = shape[0]
             shard_dim = next((d for d, pl in enumerate(like.placements) if isinstance(pl, Shard)), None)
             mesh = like.device_mesh
@@ -368,7 +387,20 @@ class ShardedElastic(Elastic):
                 coord = {int(r): int((layout == r).nonzero()[0][shard_dim]) for r in layout.flatten()}
             need = {r: _chunk_rows(n, parts, coord[r]) for r in coord}
             ma, mb = need[self.rank]
-            out = t.empty((mb - ma, *shape[1:]), dtype=dtype, device=dev)
+            rows = (mb - ma, *shape[1:])
+            out, kept = None, -1
+            if reuse and dst is None and mb > ma:
+                kept = next((j for j in range(plan.shards) if _chunk_rows(n, plan.shards, j) == (ma, mb)
+                             and self.rank in plan.holders[j]), -1)
+                if kept >= 0:
+                    x = old_local(name, key, kept)
+                    if x.dtype == dtype and tuple(x.shape) == rows and x.is_contiguous():
+                        out = x
+                    else:
+                        kept = -1
+            if out is None:
+                ok = dst is not None and dst.is_contiguous() and tuple(dst.shape) == rows and dst.dtype == dtype
+                out = dst if ok else t.empty(rows, dtype=dtype, device=dev)
             ops = []
             for j in range(plan.shards):
                 a, b = _chunk_rows(n, plan.shards, j)
@@ -379,7 +411,8 @@ class ShardedElastic(Elastic):
                         continue
                     sender = r if r in holders else holders[r % len(holders)]
                     if sender == self.rank and r == self.rank:
-                        out[lo - ma:hi - ma].copy_(old_local(name, key, j)[lo - a:hi - a])
+                        if j != kept:
+                            out[lo - ma:hi - ma].copy_(old_local(name, key, j)[lo - a:hi - a])
                     elif sender == self.rank:
                         ops.append(dist.P2POp(dist.isend, old_local(name, key, j)[lo - a:hi - a].contiguous(), r, tag=j))
                     elif r == self.rank:
@@ -393,8 +426,10 @@ class ShardedElastic(Elastic):
         with t.no_grad():
             for name in sorted(params):
                 p = params[name]
-                local = move(name, None, tuple(p.shape), p.dtype, p)
-                (p.to_local() if isinstance(p, DTensor) else p).copy_(local)
+                mine_rows = (p.to_local() if isinstance(p, DTensor) else p).detach()
+                local = move(name, None, tuple(p.shape), p.dtype, p, dst=mine_rows)
+                if local is not mine_rows:
+                    mine_rows.copy_(local)
                 del local
             for name in sorted(got["state"]):
                 p = params[name]

@@ -105,6 +105,46 @@ def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job:
           f"ms); a node joined: first step in the 6-rank world {joined:.2f} s after it started")
 
 
+def test_hsdp_a_node_lost_during_the_shard_copy_re_forms_again_from_memory(job: Job, tmp_path: Path) -> None:
+    """A failure during the shard copy. HSDP over 3 nodes x 2 ranks (a node
+    is one replica group, --nnodes 1:3): rank 4's node SIGKILLed while the
+    job waits for it before step 10; as the survivors' shards are about to
+    move into the 4-rank world, rank 2 of that world holds and its node is
+    SIGKILLed, the other node's ranks being in the copy. Their copy cut off,
+    they re-form again into 2 ranks from what they held before it (step 10:
+    no restart, nothing read, 0 lost), and end bitwise equal to a restart
+    replay of step 10's checkpoint on 2 ranks."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
+    args = ("--mode", "hsdp", "--shard", "2", "--steps", "20", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", "--hold-copy", "4:2", *args, *ckargs,
+                      program=TRAIN_FSDP, nnodes="1:3") for i in range(3)]
+    survivors, before, _ = kill_the_held_node(job, nodes, HOLD, ck / f"step-{HOLD:012d}" / "COMPLETE", ck,
+                                              ck_copy)
+    (_, second), = wait_for(job, survivors, r"^rank 2 holding in the copy$", 1, 120)
+    # every rank of the 4-rank world is in the copy: the others wait there for rank 2
+    wait_for(job, survivors, rf"^rank \d: moving step {HOLD}'s shards into a world of 4$", 4, 60)
+    time.sleep(0.3)
+    second.signal(signal.SIGKILL)
+    second.wait(10)
+    last, = [p for p in survivors if p is not second]
+    assert last.wait(180) == 0, job.dump()
+    assert pids(last) == before[last.name] and len(before[last.name]) == 2, f"a worker restarted:\n{job.dump()}"
+    pat = (r"^rank (\d) \(was \d\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
+           r"\((\d+) lost\), shards from the memory of (\d+) ranks")
+    got = [m for _, m in last.find(pat)]
+    assert sorted((m[1], m[2], m[3], m[4], m[5]) for m in got) == \
+        [("0", "2", str(HOLD), "0", "2"), ("1", "2", str(HOLD), "0", "2")], job.dump()
+    assert not last.find("loaded into"), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas([last])
+    assert sorted(sha) == [0, 1] and len(set(sha.values())) == 1, job.dump()
+    two = train(2, *args[:4], "--steps", "20", "--checkpoint-dir", str(ck_copy))
+    assert two.has(rf"train_fsdp: step {HOLD}'s checkpoint of 6 ranks loaded into 2 \(hsdp\), at sample "
+                   rf"{12 * HOLD}"), str(two)
+    assert two.sha() == set(sha.values()).pop(), f"the re-formation after a cut copy and a restart differ:\n" \
+        f"{job.dump()}\n{two}"
+
+
 def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
     """FSDP over every rank: the killed node's shards exist nowhere else; the
     survivors say which shards are gone and their launchers restart the
