@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "probe_bed.h"
+#include "rdzv_server_int.h"
 
 static void setup(void) { probe_bed_start(NULL); }
 
@@ -28,12 +29,12 @@ TestSuite(probe, .init = setup, .fini = probe_bed_stop, .timeout = 60);
 
 /* n nodes of one static job, each saying it answers probes (or not), all
  * assigned; the join's calibration pings are answered. */
-static void round_of(const char *job, int n, int answers) {
+static void round_of(const char *run, int n, int answers) {
     for (int i = 0; i < n; i++) {
         cr_assert_eq(peer_open(&P[i], bed_port, NULL), 0);
         rdzv_msg m = {.type = RDZV_JOIN, .req_id = 9, .flags = answers ? RDZV_JOIN_PROBE : 0};
-        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", job);
-        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", job, i);
+        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", run);
+        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", run, i);
         snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", i + 1);
         m.u.join.nproc = 1;
         m.u.join.static_rank = i;
@@ -371,4 +372,108 @@ Test(probe, options_version_1_is_taken_and_a_future_one_refused) {
     cr_expect_eq(rdzv_server_start(&loop, &o, &s, err, sizeof err), GPL_ERR_INVALID_ARG);
     cr_expect(strstr(err, "version must be 1 to 2") != NULL, "%s", err);
     uv_loop_close(&loop);
+}
+
+/* ---- the verdict's words at the timeout, on a member alone ---- */
+
+/* What rdzv__probe_kept reads of a node silent for silent_ms at `now` (the
+ * heartbeat timeout 5 s), its worst round trip 600 ms: a probe's deadline
+ * 3 x 600 = 1,800 ms. */
+static conn vc;
+static member vm;
+static rdzv_round vr;
+static const uint64_t NOW = 1000000;
+
+static void silent_for(uint64_t silent_ms) {
+    memset(&vc, 0, sizeof vc);
+    memset(&vm, 0, sizeof vm);
+    memset(&vr, 0, sizeof vr);
+    vr.hb_timeout_ms = 5000;
+    vm.rm.r = &vr;
+    vm.c = &vc;
+    vc.last_rx_ms = NOW - silent_ms;
+    vm.p.rtt_ms = 600;
+}
+
+/* Judged at NOW: 1 kept, else 0 and its evidence in out. */
+static int judge(char *out, size_t len) { return rdzv__probe_kept(&vm, NOW, out, len); }
+
+TestSuite(verdict, .timeout = 10);
+
+Test(verdict, a_ping_still_inside_its_deadline_is_named_with_its_age) {
+    char ev[512];
+    silent_for(5100);
+    vm.p.sent_ms = NOW - 400; /* the suspicion's ping: 1.4 s of its deadline left */
+    vm.p.suspected = RDZV_SUSPECT_SILENT;
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    cr_expect_str_eq(ev, " and has not answered a ping of 400 ms ago");
+}
+
+Test(verdict, a_ping_past_its_deadline_counts_as_unanswered_once) {
+    char ev[512];
+    silent_for(5100);
+    vm.p.sent_ms = NOW - 1900;
+    vm.p.suspected = RDZV_SUSPECT_SILENT;
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    cr_expect_str_eq(ev, " and answered no ping within 1800 ms (1 in this silence)");
+    /* the sweep counted it already: not twice */
+    vm.p.missed_ms = vm.p.sent_ms;
+    vm.p.missed_n = 1;
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    cr_expect_str_eq(ev, " and answered no ping within 1800 ms (1 in this silence)");
+}
+
+Test(verdict, pings_missed_before_are_counted_and_one_in_flight_is_not_yet) {
+    char ev[512];
+    silent_for(5100);
+    vm.p.missed_n = 2;
+    vm.p.missed_ms = NOW - 2600;
+    vm.p.sent_ms = NOW - 300;
+    vm.p.suspected = RDZV_SUSPECT_TIMEOUT;
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    cr_expect_str_eq(ev, " and answered no ping within 1800 ms (2 in this silence)");
+}
+
+Test(verdict, a_node_never_pinged_has_no_ping_evidence) {
+    char ev[512] = "stale";
+    silent_for(5100);
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    cr_expect_str_eq(ev, "");
+}
+
+Test(verdict, the_peers_word_is_waited_for_then_named_when_it_never_came) {
+    char ev[512];
+    silent_for(5100);
+    vm.p.sent_ms = NOW - 1000;
+    vm.p.suspected = RDZV_SUSPECT_TIMEOUT;
+    vm.p.relayed = 2;
+    vm.p.relay_ms = 1500;
+    vm.p.relay_at_ms = NOW - 1000;
+    vm.p.relay_wait_ms = 1800;
+    snprintf(vm.p.relay_names, sizeof vm.p.relay_names, "host1, host3");
+    cr_expect_eq(judge(ev, sizeof ev), 1, "kept while its peers' word may still come");
+    vm.p.relay_wait_ms = 900; /* their window passed, neither said anything */
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    cr_expect_str_eq(ev, " and has not answered a ping of 1000 ms ago; nor did it answer the UDP "
+                         "probes of 2 peer node(s) (host1, host3) within 1500 ms");
+    /* one of them said it could not reach it: its word is in, the other's is waited for */
+    vm.p.relay_wait_ms = 1800;
+    vm.p.relay_nacks = 1;
+    cr_expect_eq(judge(ev, sizeof ev), 1);
+}
+
+Test(verdict, a_node_its_peers_reach_is_kept_for_twice_the_timeout_then_named) {
+    char ev[512];
+    silent_for(9000);
+    vm.p.peer_kept_ms = NOW - 1000;
+    cr_expect_eq(judge(ev, sizeof ev), 1, "its peers reached it 1 s ago");
+    silent_for((uint64_t)RDZV_PEER_KEEP_FACTOR * 5000 + 100);
+    vm.p.peer_kept_ms = NOW - 1000;
+    cr_assert_eq(judge(ev, sizeof ev), 0);
+    char want[256];
+    snprintf(want, sizeof want,
+             "; its peers' UDP probes last reached it 1.0 s ago, and the rendezvous has not heard "
+             "from it for %u x the timeout",
+             (unsigned)RDZV_PEER_KEEP_FACTOR);
+    cr_expect_str_eq(ev, want);
 }
