@@ -41,13 +41,16 @@ times a rank's shards and optimizer state).
 How pieces move: the survivors agree (one all_gather of each rank's steps
 and place in the old world) on the step (the smallest any rank holds; a
 rank ahead of it is refilled) and, for each old shard index, the ranks
-holding it. Then, tensor by tensor (parameters in name order, then each
+holding it. Then, for every tensor (parameters in name order, then each
 one's optimizer state), each rank takes the rows it owns in the new layout:
-each overlap with an old shard from itself when it holds that shard, else
-from a holder, by point-to-point transfers of the overlaps alone. Tensors
-that are not sharded (an optimizer's step counter) are broadcast from the
-lowest holder, with the optimizer's hyperparameters and get_extra()'s
-value (a data position)."""
+each overlap with an old shard from itself when it holds that shard (its
+own optimizer rows, unchanged, are taken over without a copy), else from a
+holder, by point-to-point transfers of the overlaps alone, every one of
+them posted at once. Tensors that are not sharded (an optimizer's step
+counters) come from the lowest holder in one broadcast, with the
+optimizer's hyperparameters and get_extra()'s value (a data position). A
+re-formation cut off during the copy goes on from the state held before
+it: the last filled model is kept until a copy completes."""
 
 from __future__ import annotations
 
@@ -366,15 +369,20 @@ class ShardedElastic(Elastic):
         def old_local(name: str, key: Optional[str], j: int) -> Any:
             return source.local(name, key, j).to(dev)
 
+        ops: list[Any] = []  # every transfer of the copy, posted together (no order to deadlock on)
+        later: list[tuple[Any, Any]] = []  # (to, from): copies once the transfers are done
+        seq = [0]  # the tensor being planned: its transfers' tags
+
         def move(name: str, key: Optional[str], shape: tuple[int, ...], dtype: Any, like: Any,
                  dst: Any = None) -> Any:
             """This rank's rows of the new layout of one tensor (like: the new
             parameter, whose mesh and placements it takes): each row range
             from a rank that holds it at the agreed step, itself when it
-            does, by point-to-point transfers of the overlaps only. dst: where
-            they go (the new parameter's local rows), else a new tensor, or,
-            when this rank's rows are the whole of an old shard it holds in
-            its own last round's tensors (reuse), that tensor itself: the
+            does, by point-to-point transfers of the overlaps only (added to
+            ops; the rows are there once they are done). dst: where they go
+            (the new parameter's local rows), else a new tensor, or, when
+            this rank's rows are the whole of an old shard it holds in its
+            own last round's tensors (reuse), that tensor itself: the
             optimizer's state moves without a copy."""
             n = shape[0]
             shard_dim = next((d for d, pl in enumerate(like.placements) if isinstance(pl, Shard)), None)
@@ -401,7 +409,10 @@ class ShardedElastic(Elastic):
             if out is None:
                 ok = dst is not None and dst.is_contiguous() and tuple(dst.shape) == rows and dst.dtype == dtype
                 out = dst if ok else t.empty(rows, dtype=dtype, device=dev)
-            ops = []
+                if dst is not None and not ok:
+                    later.append((dst, out))
+            base = seq[0] * plan.shards
+            seq[0] += 1
             for j in range(plan.shards):
                 a, b = _chunk_rows(n, plan.shards, j)
                 holders = plan.holders[j]
@@ -414,43 +425,54 @@ class ShardedElastic(Elastic):
                         if j != kept:
                             out[lo - ma:hi - ma].copy_(old_local(name, key, j)[lo - a:hi - a])
                     elif sender == self.rank:
-                        ops.append(dist.P2POp(dist.isend, old_local(name, key, j)[lo - a:hi - a].contiguous(), r, tag=j))
+                        ops.append(dist.P2POp(dist.isend, old_local(name, key, j)[lo - a:hi - a].contiguous(), r,
+                                              tag=base + j))
                     elif r == self.rank:
-                        ops.append(dist.P2POp(dist.irecv, out[lo - ma:hi - ma], sender, tag=j))
-            if ops:
-                for w in dist.batch_isend_irecv(ops):
-                    w.wait()
+                        ops.append(dist.P2POp(dist.irecv, out[lo - ma:hi - ma], sender, tag=base + j))
             return out
 
         params = self._sharded
         with t.no_grad():
             for name in sorted(params):
                 p = params[name]
-                mine_rows = (p.to_local() if isinstance(p, DTensor) else p).detach()
-                local = move(name, None, tuple(p.shape), p.dtype, p, dst=mine_rows)
-                if local is not mine_rows:
-                    mine_rows.copy_(local)
-                del local
+                move(name, None, tuple(p.shape), p.dtype, p,
+                     dst=(p.to_local() if isinstance(p, DTensor) else p).detach())
+            states: dict[str, dict[str, Any]] = {}
+            scalars: list[tuple[str, str, tuple[int, ...], Any]] = []  # from the root, in one broadcast a dtype
             for name in sorted(got["state"]):
                 p = params[name]
-                st: dict[str, Any] = {}
+                st = states.setdefault(name, {})
                 for k, v in got["state"][name].items():
                     if not (isinstance(v, tuple) and len(v) == 3 and isinstance(v[2], t.dtype)):
                         st[k] = v
-                        continue
-                    sharded, shape, dtype = v
-                    if sharded:
-                        local = move(name, k, shape, dtype, p)
+                    elif v[0]:
+                        local = move(name, k, v[1], v[2], p)
                         st[k] = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False,
                                                    shape=p.shape, stride=p.stride())
                     else:
-                        if self.rank == plan.root:
-                            buf = source.scalar(name, k).to(dev).clone()
-                        else:
-                            buf = t.empty(shape, dtype=dtype, device=dev)
-                        dist.broadcast(buf, plan.root)
-                        st[k] = buf.to(p.to_local().device if k != "step" else "cpu")
-                self.optimizer.state[p] = st
+                        st[k] = None  # its place among the keys kept; filled from the broadcast below
+                        scalars.append((name, k, v[1], v[2]))
+            if ops:
+                for w in dist.batch_isend_irecv(ops):
+                    w.wait()
+            ops.clear()
+            for to, frm in later:
+                to.copy_(frm)
+            for dtype in sorted({x[3] for x in scalars}, key=str):
+                of = [x for x in scalars if x[3] == dtype]
+                if self.rank == plan.root:
+                    flat = t.cat([source.scalar(name, k).to(dev).reshape(-1).to(dtype) for name, k, _, _ in of])
+                else:
+                    flat = t.empty(sum(math.prod(shape) for _, _, shape, _ in of), dtype=dtype, device=dev)
+                dist.broadcast(flat, plan.root)
+                at = 0
+                for name, k, shape, _ in of:
+                    size = math.prod(shape)
+                    buf = flat[at:at + size].reshape(shape).clone()
+                    at += size
+                    states[name][k] = buf.to(params[name].to_local().device if k != "step" else "cpu")
+            for name in sorted(got["state"]):
+                self.optimizer.state[params[name]] = states[name]
             for g, want in zip(self.optimizer.param_groups, got["groups"]):
                 g.update(want)
         if mine and self._set_extra is not None:
