@@ -72,6 +72,19 @@ void await_assigned(int i, int answers) {
                  pinged ? "sent to a node that does not answer" : "missing");
 }
 
+void probe_bed_join(int i, const char *run, int n, uint16_t flags, uint16_t peer_port) {
+    cr_assert_eq(peer_open(&P[i], bed_port, NULL), 0);
+    rdzv_msg m = {.type = RDZV_JOIN, .req_id = 9, .flags = flags};
+    snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", run);
+    snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", run, i);
+    snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", i + 1);
+    m.u.join.nproc = 1;
+    m.u.join.static_rank = i;
+    m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)n;
+    m.u.join.peer_port = peer_port;
+    peer_send(&P[i], &m);
+}
+
 double metric_of(const char *name) {
     static char body[65536];
     cr_assert_eq(http_get_local(bed_hport, "/metrics", body, sizeof body), 200);

@@ -30,6 +30,10 @@ void restart_with_probes_udp(void);
  * pong_delay_ms[i]) when it says it answers probes (none is sent when it
  * does not). */
 void await_assigned(int i, int answers);
+/* Node i (of n, one static job `run`) connects and joins: hostname
+ * RUN-i, address 10.0.0.(i + 1), one process, JOIN flags as given, its
+ * UDP peer port peer_port (0: none). */
+void probe_bed_join(int i, const char *run, int n, uint16_t flags, uint16_t peer_port);
 /* A sample's value in the server's /metrics now. */
 double metric_of(const char *name);
 

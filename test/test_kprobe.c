@@ -78,18 +78,8 @@ static void kernel_round_of(const char *job, int n) {
     memset(R, 0, sizeof R);
     for (int i = 0; i < n; i++) {
         R[i].check_ok = RDZV_PROBE_OK_MACHINE;
-        cr_assert_eq(peer_open(&P[i], bed_port, NULL), 0);
-        rdzv_msg m = {.type = RDZV_JOIN,
-                      .req_id = 9,
-                      .flags = RDZV_JOIN_PROBE | RDZV_JOIN_PEER | RDZV_JOIN_KERNEL};
-        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", job);
-        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", job, i);
-        snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", i + 1);
-        m.u.join.nproc = 1;
-        m.u.join.static_rank = i;
-        m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)n;
-        m.u.join.peer_port = (uint16_t)(40000 + i);
-        peer_send(&P[i], &m);
+        probe_bed_join(i, job, n, RDZV_JOIN_PROBE | RDZV_JOIN_PEER | RDZV_JOIN_KERNEL,
+                       (uint16_t)(40000 + i));
     }
     for (int slow = 0; slow < 2; slow++)
         for (int i = 0; i < n; i++)

@@ -30,17 +30,8 @@ TestSuite(probe, .init = setup, .fini = probe_bed_stop, .timeout = 60);
 /* n nodes of one static job, each saying it answers probes (or not), all
  * assigned; the join's calibration pings are answered. */
 static void round_of(const char *run, int n, int answers) {
-    for (int i = 0; i < n; i++) {
-        cr_assert_eq(peer_open(&P[i], bed_port, NULL), 0);
-        rdzv_msg m = {.type = RDZV_JOIN, .req_id = 9, .flags = answers ? RDZV_JOIN_PROBE : 0};
-        snprintf(m.u.join.run_id, sizeof m.u.join.run_id, "%s", run);
-        snprintf(m.u.join.hostname, sizeof m.u.join.hostname, "%s-%d", run, i);
-        snprintf(m.u.join.addr, sizeof m.u.join.addr, "10.0.0.%d", i + 1);
-        m.u.join.nproc = 1;
-        m.u.join.static_rank = i;
-        m.u.join.min_nodes = m.u.join.max_nodes = (uint32_t)n;
-        peer_send(&P[i], &m);
-    }
+    for (int i = 0; i < n; i++)
+        probe_bed_join(i, run, n, answers ? RDZV_JOIN_PROBE : 0, 0);
     for (int i = 0; i < n; i++)
         await_assigned(i, answers);
 }
