@@ -141,6 +141,10 @@ class Elastic:
     the training thread may stay blocked after a break before the worker
     exits to be restarted (None: never)."""
 
+    # a copy cut off leaves this rank's state as it was: False here (the copy writes into
+    # the model itself), True for ShardedElastic (it fills a new model, the old one kept)
+    _cut_copy_keeps_state = False
+
     def __init__(
         self,
         model: Any,
@@ -695,7 +699,7 @@ class Elastic:
                 self._join(r, deadline)
                 agreed, root, survivors, copy, mine = self._agree(have)
                 if copy:
-                    if mine:
+                    if mine and not self._cut_copy_keeps_state:
                         have = -1  # replaced: none, should the copy be cut off
                     self._copy_bracketed(root, mine)
                 if agreed < 0:

@@ -111,6 +111,8 @@ class ShardedElastic(Elastic):
     program's progress line). Other arguments: Elastic's (no ddp_kwargs or
     comm_hook: FSDP2 does the collectives)."""
 
+    _cut_copy_keeps_state = True  # the copy fills a new model; the last filled one is kept
+
     def __init__(self, build: Callable[..., tuple[Any, Any]], mirror_every: int = 0,
                  on_copy: Optional[Callable[[int], None]] = None, **kw: Any) -> None:
         super().__init__(None, None, **kw)
@@ -223,10 +225,14 @@ class ShardedElastic(Elastic):
         that can skip their initialization); the mesh's own connections
         count as the group's (the watcher shuts them down too when the round
         ends)."""
-        if self.model is not None and self._old is None:
-            # the current model holds the state; when _old is set, the current one was
-            # never filled (a copy cut off) and the state is still the old one's
-            self._old = (self._sharded, self.optimizer, self._place)
+        if self._old is None:
+            if self.model is not None:  # the current model holds the state
+                self._old = (self._sharded, self.optimizer, self._place)
+        else:
+            # the current model was never filled (a copy cut off): the state is still the old
+            # one's; the half-filled one goes before another is built
+            self.model = self.optimizer = None
+            self._sharded = {}
         t0 = time.monotonic()
         self.model, self.optimizer = self._build(fill) if self._build_fill else self._build()
         self.build_s = time.monotonic() - t0
@@ -263,8 +269,10 @@ class ShardedElastic(Elastic):
         if self._source is not None and hasattr(self._source, "close"):
             self._source.close()  # an agreement cut off by a round's end: made again
         self._source = None
-        place = self._old[2] if self._old is not None else self._place  # where the state was built
-        held = place if done >= 0 and self.model is not None else None
+        # where the state this rank holds was built: the last filled model's, which a copy
+        # cut off leaves in _old
+        place = self._old[2] if self._old is not None else self._place if self.model is not None else None
+        held = place if done >= 0 else None
         mine = (done if held is not None else -1, held)
         infos: list[Any] = [None] * self.world_size
         dist.all_gather_object(infos, mine)
@@ -366,8 +374,10 @@ class ShardedElastic(Elastic):
         got = head[0]
         dev = self._device()
 
-        def old_local(name: str, key: Optional[str], j: int) -> Any:
-            return source.local(name, key, j).to(dev)
+        def old_rows(name: str, key: Optional[str], j: int, lo: int, hi: int) -> Any:
+            """Rows [lo, hi) of old shard j (its own row numbers), on this rank's device:
+            only those rows are moved there (a snapshot in host memory under NCCL)."""
+            return source.local(name, key, j)[lo:hi].to(dev)
 
         ops: list[Any] = []  # every transfer of the copy, posted together (no order to deadlock on)
         later: list[tuple[Any, Any]] = []  # (to, from): copies once the transfers are done
@@ -401,13 +411,14 @@ class ShardedElastic(Elastic):
                 kept = next((j for j in range(plan.shards) if _chunk_rows(n, plan.shards, j) == (ma, mb)
                              and self.rank in plan.holders[j]), -1)
                 if kept >= 0:
-                    x = old_local(name, key, kept)
-                    if x.dtype == dtype and tuple(x.shape) == rows and x.is_contiguous():
+                    x = source.local(name, key, kept)
+                    if x.device == dev and x.dtype == dtype and tuple(x.shape) == rows and x.is_contiguous():
                         out = x
                     else:
                         kept = -1
             if out is None:
-                ok = dst is not None and dst.is_contiguous() and tuple(dst.shape) == rows and dst.dtype == dtype
+                ok = (dst is not None and dst.device == dev and dst.is_contiguous() and tuple(dst.shape) == rows
+                      and dst.dtype == dtype)
                 out = dst if ok else t.empty(rows, dtype=dtype, device=dev)
                 if dst is not None and not ok:
                     later.append((dst, out))
@@ -423,9 +434,9 @@ class ShardedElastic(Elastic):
                     sender = r if r in holders else holders[r % len(holders)]
                     if sender == self.rank and r == self.rank:
                         if j != kept:
-                            out[lo - ma:hi - ma].copy_(old_local(name, key, j)[lo - a:hi - a])
+                            out[lo - ma:hi - ma].copy_(source.local(name, key, j)[lo - a:hi - a])
                     elif sender == self.rank:
-                        ops.append(dist.P2POp(dist.isend, old_local(name, key, j)[lo - a:hi - a].contiguous(), r,
+                        ops.append(dist.P2POp(dist.isend, old_rows(name, key, j, lo - a, hi - a).contiguous(), r,
                                               tag=base + j))
                     elif r == self.rank:
                         ops.append(dist.P2POp(dist.irecv, out[lo - ma:hi - ma], sender, tag=base + j))

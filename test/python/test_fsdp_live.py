@@ -145,6 +145,51 @@ def test_hsdp_a_node_lost_during_the_shard_copy_re_forms_again_from_memory(job: 
         f"{job.dump()}\n{two}"
 
 
+def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(job: Job, tmp_path: Path) -> None:
+    """A failure during a copy with transfers in flight. FSDP over every rank,
+    2 nodes x 2; a third node joins while rank 0 holds before step 10, and
+    the 6-rank world's rank 4 (the new node's) holds as its shards are about
+    to move: the survivors, their 4-way shards being cut into 6-way ones (rows
+    sent to each other and to the new ranks), wait for it. The new node is
+    SIGKILLed: the survivors' copy is cut off, and they re-form again into 4
+    ranks from the shards they held before it, in place, 0 lost, nothing
+    read, and end bitwise equal to a restart replay of step 10's checkpoint
+    on 4 ranks."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP) for i in range(2)]
+    wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
+    complete = ck / f"step-{HOLD:012d}" / "COMPLETE"
+    until = time.monotonic() + 30
+    while not complete.exists():
+        assert time.monotonic() < until, job.dump()
+        time.sleep(0.05)
+    shutil.copytree(ck, ck_copy)
+    before = {p.name: pids(p) for p in nodes}
+    late = job.node("node2", "--hold-copy", "6:4", *args, *ckargs, program=TRAIN_FSDP)
+    wait_for(job, [late], r"^rank 4 holding in the copy$", 1, 120)
+    wait_for(job, nodes, rf"^rank \d: moving step {HOLD}'s shards into a world of 6$", 4, 60)
+    time.sleep(0.3)
+    late.signal(signal.SIGKILL)
+    late.wait(10)
+    for p in nodes:
+        assert p.wait(180) == 0, job.dump()
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    pat = (r"^rank (\d) \(was \d\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
+           r"\((\d+) lost\), shards from the memory of (\d+) ranks")
+    got = sorted(m.groups() for p in nodes for _, m in p.find(pat))
+    assert got == [(str(r), "4", str(HOLD), "0", "4") for r in range(4)], job.dump()
+    assert not any(p.find("loaded into") for p in nodes), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas(nodes)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+    four = train(4, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
+    assert four.has(rf"train_fsdp: step {HOLD}'s checkpoint of 4 ranks loaded into 4 \(fsdp\), at sample "
+                    rf"{12 * HOLD}"), str(four)
+    assert four.sha() == set(sha.values()).pop(), f"the re-formation after a cut reshard and a restart differ:\n" \
+        f"{job.dump()}\n{four}"
+
+
 def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
     """FSDP over every rank: the killed node's shards exist nowhere else; the
     survivors say which shards are gone and their launchers restart the
