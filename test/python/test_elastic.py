@@ -181,6 +181,18 @@ def job(tmp_path: Path) -> Iterator[Job]:
         j.close()
 
 
+def checkpoint_whole(job: Job, ck: Path, step: int, copy_to: Optional[Path] = None) -> None:
+    """Waits (30 s at most) until step's checkpoint in ck is whole (COMPLETE,
+    written last); then copies ck to copy_to when given (a restart replay's
+    start)."""
+    until = time.monotonic() + 30
+    while not (ck / f"step-{step:012d}" / "COMPLETE").exists():
+        assert time.monotonic() < until, f"step {step}'s checkpoint not whole in 30 s:\n{job.dump()}"
+        time.sleep(0.05)
+    if copy_to is not None:
+        shutil.copytree(ck, copy_to)
+
+
 def wait_for(job: Job, nodes: list[Proc], pattern: str, count: int, timeout: float) -> list[tuple[float, Proc]]:
     """(arrival time, node) of the first `count` lines matching pattern."""
     until = time.monotonic() + timeout
@@ -260,11 +272,7 @@ def test_node_killed_survivors_go_on_as_a_restart_would(job: Job, tmp_path: Path
     ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
     args = ("--steps", "30", "--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD), "--print-every", "5")
     nodes, held = three_nodes(job, *args)
-    until = time.monotonic() + 30
-    while not list(ck.glob("*/COMPLETE")):  # the checkpoint of step HOLD is whole
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
-    shutil.copytree(ck, ck_copy)
+    checkpoint_whole(job, ck, HOLD, ck_copy)
     survivors, took = kill_held(job, nodes, held)
     got = reformed(survivors)
     assert len(got) == 4, job.dump()

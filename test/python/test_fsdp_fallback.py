@@ -5,13 +5,11 @@ replica groups of 4 ranks (two nodes each), and the two nodes that hold shards
 
 from __future__ import annotations
 
-import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from test_elastic import HOLD, Job, job, shas, wait_for  # noqa: F401
+from test_elastic import HOLD, Job, checkpoint_whole, job, shas, wait_for  # noqa: F401
 from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
 
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
@@ -36,12 +34,7 @@ def test_hsdp_both_holders_of_a_shard_lost_restart_from_the_checkpoint_resharded
     held = {six, *two}
     assert len(held) == 2, job.dump()
     wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 8, 60)
-    complete = ck / f"step-{HOLD:012d}" / "COMPLETE"
-    until = time.monotonic() + 30
-    while not complete.exists():
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
-    shutil.copytree(ck, ck_copy)
+    checkpoint_whole(job, ck, HOLD, ck_copy)
     # "together" as the rendezvous sees it: stopped while both nodes die, it reads both
     # connections' ends in one pass, so the survivors re-form once, into 4 ranks. Killed
     # one after the other (tens of ms apart on a loaded machine), the survivors would

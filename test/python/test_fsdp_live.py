@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,26 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from test_elastic import HOLD, Job, first_step_after, free_port, job, pids, shas, wait_for  # noqa: F401
+from test_elastic import HOLD, Job, checkpoint_whole, first_step_after, free_port, job, pids, shas, wait_for  # noqa: F401
 from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
 
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
 
-def kill_the_held_node(job: Job, nodes: list, at: int, complete: Path, ck: Path, ck_copy: Path,
+def kill_the_held_node(job: Job, nodes: list, at: int, ck: Path, ck_copy: Path, ck_step: int = 0,
                        vanish: bool = False) -> tuple:
     """Once rank 4 holds before step `at`, every rank reached it and the
-    checkpoint marker `complete` exists: copies ck (the restart replay's
+    checkpoint of step ck_step (0: `at`) in ck is whole: copies ck (the restart replay's
     start), SIGKILLs rank 4's node (vanish: SIGSTOPs its launcher and
     workers instead: nothing closes, its heartbeats stop; the caller kills
     it at the end); returns (survivors, their workers' pids, the fault's
     time)."""
     (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {at}$", 1, 180)
     wait_for(job, nodes, rf"^rank \d+ reached step {at}$", 6, 60)
-    until = time.monotonic() + 30
-    while not complete.exists():
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
-    shutil.copytree(ck, ck_copy)
+    checkpoint_whole(job, ck, ck_step or at, ck_copy)
     survivors = [p for p in nodes if p is not held]
     before = {p.name: pids(p) for p in survivors}
     t_kill = time.monotonic()
@@ -65,8 +60,7 @@ def test_hsdp_node_killed_then_one_joins_all_from_memory_as_a_restart_would(job:
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
     nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", "--hold", f"0:{2 * HOLD}", *args, *ckargs,
                       program=TRAIN_FSDP) for i in range(3)]
-    survivors, before, t_kill = kill_the_held_node(job, nodes, HOLD, ck / f"step-{HOLD:012d}" / "COMPLETE", ck,
-                                                   ck_copy)
+    survivors, before, t_kill = kill_the_held_node(job, nodes, HOLD, ck, ck_copy)
     wait_for(job, survivors, rf"^rank 0 holding before step {2 * HOLD}$", 1, 120)
     took = first_step_after(job, survivors, 4, t_kill)
     t_join = time.monotonic()
@@ -119,8 +113,7 @@ def test_hsdp_a_node_lost_during_the_shard_copy_re_forms_again_from_memory(job: 
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
     nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", "--hold-copy", "4:2", *args, *ckargs,
                       program=TRAIN_FSDP, nnodes="1:3") for i in range(3)]
-    survivors, before, _ = kill_the_held_node(job, nodes, HOLD, ck / f"step-{HOLD:012d}" / "COMPLETE", ck,
-                                              ck_copy)
+    survivors, before, _ = kill_the_held_node(job, nodes, HOLD, ck, ck_copy)
     (_, second), = wait_for(job, survivors, r"^rank 2 holding in the copy$", 1, 120)
     # every rank of the 4-rank world is in the copy: the others wait there for rank 2
     wait_for(job, survivors, rf"^rank \d: moving step {HOLD}'s shards into a world of 4$", 4, 60)
@@ -160,12 +153,7 @@ def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
     nodes = [job.node(f"node{i}", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP) for i in range(2)]
     wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
-    complete = ck / f"step-{HOLD:012d}" / "COMPLETE"
-    until = time.monotonic() + 30
-    while not complete.exists():
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
-    shutil.copytree(ck, ck_copy)
+    checkpoint_whole(job, ck, HOLD, ck_copy)
     before = {p.name: pids(p) for p in nodes}
     late = job.node("node2", "--hold-copy", "6:4", *args, *ckargs, program=TRAIN_FSDP)
     wait_for(job, [late], r"^rank 4 holding in the copy$", 1, 120)
@@ -200,10 +188,7 @@ def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Jo
     nodes = [job.node(f"node{i}", "--hold", f"4:{HOLD}", *args, program=TRAIN_FSDP) for i in range(3)]
     (_, held), = wait_for(job, nodes, rf"^rank 4 holding before step {HOLD}$", 1, 180)
     wait_for(job, nodes, rf"^rank \d+ reached step {HOLD}$", 6, 60)
-    until = time.monotonic() + 30
-    while not list(ck.glob("*/COMPLETE")):
-        assert time.monotonic() < until, job.dump()
-        time.sleep(0.05)
+    checkpoint_whole(job, ck, HOLD)
     held.signal(signal.SIGKILL)
     survivors = [p for p in nodes if p is not held]
     for p in survivors:

@@ -35,7 +35,7 @@ def test_fsdp_node_lost_goes_back_to_the_copies_in_peers_memory_as_a_restart_wou
     args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5", "--mirror-every", "4")
     ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", "4")
     nodes = [job.node(f"node{i}", "--hold", f"4:{at}", *args, *ckargs, program=TRAIN_FSDP) for i in range(3)]
-    survivors, before, t_kill = kill_the_held_node(job, nodes, at, ck / "step-000000000012" / "COMPLETE", ck, ck_copy,
+    survivors, before, t_kill = kill_the_held_node(job, nodes, at, ck, ck_copy, ck_step=12,
                                                    vanish=fault == "vanished")
     held = next(p for p in nodes if p not in survivors)
     for p in survivors:
