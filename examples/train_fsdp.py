@@ -195,6 +195,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--hold-copy", default=None, metavar="W:R",
                     help="tests: in a re-formation into a world of W, rank R waits as its shards are about "
                          "to move, until that round is over (once)")
+    ap.add_argument("--hold-copied", default=None, metavar="W:R",
+                    help="tests: in a re-formation into a world of W, rank R waits once its copy ended, "
+                         "before the ranks confirm that all of theirs did, until that round is over (once)")
     ap.add_argument("--dcp-save", default=None, help="also save the final state with DCP's FileSystemWriter")
     ap.add_argument("--dcp-load", default=None, help="start from DCP's FileSystemReader checkpoint instead")
     a = ap.parse_args(argv)
@@ -203,10 +206,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     try:
         a.hold = {(int(h.split(":")[0]), int(h.split(":")[1])) for h in a.hold}
         a.hold_copy = tuple(int(x) for x in a.hold_copy.split(":")) if a.hold_copy else None
-        if a.hold_copy is not None and len(a.hold_copy) != 2:
+        a.hold_copied = tuple(int(x) for x in a.hold_copied.split(":")) if a.hold_copied else None
+        if any(h is not None and len(h) != 2 for h in (a.hold_copy, a.hold_copied)):
             raise ValueError(a.hold_copy)
     except (ValueError, IndexError):
-        ap.error("--hold takes RANK:STEP, --hold-copy WORLD:RANK")
+        ap.error("--hold takes RANK:STEP, --hold-copy and --hold-copied WORLD:RANK")
     if a.reform and (a.dcp_load or a.dcp_save):
         ap.error("--reform does not go with --dcp-load or --dcp-save")
     return a
@@ -308,19 +312,26 @@ def main(argv: list[str]) -> int:
             model, optim = build(fill)  # load() and save() reach the current ones
             return model, optim
 
-        copy_held = False
+        held: set[str] = set()
 
-        def on_copy(step: int) -> None:
-            nonlocal copy_held
-            print(f"rank {el.rank}: moving step {step}'s shards into a world of {el.world_size}", flush=True)
-            if a.hold_copy == (el.world_size, el.rank) and not copy_held:
-                copy_held = True
-                print(f"rank {el.rank} holding in the copy", flush=True)
+        def hold(what: str, at: Optional[tuple[int, ...]]) -> None:
+            if at == (el.world_size, el.rank) and what not in held:
+                held.add(what)
+                print(f"rank {el.rank} holding {what}", flush=True)
                 while not el.round_over:
                     time.sleep(0.01)
 
+        def on_copy(step: int) -> None:
+            print(f"rank {el.rank}: moving step {step}'s shards into a world of {el.world_size}", flush=True)
+            hold("in the copy", a.hold_copy)
+
+        def on_copied(step: int) -> None:
+            print(f"rank {el.rank}: step {step}'s shards moved into a world of {el.world_size}", flush=True)
+            hold("after its copy", a.hold_copied)
+
         el = gl.ShardedElastic(built, backend=backend, checkpointer=ckpt, get_extra=get_extra,
-                               set_extra=set_extra, mirror_every=a.mirror_every, on_copy=on_copy)
+                               set_extra=set_extra, mirror_every=a.mirror_every, on_copy=on_copy,
+                               on_copied=on_copied)
         if not el.enabled and el.rank == 0:
             print("train_fsdp: --reform: not under a gpulaunch that hands rounds over: a lost node "
                   "restarts the workers", file=sys.stderr)

@@ -50,7 +50,10 @@ them posted at once. Tensors that are not sharded (an optimizer's step
 counters) come from the lowest holder in one broadcast, with the
 optimizer's hyperparameters and get_extra()'s value (a data position). A
 re-formation cut off during the copy goes on from the state held before
-it: the last filled model is kept until a copy completes."""
+it: the state held before it is kept until every rank's copy ended (one
+all-reduce after the copy says so), and a rank whose copy ended while a
+peer's was cut keeps both: the next agreement takes the newest step that
+one layout holds whole among the survivors."""
 
 from __future__ import annotations
 
@@ -70,6 +73,44 @@ from . import _procfs
 from ._native import Error
 from .elastic import Elastic
 
+
+
+@dataclasses.dataclass(frozen=True)
+class _Held:
+    """A filled state this rank holds: the steps it is after, where it was
+    built ((world, rank, shards)), its sharded parameters by name, its
+    optimizer and the data position (get_extra()'s value) that goes with it."""
+    step: int
+    place: Optional[tuple[int, int, int]]
+    params: dict[str, Any]
+    optimizer: Any
+    extra: Any
+
+
+_NOTHING = _Held(-1, None, {}, None, None)
+
+
+def _choose(stated: list[tuple[int, int, tuple[int, int, int]]]) -> Optional[tuple[int, int, dict[int, list[int]]]]:
+    """Of the states the ranks hold ((rank, step, (world, old rank, shards))),
+    the step and layout the job goes on from: the newest step whose shards
+    (rows chunk j of s for every j < s; a rank's index is its old rank mod
+    s) some ranks hold at that step in one layout, the one held by the most
+    ranks among equals (the fewest bytes move), then the finer one; with its
+    holders (shard index -> ranks, ascending). None when no layout is whole.
+    A rank counts once for a step and layout, by its first state there (the
+    one it keeps as the copy's source: two of its states with one layout may
+    hold different shard indexes)."""
+    cands: dict[tuple[int, int], dict[int, list[int]]] = {}
+    seen: set[tuple[int, int, int]] = set()
+    for r, step, (_, old_rank, s) in stated:
+        if (r, step, s) not in seen:
+            seen.add((r, step, s))
+            cands.setdefault((step, s), {}).setdefault(old_rank % s, []).append(r)
+    whole = [(step, s, h) for (step, s), h in cands.items() if all(j in h for j in range(s))]
+    if not whole:
+        return None
+    step, s, holders = max(whole, key=lambda c: (c[0], len({r for v in c[2].values() for r in v}), c[1]))
+    return step, s, {j: sorted(v) for j, v in sorted(holders.items())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,15 +149,18 @@ class ShardedElastic(Elastic):
     buffers it must still set). el.model and el.optimizer are the current ones.
     on_copy(step): called on every rank of a re-formation once the step is
     agreed and the new model built, as the shards are about to move (a
-    program's progress line). Other arguments: Elastic's (no ddp_kwargs or
-    comm_hook: FSDP2 does the collectives)."""
+    program's progress line); on_copied(step): on every rank whose copy
+    ended, before the ranks confirm that all of theirs did. Other arguments:
+    Elastic's (no ddp_kwargs or comm_hook: FSDP2 does the collectives)."""
 
     _cut_copy_keeps_state = True  # the copy fills a new model; the last filled one is kept
 
     def __init__(self, build: Callable[..., tuple[Any, Any]], mirror_every: int = 0,
-                 on_copy: Optional[Callable[[int], None]] = None, **kw: Any) -> None:
+                 on_copy: Optional[Callable[[int], None]] = None,
+                 on_copied: Optional[Callable[[int], None]] = None, **kw: Any) -> None:
         super().__init__(None, None, **kw)
         self._on_copy = on_copy  # told the agreed step as the shards are about to move
+        self._on_copied = on_copied  # told it once this rank's copy ended
         if mirror_every < 0:
             raise ValueError("mirror_every must be >= 0 (0: no copies in peers' memory)")
         self._build = build
@@ -134,9 +178,11 @@ class ShardedElastic(Elastic):
         self.build_s = 0.0  # the last build()'s time
         self._plan: Optional[_Plan] = None
         self._place: Optional[tuple[int, int, int]] = None  # (world, rank, shards) the state was built in
-        # the last filled state (parameters, optimizer, place) while the current model is not
-        # filled yet: kept through a re-formation cut off before its copy ended
-        self._old: Optional[tuple[dict[str, Any], Any, Optional[tuple[int, int, int]]]] = None
+        # None: the current model is the state (at the steps done). Within a re-formation
+        # (until every rank's copy ended): the state kept from before it (_NOTHING: none),
+        # and _filled, the new model once this rank's copy into it ended
+        self._old: Optional[_Held] = None
+        self._filled: Optional[_Held] = None
         self._sharded: dict[str, Any] = {}  # this round's sharded parameters by name
         self._freed = False  # FSDP2's collectives wait through the round guard
 
@@ -156,7 +202,7 @@ class ShardedElastic(Elastic):
             self._handled = True
 
     def _make_ddp(self, sync: bool) -> None:
-        self._old = None  # the new model is filled: the old shards can go
+        self._old = self._filled = None  # the new model is the state: the old shards can go
         self._drop_mirror()  # and the last world's copies
         self._mirror_due = True
 
@@ -219,20 +265,27 @@ class ShardedElastic(Elastic):
         """The snapshot's and its copy's state (gpl_mirror_status); None without one."""
         return self._mirror.status() if self._mirror is not None else None
 
-    def _new_model(self, fill: bool = False) -> None:
+    def _held(self, done: int) -> list[_Held]:
+        """The filled states this rank holds: the current model's at the steps
+        done; within a re-formation cut off, the one kept from before it and
+        the new model when this rank's copy into it ended."""
+        if self._old is None:
+            if self.model is None or done < 0 or self._place is None:
+                return []
+            extra = self._get_extra() if self._get_extra is not None else None
+            return [_Held(done, self._place, self._sharded, self.optimizer, extra)]
+        return [h for h in (self._old, self._filled) if h is not None and h.step >= 0]
+
+    def _new_model(self, keep: Optional[_Held], fill: bool = False) -> None:
         """The program's model and optimizer on this round's group (fill: its
         parameters are filled from memory right after, for a build(fill)
-        that can skip their initialization); the mesh's own connections
-        count as the group's (the watcher shuts them down too when the round
-        ends)."""
-        if self._old is None:
-            if self.model is not None:  # the current model holds the state
-                self._old = (self._sharded, self.optimizer, self._place)
-        else:
-            # the current model was never filled (a copy cut off): the state is still the old
-            # one's; the half-filled one goes before another is built
-            self.model = self.optimizer = None
-            self._sharded = {}
+        that can skip their initialization), keeping the state `keep` (None:
+        none) until every rank's copy ends; every other model goes before
+        the new one is built. The mesh's own connections count as the
+        group's (the watcher shuts them down too when the round ends)."""
+        self._old, self._filled = (keep if keep is not None else _NOTHING), None
+        self.model = self.optimizer = None
+        self._sharded = {}
         t0 = time.monotonic()
         self.model, self.optimizer = self._build(fill) if self._build_fill else self._build()
         self.build_s = time.monotonic() - t0
@@ -269,45 +322,50 @@ class ShardedElastic(Elastic):
         if self._source is not None and hasattr(self._source, "close"):
             self._source.close()  # an agreement cut off by a round's end: made again
         self._source = None
-        # where the state this rank holds was built: the last filled model's, which a copy
-        # cut off leaves in _old
-        place = self._old[2] if self._old is not None else self._place if self.model is not None else None
-        held = place if done >= 0 else None
-        mine = (done if held is not None else -1, held)
+        held = self._held(done)
         infos: list[Any] = [None] * self.world_size
-        dist.all_gather_object(infos, mine)
-        stated = [(r, h, place) for r, (h, place) in enumerate(infos) if h >= 0 and place is not None]
-        self._new_model(fill=bool(stated))
+        dist.all_gather_object(infos, [(h.step, h.place) for h in held])
+        stated = [(r, h, place) for r, got in enumerate(infos) for h, place in got]
+        pick = _choose(stated)
+        # the state kept through the copy: this rank's first of the chosen step and layout (the
+        # one _choose counted), else (told that its state is replaced) its newest, should the
+        # copy be cut off
+        keep = next((h for h in held if pick is not None and h.place is not None
+                     and (h.step, h.place[2]) == pick[:2]), None)
+        replaced = keep is None
+        if keep is None and held:
+            keep = max(held, key=lambda h: h.step)
+        self._new_model(keep, fill=bool(stated))
         if not stated:
             self._plan = None
             return -1, -1, 0, False, False
-        step = min(h for _, h, _ in stated)
-        at = [(r, place) for r, h, place in stated if h == step]
-        shards = {place[2] for _, place in at}
+        if pick is not None:
+            step, s, holders = pick
+            root = min(min(h) for h in holders.values())
+            self._plan = _Plan(step, s, holders, root)
+            self.from_copies = False
+            return step, root, len({r for v in holders.values() for r in v}), True, replaced
+        # no layout whole: the copies in peers' memory, else which shards are gone (of each
+        # rank's newest state)
+        newest = [(r, got[-1][0], got[-1][1]) for r, got in enumerate(infos) if got]
+        step = min(h for _, h, _ in newest)
+        at = [place for _, h, place in newest if h == step]
+        shards = sorted({place[2] for place in at})
+        s = shards[-1]
+        missing = [j for j in range(s) if not any(place[2] == s and place[1] % s == j for place in at)]
+        if self._mirror_every > 0:
+            return self._agree_mirror(stated, missing)
         if len(shards) != 1:
             raise Error(N.GPL_ERR_STATE, f"gpulaunch: rank {self.rank}: the ranks holding step {step} were "
-                        f"sharded {sorted(shards)} ways: not one job's state", "GPL_ERR_STATE")
-        s = shards.pop()
-        holders: dict[int, list[int]] = {}
-        for r, (_, old_rank, _) in at:
-            holders.setdefault(old_rank % s, []).append(r)
-        missing = [j for j in range(s) if j not in holders]
-        if missing and self._mirror_every > 0:
-            return self._agree_mirror(stated, missing)
-        if missing:
-            raise Error(
-                N.GPL_ERR_STATE,
-                f"gpulaunch: rank {self.rank}: shards {missing} of the state ({s}-way sharded) were held "
-                f"only by ranks that are gone (no replica holds them: FSDP over every rank without "
-                f"mirror_every, or a whole replica group's shard lost); the launcher restarts the workers, "
-                f"which restore the newest checkpoint resharded",
-                "GPL_ERR_STATE",
-            )
-        root = min(min(h) for h in holders.values())
-        self._plan = _Plan(step, s, holders, root)
-        self.from_copies = False
-        replaced = held is None or done != step
-        return step, root, len(at), True, replaced
+                        f"sharded {shards} ways: not one job's state", "GPL_ERR_STATE")
+        raise Error(
+            N.GPL_ERR_STATE,
+            f"gpulaunch: rank {self.rank}: shards {missing} of the state ({s}-way sharded) were held "
+            f"only by ranks that are gone (no replica holds them: FSDP over every rank without "
+            f"mirror_every, or a whole replica group's shard lost); the launcher restarts the workers, "
+            f"which restore the newest checkpoint resharded",
+            "GPL_ERR_STATE",
+        )
 
     def _agree_mirror(self, stated: list[Any], missing: list[int]) -> tuple[int, int, int, bool, bool]:
         """The survivors lack shards: the newest step whose copies in peers'
@@ -358,10 +416,9 @@ class ShardedElastic(Elastic):
         if self._on_copy is not None:
             self._on_copy(plan.step)
         source: Any = self._source
-        if source is None:  # the last round's shards in this process (a replica's, or its own)
-            old_params, old_opt = self._old[:2] if self._old is not None else ({}, None)
-            source = _snapshot.LiveSource(t, old_params, old_opt,
-                                 self._get_extra() if self._get_extra is not None and old_opt is not None else None)
+        if source is None:  # the kept state's shards in this process (a replica's, or its own)
+            kept = self._old if self._old is not None else _NOTHING
+            source = _snapshot.LiveSource(t, kept.params, kept.optimizer, kept.extra)
         # the last round's optimizer state, dropped after the copy, can become the new one's
         # where this rank keeps its rows; a copy in peers' memory (MirrorSource) is not ours
         reuse = isinstance(source, _snapshot.LiveSource)
@@ -488,7 +545,15 @@ class ShardedElastic(Elastic):
                 g.update(want)
         if mine and self._set_extra is not None:
             self._set_extra(got["extra"])
-        self._old = None
+        self._filled = _Held(plan.step, self._place, self._sharded, self.optimizer, got["extra"])
+        if self._on_copied is not None:
+            self._on_copied(plan.step)
+        # every rank's copy ended (each adds its one once its own did): only then does the state
+        # kept from before go. Cut off here, this rank holds both, and the next agreement takes
+        # the layout the survivors hold whole
+        ended = t.ones(1, dtype=t.int32, device=dev)
+        dist.all_reduce(ended)
+        self._old = self._filled = None
 
     def close(self) -> None:
         """Elastic's close, and the snapshot and copies (a push in flight is cut off)."""

@@ -20,7 +20,40 @@ import pytest
 from test_elastic import HOLD, Job, checkpoint_whole, first_step_after, free_port, job, pids, shas, wait_for  # noqa: F401
 from test_fsdp import NO_FSDP2, TRAIN_FSDP, train
 
+from gpulaunch.sharded import _choose
+
 pytestmark = pytest.mark.skipif(bool(NO_FSDP2), reason=NO_FSDP2)
+
+
+def test_the_agreement_takes_the_newest_step_one_layout_holds_whole() -> None:
+    """ShardedElastic's choice among the states the ranks hold ((rank, step,
+    (world, rank then, shards))), alone: a layout counts only when every
+    shard index is held at one step; the newest such step wins, then the
+    layout most ranks hold."""
+    fsdp4 = [(r, 10, (4, r, 4)) for r in range(4)]
+    assert _choose(fsdp4) == (10, 4, {0: [0], 1: [1], 2: [2], 3: [3]})
+    # a reshard 4 -> 6 cut after the survivors' copies ended (the new ranks 4, 5 lost): each
+    # survivor holds its 4-way shard and its new 6-way one; only the 4-way layout is whole
+    cut = fsdp4 + [(r, 10, (6, r, 6)) for r in range(4)]
+    assert _choose(cut) == (10, 4, {0: [0], 1: [1], 2: [2], 3: [3]})
+    # ranks 0, 1 ended their copy, 2, 3 were cut: both layouts partial in the new one
+    assert _choose(fsdp4 + [(0, 10, (6, 0, 6)), (1, 10, (6, 1, 6))])[:2] == (10, 4)
+    # HSDP (2 shards a group): places of two worlds agree on the shard index (rank mod 2)
+    hsdp = [(0, 10, (6, 0, 2)), (1, 10, (6, 1, 2)), (2, 10, (4, 2, 2)), (3, 10, (4, 1, 2))]
+    assert _choose(hsdp) == (10, 2, {0: [0, 2], 1: [1, 3]})
+    # a rank holding two states of one layout (a copy cut after it ended) counts by its first,
+    # the one it keeps as the source: here old rank 1's shard, not its new index 0
+    assert _choose([(0, 10, (6, 1, 2)), (0, 10, (4, 0, 2)), (1, 10, (6, 2, 2))]) == (10, 2, {0: [1], 1: [0]})
+    # a step one group finished (11) is taken when it is whole; ranks behind are refilled
+    ahead = [(0, 11, (6, 0, 2)), (1, 11, (6, 1, 2)), (2, 10, (6, 2, 2)), (3, 10, (6, 3, 2))]
+    assert _choose(ahead) == (11, 2, {0: [0], 1: [1]})
+    assert _choose(ahead[1:]) == (10, 2, {0: [2], 1: [3]})
+    # two whole layouts at one step: the one most ranks hold
+    assert _choose(fsdp4 + [(0, 10, (2, 0, 2)), (1, 10, (2, 1, 2))])[:2] == (10, 4)
+    # nothing whole: a shard lost (FSDP without copies), or shards held at different steps
+    assert _choose(fsdp4[:3]) is None
+    assert _choose([(0, 10, (2, 0, 2)), (1, 11, (2, 1, 2))]) is None
+    assert _choose([]) is None
 
 def kill_the_held_node(job: Job, nodes: list, at: int, ck: Path, ck_copy: Path, ck_step: int = 0,
                        vanish: bool = False) -> tuple:
@@ -176,6 +209,45 @@ def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(
                     rf"{12 * HOLD}"), str(four)
     assert four.sha() == set(sha.values()).pop(), f"the re-formation after a cut reshard and a restart differ:\n" \
         f"{job.dump()}\n{four}"
+
+
+def test_fsdp_a_joining_node_lost_as_its_reshard_ends_re_forms_again_from_memory(job: Job, tmp_path: Path) -> None:
+    """A node lost after every survivor's copy ended, before the ranks
+    confirmed it: FSDP over every rank, 2 nodes x 2; a third node joins
+    while rank 0 holds before step 10, and the 6-rank world's rank 4 (the new
+    node's) holds once its copy ended. Every survivor's 6-way shard is filled,
+    but ranks 4 and 5 held the rest of the 6-way layout; the survivors keep
+    their 4-way shards until the confirmation, so when the new node is
+    SIGKILLed they re-form again into 4 ranks from those, in place, 0 lost,
+    nothing read, bitwise equal to a restart replay of step 10's checkpoint on
+    4 ranks (a survivor that had dropped them would hold a layout with shards
+    gone, and the job would restart from the checkpoint)."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    nodes = [job.node(f"node{i}", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP) for i in range(2)]
+    wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
+    checkpoint_whole(job, ck, HOLD, ck_copy)
+    before = {p.name: pids(p) for p in nodes}
+    late = job.node("node2", "--hold-copied", "6:4", *args, *ckargs, program=TRAIN_FSDP)
+    wait_for(job, [late], r"^rank 4 holding after its copy$", 1, 120)
+    wait_for(job, nodes, rf"^rank \d: step {HOLD}'s shards moved into a world of 6$", 4, 60)
+    time.sleep(0.3)
+    late.signal(signal.SIGKILL)
+    late.wait(10)
+    for p in nodes:
+        assert p.wait(180) == 0, job.dump()
+        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
+    pat = (r"^rank (\d) \(was \d\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
+           r"\((\d+) lost\), shards from the memory of (\d+) ranks")
+    got = sorted(m.groups() for p in nodes for _, m in p.find(pat))
+    assert got == [(str(r), "4", str(HOLD), "0", "4") for r in range(4)], job.dump()
+    assert not any(p.find("loaded into") for p in nodes), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas(nodes)
+    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
+    four = train(4, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
+    assert four.sha() == set(sha.values()).pop(), f"the re-formation after an unconfirmed reshard and a " \
+        f"restart differ:\n{job.dump()}\n{four}"
 
 
 def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
