@@ -102,6 +102,13 @@ scripts/reform_check.sh $b "$out" dp-nccl $b/examples/dp_train --steps 3000 --st
 PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
   scripts/reform_check.sh $b "$out" ddp-nccl --no-python "$py" examples/train_ddp.py --backend nccl \
   --reform --steps 300 --step-sleep-ms 20
+if "$py" -c 'from torch.distributed.fsdp import fully_shard' 2>/dev/null; then
+  # ShardedElastic on NCCL: the agreement, the copy of its shards (device tensors) and the
+  # all-reduce that ends it, each on the GPU's communicator
+  PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
+    scripts/reform_check.sh $b "$out" fsdp-nccl --no-python "$py" examples/train_fsdp.py \
+    --reform --steps 300 --step-sleep-ms 20
+fi
 echo "== checkpoints of CUDA tensors: save_state through pinned staging on a side stream, loaded back bitwise"
 PYTHONPATH=$PWD/python GPULAUNCH_LIBRARY=$b/runtime/libgpulaunch.so.0 \
   "$py" -m pytest -q -rs -p no:cacheprovider test/python/test_checkpoint_async.py -k cuda
