@@ -150,8 +150,11 @@ class ShardedElastic(Elastic):
     on_copy(step): called on every rank of a re-formation once the step is
     agreed and the new model built, as the shards are about to move (a
     program's progress line); on_copied(step): on every rank whose copy
-    ended, before the ranks confirm that all of theirs did. Other arguments:
-    Elastic's (no ddp_kwargs or comm_hook: FSDP2 does the collectives)."""
+    ended, before the ranks confirm that all of theirs did. set_extra is
+    handed the agreed step's get_extra() value on every rank after a copy
+    (a global data position, as train_fsdp.py's sample count). Other
+    arguments: Elastic's (no ddp_kwargs or comm_hook: FSDP2 does the
+    collectives)."""
 
     _cut_copy_keeps_state = True  # the copy fills a new model; the last filled one is kept
 
@@ -335,6 +338,7 @@ class ShardedElastic(Elastic):
         replaced = keep is None
         if keep is None and held:
             keep = max(held, key=lambda h: h.step)
+        del held  # the states not kept go before the next model is built
         self._new_model(keep, fill=bool(stated))
         if not stated:
             self._plan = None
@@ -402,7 +406,7 @@ class ShardedElastic(Elastic):
         self._plan = _Plan(plan.step, s, holders, root)
         self._source = _snapshot.MirrorSource(self._torch, plan, held)
         self.from_copies = True
-        return plan.step, root, len(stated), True, True
+        return plan.step, root, len({r for r, _, _ in stated}), True, True
 
     def _copy(self, root: int, mine: bool) -> None:
         got_plan = self._plan
@@ -543,17 +547,34 @@ class ShardedElastic(Elastic):
                 self.optimizer.state[params[name]] = states[name]
             for g, want in zip(self.optimizer.param_groups, got["groups"]):
                 g.update(want)
-        if mine and self._set_extra is not None:
+        # the step's data position, on every rank: one that kept its own state may have been
+        # handed another step's by a copy cut off before (it is a global position)
+        if self._set_extra is not None:
             self._set_extra(got["extra"])
+        # NCCL's waits are the stream's, not the host's: the rows are here once the stream is
+        # done, and only if the round did not end (its group aborted) before
+        self._settled(dev, "the copy")
         self._filled = _Held(plan.step, self._place, self._sharded, self.optimizer, got["extra"])
         if self._on_copied is not None:
             self._on_copied(plan.step)
-        # every rank's copy ended (each adds its one once its own did): only then does the state
-        # kept from before go. Cut off here, this rank holds both, and the next agreement takes
-        # the layout the survivors hold whole
+        # every rank's copy ended (each adds its one once its own did; read on the host): only
+        # then does the state kept from before go. Cut off here, this rank holds both, and the
+        # next agreement takes the layout the survivors hold whole
         ended = t.ones(1, dtype=t.int32, device=dev)
         dist.all_reduce(ended)
+        self._settled(dev, "the confirmation that every rank's copy ended")
+        if int(ended.item()) != self.world_size:
+            raise RuntimeError(f"gpulaunch: rank {self.rank}: {int(ended.item())} of {self.world_size} ranks "
+                               f"confirmed the end of the copy in round {self.round}")
         self._old = self._filled = None
+
+    def _settled(self, dev: Any, what: str) -> None:
+        """On a GPU: waits for the stream's work so far and raises (a round
+        error) when the round ended meanwhile, its group aborted under it."""
+        if getattr(dev, "type", "cpu") == "cuda":
+            self._torch.cuda.current_stream(dev).synchronize()
+            if self.round_over:
+                raise RuntimeError(f"gpulaunch: rank {self.rank}: round {self.round} ended during {what}")
 
     def close(self) -> None:
         """Elastic's close, and the snapshot and copies (a push in flight is cut off)."""
