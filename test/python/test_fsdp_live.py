@@ -171,14 +171,13 @@ def test_hsdp_a_node_lost_during_the_shard_copy_re_forms_again_from_memory(job: 
         f"{job.dump()}\n{two}"
 
 
-def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(job: Job, tmp_path: Path) -> None:
-    """A failure during a copy with transfers in flight. FSDP over every rank,
-    2 nodes x 2; a third node joins while rank 0 holds before step 10, and
-    the 6-rank world's rank 4 (the new node's) holds as its shards are about
-    to move: the survivors, their 4-way shards being cut into 6-way ones (rows
-    sent to each other and to the new ranks), wait for it. The new node is
-    SIGKILLed: the survivors' copy is cut off, and they re-form again into 4
-    ranks from the shards they held before it, in place, 0 lost, nothing
+def lose_the_joining_node(job: Job, tmp_path: Path, hold: tuple[str, str], held: str, moving: str) -> None:
+    """FSDP over every rank, 2 nodes x 2; a third node joins while rank 0
+    holds before step 10 (its checkpoint copied for the replay), started with
+    `hold` (a train_fsdp.py option holding the 6-rank world's rank 4 in the
+    copy); once rank 4 says `held` and every survivor `moving`, the new node
+    is SIGKILLed. The survivors must re-form again into 4 ranks from the
+    4-way shards they held, in place (their workers kept), 0 lost, nothing
     read, and end bitwise equal to a restart replay of step 10's checkpoint
     on 4 ranks."""
     ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
@@ -188,9 +187,9 @@ def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(
     wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
     checkpoint_whole(job, ck, HOLD, ck_copy)
     before = {p.name: pids(p) for p in nodes}
-    late = job.node("node2", "--hold-copy", "6:4", *args, *ckargs, program=TRAIN_FSDP)
-    wait_for(job, [late], r"^rank 4 holding in the copy$", 1, 120)
-    wait_for(job, nodes, rf"^rank \d: moving step {HOLD}'s shards into a world of 6$", 4, 60)
+    late = job.node("node2", *hold, *args, *ckargs, program=TRAIN_FSDP)
+    wait_for(job, [late], rf"^rank 4 holding {held}$", 1, 120)
+    wait_for(job, nodes, moving, 4, 60)
     time.sleep(0.3)
     late.signal(signal.SIGKILL)
     late.wait(10)
@@ -207,47 +206,30 @@ def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(
     four = train(4, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
     assert four.has(rf"train_fsdp: step {HOLD}'s checkpoint of 4 ranks loaded into 4 \(fsdp\), at sample "
                     rf"{12 * HOLD}"), str(four)
-    assert four.sha() == set(sha.values()).pop(), f"the re-formation after a cut reshard and a restart differ:\n" \
-        f"{job.dump()}\n{four}"
+    assert four.sha() == set(sha.values()).pop(), f"the re-formation after the new node's loss and a restart " \
+        f"differ:\n{job.dump()}\n{four}"
+
+
+def test_fsdp_a_joining_node_lost_during_the_reshard_re_forms_again_from_memory(job: Job, tmp_path: Path) -> None:
+    """A failure during a copy with transfers in flight: the new node's
+    rank 4 holds as its shards are about to move, while the survivors, their
+    4-way shards being cut into 6-way ones (rows sent to each other and to
+    the new ranks), wait for it; its node SIGKILLed, the survivors' copy is
+    cut off and they go on from the shards they held before it."""
+    lose_the_joining_node(job, tmp_path, ("--hold-copy", "6:4"), "in the copy",
+                          rf"^rank \d: moving step {HOLD}'s shards into a world of 6$")
 
 
 def test_fsdp_a_joining_node_lost_as_its_reshard_ends_re_forms_again_from_memory(job: Job, tmp_path: Path) -> None:
     """A node lost after every survivor's copy ended, before the ranks
-    confirmed it: FSDP over every rank, 2 nodes x 2; a third node joins
-    while rank 0 holds before step 10, and the 6-rank world's rank 4 (the new
-    node's) holds once its copy ended. Every survivor's 6-way shard is filled,
-    but ranks 4 and 5 held the rest of the 6-way layout; the survivors keep
-    their 4-way shards until the confirmation, so when the new node is
-    SIGKILLed they re-form again into 4 ranks from those, in place, 0 lost,
-    nothing read, bitwise equal to a restart replay of step 10's checkpoint on
-    4 ranks (a survivor that had dropped them would hold a layout with shards
-    gone, and the job would restart from the checkpoint)."""
-    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-at-fault"
-    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5")
-    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
-    nodes = [job.node(f"node{i}", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP) for i in range(2)]
-    wait_for(job, nodes, rf"^rank 0 holding before step {HOLD}$", 1, 180)
-    checkpoint_whole(job, ck, HOLD, ck_copy)
-    before = {p.name: pids(p) for p in nodes}
-    late = job.node("node2", "--hold-copied", "6:4", *args, *ckargs, program=TRAIN_FSDP)
-    wait_for(job, [late], r"^rank 4 holding after its copy$", 1, 120)
-    wait_for(job, nodes, rf"^rank \d: step {HOLD}'s shards moved into a world of 6$", 4, 60)
-    time.sleep(0.3)
-    late.signal(signal.SIGKILL)
-    late.wait(10)
-    for p in nodes:
-        assert p.wait(180) == 0, job.dump()
-        assert pids(p) == before[p.name] and len(before[p.name]) == 2, f"{p.name} restarted a worker:\n{job.dump()}"
-    pat = (r"^rank (\d) \(was \d\): round \d+ re-formed in place, world (\d), going on after step (\d+) "
-           r"\((\d+) lost\), shards from the memory of (\d+) ranks")
-    got = sorted(m.groups() for p in nodes for _, m in p.find(pat))
-    assert got == [(str(r), "4", str(HOLD), "0", "4") for r in range(4)], job.dump()
-    assert not any(p.find("loaded into") for p in nodes), f"a checkpoint was read:\n{job.dump()}"
-    sha = shas(nodes)
-    assert sorted(sha) == [0, 1, 2, 3] and len(set(sha.values())) == 1, job.dump()
-    four = train(4, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
-    assert four.sha() == set(sha.values()).pop(), f"the re-formation after an unconfirmed reshard and a " \
-        f"restart differ:\n{job.dump()}\n{four}"
+    confirmed it: the new node's rank 4 holds once its copy ended. Every
+    survivor's 6-way shard is filled, but ranks 4 and 5 held the rest of the
+    6-way layout; the survivors keep their 4-way shards until the
+    confirmation and go on from those (a survivor that had dropped them
+    would hold a layout with shards gone, and the job would restart from the
+    checkpoint)."""
+    lose_the_joining_node(job, tmp_path, ("--hold-copied", "6:4"), "after its copy",
+                          rf"^rank \d: step {HOLD}'s shards moved into a world of 6$")
 
 
 def test_fsdp_node_killed_without_a_replica_restarts_from_the_checkpoint(job: Job, tmp_path: Path) -> None:
