@@ -24,10 +24,11 @@ proc server, nodes[NODES + 1];
 void setup_bed(const char *name, int nhosts, int delay_ms, int loss_pct) {
     char why[256];
     if (!netbed_available(why, sizeof why))
-        cr_skip_test("%s", why);
+        skip_test("%s", why);
     if ((delay_ms > 0 || loss_pct > 0) && access("/dev/net/tun", R_OK | W_OK) != 0)
-        cr_skip_test("no /dev/net/tun here: the slow, lossy fabric needs TUN devices");
+        skip_test("no /dev/net/tun here: the slow, lossy fabric needs TUN devices");
     tmpdir_make(dir, sizeof dir, "gpl-faults");
+    skip_cleanup(teardown);
     snprintf(logdir, sizeof logdir, GPL_BUILD_DIR "/test/fault-logs/%s", name);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf %s && mkdir -p %s", logdir, logdir);
@@ -350,8 +351,7 @@ uint64_t require_torch(void) {
                  : -1;
     uint64_t took = now_ms() - t0;
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        cr_skip_test("%s cannot import torch: install python3-torch (scripts/deps.sh)",
-                     TORCH_PYTHON);
+        skip_test("%s cannot import torch: install python3-torch (scripts/deps.sh)", TORCH_PYTHON);
     setenv("PYTHONPATH", GPL_SOURCE_DIR "/python", 1);
     setenv("GPULAUNCH_LIBRARY", GPL_BUILD_DIR "/runtime/libgpulaunch.so.0", 1);
     return took;

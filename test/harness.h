@@ -93,4 +93,15 @@ int prom_documented(const char *text, char *why, size_t len);
 void tmpdir_make(char *buf, size_t len, const char *prefix);
 void tmpdir_remove(const char *dir);
 
+/* Criterion ends a skipped test without running its suite's .fini: a suite
+ * whose .init makes something (a folder, a bed, a server) names its .fini
+ * with skip_cleanup, and skip_test runs it before it skips. */
+void skip_cleanup(void (*fini)(void));
+void skip_cleanup_run(void);
+#define skip_test(...)                                                                             \
+    do {                                                                                           \
+        skip_cleanup_run();                                                                        \
+        cr_skip_test(__VA_ARGS__);                                                                 \
+    } while (0)
+
 #endif

@@ -22,12 +22,13 @@
 
 static char dir[64];
 
+static void teardown(void) { tmpdir_remove(dir); }
+
 static void setup(void) {
     tmpdir_make(dir, sizeof dir, "gpl-ckpt");
     cr_assert(dir[0]);
+    skip_cleanup(teardown);
 }
-
-static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(ckpt, .init = setup, .fini = teardown, .timeout = 60);
 
@@ -529,7 +530,7 @@ Test(ckpt, host_memory_stays_flat_over_100_async_saves) {
         int major_ = 0, minor_ = 0;                                                                \
         if (uname(&u_) == 0 && sscanf(u_.release, "%d.%d", &major_, &minor_) == 2 &&               \
             (major_ < 5 || (major_ == 5 && minor_ < 14)))                                          \
-            cr_skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u_.release);               \
+            skip_test("kernel %s has no MADV_POPULATE_WRITE (5.14)", u_.release);                  \
     } while (0)
 
 Test(ckpt, a_state_size_over_the_staging_limit_is_refused_at_setup) {
@@ -689,13 +690,13 @@ Test(ckpt, a_durable_directory_outlives_the_local_one_and_mends_a_torn_local_fil
 
 Test(ckpt, a_full_local_tier_is_said_training_goes_on_and_the_last_complete_step_stays) {
     if (geteuid() != 0)
-        cr_skip_test("not root: the test mounts a 4 MiB tmpfs as a full disk");
+        skip_test("not root: the test mounts a 4 MiB tmpfs as a full disk");
     char small[128], cmd[256];
     snprintf(small, sizeof small, "%s/small", dir);
     cr_assert_eq(mkdir(small, 0755), 0);
     snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=4m tmpfs %s", small);
     if (system(cmd) != 0)
-        cr_skip_test("cannot mount a tmpfs here");
+        skip_test("cannot mount a tmpfs here");
     blob b = {malloc(1u << 20), 1u << 20, 0, 0};
     cr_assert_not_null(b.data);
     gpl_comm_t c = blob_comm(&b, small, NULL, 1, 1, 3);

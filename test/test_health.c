@@ -662,8 +662,8 @@ static int count_of(const char *hay, const char *needle) {
 Test(health, job_page_in_chromium, .timeout = 90) {
     const char *browser = browser_path();
     if (browser == NULL)
-        cr_skip_test("chromium is not installed (Debian package chromium, scripts/deps.sh): the "
-                     "job page is not checked in a browser");
+        skip_test("chromium is not installed (Debian package chromium, scripts/deps.sh): the "
+                  "job page is not checked in a browser");
     start_server(NULL);
     node *hung = start_nodes("eval", 1, 2);
     /* as long as real reasons get (a probe's verdict names its evidence): the
@@ -786,8 +786,8 @@ Test(health, stats_cost_1024_nodes_x_8_ranks, .timeout = 120) {
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     if (rl.rlim_cur < 1200)
-        cr_skip_test("the open-file limit (%llu) is under 1,200: 1,024 nodes do not fit",
-                     (unsigned long long)rl.rlim_cur);
+        skip_test("the open-file limit (%llu) is under 1,200: 1,024 nodes do not fit",
+                  (unsigned long long)rl.rlim_cur);
     start_server(NULL);
     const uint32_t n = 1024, nproc = 8;
     node *nodes = start_nodes("big", n, nproc);

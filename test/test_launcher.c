@@ -22,12 +22,13 @@
 
 static char dir[64];
 
+static void rm_tmp(void) { tmpdir_remove(dir); }
+
 static void mkdir_tmp(void) {
     tmpdir_make(dir, sizeof dir, "gpl-launch");
     cr_assert(dir[0]);
+    skip_cleanup(rm_tmp);
 }
-
-static void rm_tmp(void) { tmpdir_remove(dir); }
 
 TestSuite(launcher, .init = mkdir_tmp, .fini = rm_tmp, .timeout = 60);
 
@@ -1040,7 +1041,7 @@ Test(launcher, numa_binding_sets_real_affinity_and_memory_policy) {
     cpu_set_t s;
     CPU_ZERO(&s);
     if (sched_getaffinity(0, sizeof s, &s) != 0 || !CPU_ISSET(0, &s) || !CPU_ISSET(1, &s))
-        cr_skip_test("needs CPUs 0 and 1");
+        skip_test("needs CPUs 0 and 1");
     char py[160];
     snprintf(py, sizeof py, "%s/mpol.py", dir);
     FILE *f = fopen(py, "w");

@@ -30,24 +30,25 @@ static const char *torch_python(void) {
 
 static char dir[64];
 
+static void teardown(void) { tmpdir_remove(dir); }
+
 static void setup(void) {
     tmpdir_make(dir, sizeof dir, "gpl-pytorch");
     cr_assert(dir[0]);
+    skip_cleanup(teardown);
     /* the workers find the package in the source tree and the library in the
      * build tree (the launcher passes its environment on) */
     setenv("PYTHONPATH", GPL_SOURCE_DIR "/python", 1);
     setenv("GPULAUNCH_LIBRARY", GPL_BUILD_DIR "/runtime/libgpulaunch.so.0", 1);
 }
 
-static void teardown(void) { tmpdir_remove(dir); }
-
 TestSuite(pytorch, .init = setup, .fini = teardown, .timeout = 150);
 
 /* Skips the test (visibly) unless the interpreter imports torch. */
 static void require_torch(void) {
     if (access(TORCH_PYTHON, X_OK) != 0)
-        cr_skip_test("no %s: install python3-torch (scripts/deps.sh) to run the PyTorch tests",
-                     TORCH_PYTHON);
+        skip_test("no %s: install python3-torch (scripts/deps.sh) to run the PyTorch tests",
+                  TORCH_PYTHON);
     proc p;
     char *argv[] = {TORCH_PYTHON, "-c", "import torch", NULL};
     cr_assert_eq(proc_start(&p, argv, NULL), 0);
@@ -58,8 +59,8 @@ static void require_torch(void) {
         while (n > 0 && p.out[n - 1] == '\n')
             p.out[--n] = '\0';
         const char *why = strrchr(p.out, '\n');
-        cr_skip_test("%s cannot import torch (install python3-torch, scripts/deps.sh): %s",
-                     TORCH_PYTHON, why ? why + 1 : p.out);
+        skip_test("%s cannot import torch (install python3-torch, scripts/deps.sh): %s",
+                  TORCH_PYTHON, why ? why + 1 : p.out);
     }
 }
 

@@ -326,7 +326,7 @@ static long long shaped_bytes(int host) {
 /* A slow link needs tc (iproute2) and the kernel's tbf queue. */
 static void require_tc(void) {
     if (system("command -v tc >/dev/null 2>&1") != 0)
-        cr_skip_test("no tc here: the scenario slows a link with it (iproute2)");
+        skip_test("no tc here: the scenario slows a link with it (iproute2)");
 }
 
 /* A new node's rank says the copy began: the step, the root and the round

@@ -20,12 +20,13 @@
 
 static char dir[64];
 
+static void teardown(void) { tmpdir_remove(dir); }
+
 static void setup(void) {
     tmpdir_make(dir, sizeof dir, "gpl-watchdog");
     cr_assert(dir[0]);
+    skip_cleanup(teardown);
 }
-
-static void teardown(void) { tmpdir_remove(dir); }
 
 TestSuite(watchdog, .init = setup, .fini = teardown, .timeout = 120);
 
@@ -92,11 +93,10 @@ Test(watchdog, stopped_rank_named_and_job_restarts) {
  * on the launcher's signal), killed; the restarted job finishes. */
 Test(watchdog, python_endless_loop_named_with_its_stack) {
 #ifdef GPL_SANITIZED
-    cr_skip_test("a sanitized libgpulaunch cannot be loaded into %s (the plain build runs this)",
-                 PY);
+    skip_test("a sanitized libgpulaunch cannot be loaded into %s (the plain build runs this)", PY);
 #endif
     if (access(PY, X_OK) != 0)
-        cr_skip_test("%s is missing", PY);
+        skip_test("%s is missing", PY);
     char prog[128];
     snprintf(prog, sizeof prog, "%s/loop.py", dir);
     FILE *f = fopen(prog, "w");
@@ -378,11 +378,10 @@ Test(watchdog, auto_ignores_a_beat_that_goes_back) {
  * (named after 10 x 0.3 s), while the ranks waiting for it are not blamed. */
 Test(watchdog, save_that_never_ends_is_named_after_ten_timeouts) {
 #ifdef GPL_SANITIZED
-    cr_skip_test("a sanitized libgpulaunch cannot be loaded into %s (the plain build runs this)",
-                 PY);
+    skip_test("a sanitized libgpulaunch cannot be loaded into %s (the plain build runs this)", PY);
 #endif
     if (access(PY, X_OK) != 0)
-        cr_skip_test("%s is missing", PY);
+        skip_test("%s is missing", PY);
     char prog[128], ck[128];
     snprintf(prog, sizeof prog, "%s/stuck_save.py", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
