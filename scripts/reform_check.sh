@@ -27,7 +27,9 @@ for _ in $(seq 600); do # A trains alone (its workers may import a framework fir
   kill -0 $a 2>/dev/null || break
   sleep 0.1
 done
-setsid "$b/launcher/gpulaunch" "${common[@]}" --no-python sleep 600 >"$out/reform-$label-b.log" 2>&1 &
+# B joins at once as a new node (no warm join: its worker, sleep, never says it re-forms in place)
+setsid "$b/launcher/gpulaunch" "${common[@]}" --warm-start-timeout 0 --no-python sleep 600 \
+  >"$out/reform-$label-b.log" 2>&1 &
 bpid=$!
 sleep 3
 kill -9 -- -$bpid 2>/dev/null

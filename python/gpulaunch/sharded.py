@@ -298,11 +298,21 @@ class ShardedElastic(Elastic):
         self._sharded = dict(self.model.named_parameters())
         shards = self._shard_count(self.model)
         self._place = (self.world_size, self.rank, shards)
+        if self.enabled and self.world_size == 1:
+            self.model.register_forward_pre_hook(self._alone_check)
         if self.enabled:
             with self._lock:
                 self._owned = _procfs.new_tcp(self._before, self._store_port)
             if self.backend == "gloo":  # FSDP2's waits end with the round (_fsdpfree.py)
                 self._freed = _fsdpfree.install(self._guard)
+
+    def _alone_check(self, module: Any, args: Any) -> None:
+        """A world of one has no peer whose loss fails a collective (FSDP2's
+        are no-ops there): the round's end is looked for before each forward
+        and raised as a collective of an ended round would (DDP's bucket hook
+        does it for Elastic)."""
+        if self.round_over:
+            raise RuntimeError(f"gpulaunch: rank {self.rank}: the launcher says round {self.round} ended")
 
     def _shard_count(self, model: Any) -> int:
         """How many ways the model's parameters are split (the mesh's size

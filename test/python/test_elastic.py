@@ -141,9 +141,9 @@ class Job:
         self.procs.append(p)
         return p
 
-    def node(self, name: str, *args: str, program: Path = TRAIN, nnodes: str = "2:3") -> Proc:
+    def node(self, name: str, *args: str, program: Path = TRAIN, nnodes: str = "2:3", nproc: int = 2) -> Proc:
         return self.start(name, [
-            str(LAUNCHER), "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-backend", "gpulaunch",
+            str(LAUNCHER), "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", "gpulaunch",
             "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "elastic",
             "--rdzv-conf", "last_call_timeout=1,heartbeat_timeout=3", "--max-restarts", "3",
             "--no-python", PY, str(program), "--reform", *args])

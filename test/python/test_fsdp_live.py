@@ -291,6 +291,40 @@ def test_fsdp_node_joining_reshards_4_ways_into_6_from_memory_as_a_restart_would
           f"node started")
 
 
+def test_fsdp_alone_on_one_rank_re_forms_when_a_node_joins(job: Job, tmp_path: Path) -> None:
+    """A world of one (one node, one worker: a job down to its last GPU) has
+    no collective that a round's end would fail, FSDP2's being no-ops there.
+    A second node of one worker joins while rank 0 holds before step 10: the
+    lone rank sees the round's end before its next step, re-forms in place
+    and halves its shard for the newcomer from memory, and the job ends
+    bitwise equal to a restart replay (1 rank to step 10, then 2 from its
+    checkpoint). Before, it trained on alone to the end, never re-forming,
+    and its launcher, waiting for it to, restarted it."""
+    ck, ck_copy = tmp_path / "ck", tmp_path / "ck-replay"
+    args = ("--mode", "fsdp", "--steps", "20", "--print-every", "5")
+    ckargs = ("--checkpoint-dir", str(ck), "--checkpoint-every", str(HOLD))
+    alone = job.node("node0", "--hold", f"0:{HOLD}", *args, *ckargs, program=TRAIN_FSDP, nnodes="1:2", nproc=1)
+    wait_for(job, [alone], rf"^rank 0 holding before step {HOLD}$", 1, 180)
+    before = pids(alone)
+    late = job.node("node1", *args, *ckargs, program=TRAIN_FSDP, nnodes="1:2", nproc=1)
+    for p in (alone, late):
+        assert p.wait(180) == 0, job.dump()
+    assert pids(alone) == before or not pids(alone), job.dump()
+    assert not alone.find("restarting"), f"the lone worker was restarted:\n{job.dump()}"
+    got = [m.groups() for _, m in alone.find(r"^rank 0 \(was 0\): round \d+ re-formed in place, world (\d), going on "
+                                             r"after step (\d+) \((\d+) lost\)")]
+    assert got == [("2", str(HOLD), "0")], job.dump()
+    assert late.find(rf"^rank 1: joined round \d+: step {HOLD}'s shards taken from the memory of 1 ranks"), job.dump()
+    assert not any(p.find("loaded into") for p in (alone, late)), f"a checkpoint was read:\n{job.dump()}"
+    sha = shas([alone, late])
+    assert sorted(sha) == [0, 1] and len(set(sha.values())) == 1, job.dump()
+    train(1, *args[:2], "--steps", str(HOLD), "--checkpoint-dir", str(ck_copy), "--checkpoint-every", str(HOLD))
+    two = train(2, *args[:2], "--steps", "20", "--checkpoint-dir", str(ck_copy))
+    assert two.has(rf"train_fsdp: step {HOLD}'s checkpoint of 1 ranks loaded into 2 \(fsdp\), at sample "
+                   rf"{12 * HOLD}"), str(two)
+    assert two.sha() == set(sha.values()).pop(), f"live resharding and restart differ:\n{job.dump()}\n{two}"
+
+
 def test_a_step_stuck_in_an_fsdp_collective_is_freed_without_a_restart(tmp_path: Path) -> None:
     """FSDP2 on Gloo waits for its collectives in the training thread, where
     a transfer cut mid-way holds it until the group's timeout (a survivor of
