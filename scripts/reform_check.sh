@@ -13,7 +13,7 @@ set -uo pipefail
 b=$1 out=$2 label=$3
 shift 3
 mkdir -p "$out"
-port=$((20000 + RANDOM % 20000))
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$b/rendezvous/gpulaunch-rdzv" --listen "127.0.0.1:$port" >"$out/reform-$label-rdzv.log" 2>&1 &
 rdzv=$!
 common=(--nnodes 1:2 --nproc-per-node 1 --rdzv-backend gpulaunch --rdzv-endpoint "127.0.0.1:$port"
