@@ -6,6 +6,7 @@
  * ends mid-copy fails it with GPL_ERR_ROUND_OVER on every rank in the chain. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,7 +124,10 @@ Test(copy, sizes_that_differ_are_refused, .timeout = 60) {
 }
 
 /* Rank 1, the chain's middle (0 -> 1 -> 3), stops itself once half of the
- * state is there, and goes on 2.5 s later; node 1's agent drops meanwhile. */
+ * state is there, and goes on 2.5 s later; node 1's agent drops meanwhile.
+ * The thread that sees the half runs at a real-time priority where it may
+ * (root): under load, a normal one was scheduled only after the whole copy
+ * had ended, and the copy then finished before the drop. */
 #define HALTED_BYTES (64u << 20)
 typedef struct watch {
     volatile uint8_t *mid;
@@ -153,7 +157,18 @@ static int halted_rank(gpl_comm_t c, void *arg, char *msg, size_t len) {
     memset(buf, need ? 0xee : 0x11, HALTED_BYTES);
     watch w = {buf + HALTED_BYTES / 2, 0};
     pthread_t t;
-    int watching = rank == 1 && pthread_create(&t, NULL, halt_at_half, &w) == 0;
+    int watching = 0;
+    if (rank == 1) {
+        pthread_attr_t at;
+        struct sched_param sp = {.sched_priority = 10};
+        pthread_attr_init(&at);
+        pthread_attr_setinheritsched(&at, PTHREAD_EXPLICIT_SCHED);
+        pthread_attr_setschedpolicy(&at, SCHED_FIFO);
+        pthread_attr_setschedparam(&at, &sp);
+        watching = pthread_create(&t, &at, halt_at_half, &w) == 0 ||
+                   pthread_create(&t, NULL, halt_at_half, &w) == 0; /* not allowed: a normal one */
+        pthread_attr_destroy(&at);
+    }
     gpl_reform_info ri;
     gpl_result_t rc = gpl_reform_agree(c, need ? -1 : 7, &ri);
     if (rc == GPL_OK)
