@@ -519,6 +519,12 @@ class Elastic:
         if hook is not None:
             self.ddp.register_comm_hook(None, hook)
 
+    def _raise_if_round_over(self) -> None:
+        """Raises what a collective of an ended round would (a RuntimeError,
+        one of round_errors) once the launcher says this rank's round ended."""
+        if self.round_over:
+            raise RuntimeError(f"gpulaunch: rank {self.rank}: the launcher says round {self.round} ended")
+
     def _alone_hook(self, inner: Optional[Callable[..., Any]]) -> Callable[..., Any]:
         """A world of one has no peer whose loss fails its all-reduce: the
         round's end is looked for in each bucket's hook, before the optimizer
@@ -526,8 +532,7 @@ class Elastic:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         def hook(state: Any, bucket: Any) -> Any:
-            if self.round_over:
-                raise RuntimeError(f"gpulaunch: rank {self.rank}: the launcher says round {self.round} ended")
+            self._raise_if_round_over()
             return inner(state, bucket) if inner is not None else default_hooks.allreduce_hook(state, bucket)
 
         hook.__annotations__ = {}  # DDP checks a hook's annotations against torch's own types

@@ -38,10 +38,10 @@ Error (GPL_ERR_STATE) and the launcher restarts from the checkpoint. Host
 memory: the snapshot, and the two newest copies of the buddy's (three
 times a rank's shards and optimizer state).
 
-How pieces move: the survivors agree (one all_gather of each rank's steps
-and place in the old world) on the step (the smallest any rank holds; a
-rank ahead of it is refilled) and, for each old shard index, the ranks
-holding it. Then, for every tensor (parameters in name order, then each
+How pieces move: the survivors agree (one all_gather of the states each
+rank holds: steps and place in the old world) on the step and layout (the
+newest step whose shards one layout holds whole; a rank at another step is
+refilled) and, for each old shard index, the ranks holding it. Then, for every tensor (parameters in name order, then each
 one's optimizer state), each rank takes the rows it owns in the new layout:
 each overlap with an old shard from itself when it holds that shard (its
 own optimizer rows, unchanged, are taken over without a copy), else from a
@@ -309,10 +309,8 @@ class ShardedElastic(Elastic):
     def _alone_check(self, module: Any, args: Any) -> None:
         """A world of one has no peer whose loss fails a collective (FSDP2's
         are no-ops there): the round's end is looked for before each forward
-        and raised as a collective of an ended round would (DDP's bucket hook
-        does it for Elastic)."""
-        if self.round_over:
-            raise RuntimeError(f"gpulaunch: rank {self.rank}: the launcher says round {self.round} ended")
+        (DDP's bucket hook does it for Elastic)."""
+        self._raise_if_round_over()
 
     def _shard_count(self, model: Any) -> int:
         """How many ways the model's parameters are split (the mesh's size
@@ -573,15 +571,16 @@ class ShardedElastic(Elastic):
         ended = t.ones(1, dtype=t.int32, device=dev)
         dist.all_reduce(ended)
         self._settled(dev, "the confirmation that every rank's copy ended")
-        if int(ended.item()) != self.world_size:
-            raise RuntimeError(f"gpulaunch: rank {self.rank}: {int(ended.item())} of {self.world_size} ranks "
-                               f"confirmed the end of the copy in round {self.round}")
+        n = int(ended.item())
+        if n != self.world_size:
+            raise RuntimeError(f"gpulaunch: rank {self.rank}: {n} of {self.world_size} ranks confirmed the end "
+                               f"of the copy in round {self.round}")
         self._old = self._filled = None
 
     def _settled(self, dev: Any, what: str) -> None:
         """On a GPU: waits for the stream's work so far and raises (a round
         error) when the round ended meanwhile, its group aborted under it."""
-        if getattr(dev, "type", "cpu") == "cuda":
+        if dev.type == "cuda":
             self._torch.cuda.current_stream(dev).synchronize()
             if self.round_over:
                 raise RuntimeError(f"gpulaunch: rank {self.rank}: round {self.round} ended during {what}")
